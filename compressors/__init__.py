@@ -1,0 +1,28 @@
+"""Gradient compressors as Optax transformations that perform their own collectives.
+
+A user writes::
+
+  tx = optax.chain(compressors.compress(compressors.topk(density=0.01), axis_name="data"),
+                   optax.sgd(0.1))
+
+and calls ``tx.update`` inside ``jax.shard_map``/``jax.pmap`` over ``"data"``. See
+:mod:`compressors.base` for the compressor abstraction and :mod:`compressors.wire` for how bytes
+on the wire are counted.
+"""
+
+from compressors.axes import AxisName
+from compressors.base import Aggregate
+from compressors.base import Compressor
+from compressors.base import Context
+from compressors.dense import cast
+from compressors.dense import none
+from compressors.dgc import dgc
+from compressors.per_worker import add_device_axis
+from compressors.per_worker import drop_device_axis
+from compressors.randomk import randomk
+from compressors.threshold import threshold
+from compressors.topk import topk
+from compressors.transform import CompressState
+from compressors.transform import compress
+from compressors.wire import WireBytes
+from compressors.wire import wire_bytes

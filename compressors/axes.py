@@ -1,0 +1,81 @@
+"""Mesh-axis helpers shared by every collective in the package.
+
+An ``axis_name`` is one mesh-axis name, a tuple of names (the collective then spans their
+product), or ``None`` (no collective: compress and decode locally). These helpers turn an
+unbound name into an error that lists the axes that *are* bound, at trace time, before XLA
+compiles anything.
+"""
+
+from collections.abc import Hashable
+from typing import Any
+
+import jax
+
+AxisName = Hashable | tuple[Hashable, ...] | None
+
+
+def as_tuple(axis_name: AxisName) -> tuple[Hashable, ...]:
+  """Returns ``axis_name`` as a tuple of names (empty for ``None``)."""
+  if axis_name is None:
+    return ()
+  if isinstance(axis_name, tuple):
+    return axis_name
+  return (axis_name,)
+
+
+def bound_axes() -> tuple[Hashable, ...]:
+  """Names of the mesh axes bound where this is traced (shard_map or pmap)."""
+  try:
+    return tuple(jax.sharding.get_abstract_mesh().axis_names)
+  except Exception:  # pylint: disable=broad-except  # no mesh context at all
+    return ()
+
+
+def num_workers(axis_name: AxisName, *, caller: str = "compress") -> int:
+  """Number of workers along ``axis_name``; a clear error when it is not bound.
+
+  Args:
+    axis_name: a mesh-axis name, a tuple of names, or None (one worker).
+    caller: the public function named in the error message.
+
+  Returns:
+    The static product of the sizes of the named axes.
+
+  Raises:
+    NameError: an axis is not bound here; the message lists those that are.
+  """
+  size = 1
+  for name in as_tuple(axis_name):
+    try:
+      size *= jax.lax.axis_size(name)
+    except NameError:
+      bound = bound_axes()
+      where = (f"the bound axes are {list(bound)}" if bound else
+               "no mesh axis is bound here: call update() inside jax.shard_map or jax.pmap")
+      raise NameError(
+          f"{caller}: axis_name={axis_name!r} names axis {name!r}, which is not bound; {where}. "
+          "Pass the mesh axis over which workers hold different gradients, or axis_name=None "
+          "to compress without a collective.") from None
+  return size
+
+
+def worker_index(axis_name: AxisName) -> Any:
+  """This worker's index along ``axis_name`` (0 when there is no axis)."""
+  if axis_name is None or as_tuple(axis_name) == ():
+    return 0
+  return jax.lax.axis_index(axis_name)
+
+
+def all_gather_invariant(x: Any, axis_name: AxisName) -> Any:
+  """``lax.all_gather`` whose result is typed as identical on every worker.
+
+  Under ``shard_map``'s replication checking, ``lax.all_gather`` returns a value typed as varying
+  across the axis although every worker holds the same bits; the decoded mean built from it
+  could then not leave ``shard_map`` as replicated (``P()``). JAX keeps the invariant variant
+  private in 0.10, so fall back to the plain one where it is missing.
+  """
+  try:
+    from jax._src.lax.parallel import all_gather_invariant as gather  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    gather = jax.lax.all_gather
+  return gather(x, axis_name)
