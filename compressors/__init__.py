@@ -19,6 +19,7 @@ from compressors.dense import none
 from compressors.dgc import dgc
 from compressors.per_worker import add_device_axis
 from compressors.per_worker import drop_device_axis
+from compressors.per_worker import state_specs
 from compressors.randomk import randomk
 from compressors.threshold import threshold
 from compressors.topk import topk
@@ -26,3 +27,10 @@ from compressors.transform import CompressState
 from compressors.transform import compress
 from compressors.wire import WireBytes
 from compressors.wire import wire_bytes
+from compressors.powersgd import powersgd
+from compressors.powersgd import powersgd_compress
+from compressors.qsgd import qsgd
+from compressors.sign import efsignsgd
+from compressors.sign import onebit
+from compressors.sign import signsgd
+from compressors.terngrad import terngrad

@@ -59,6 +59,8 @@ class Context(NamedTuple):
     axis_name: the mesh axis (or tuple of axes) the workers span; None for local compression.
     num_workers: static number of workers along ``axis_name``.
     size: static length ``d`` of the buffer being exchanged (decode needs it).
+    shape: static shape of the gradient leaf the buffer holds in per-leaf mode (low-rank
+      compressors reshape to it); ``(size,)`` for fused and sharded buffers.
     worker_index: this worker's index along ``axis_name`` (traced; 0 when local).
     step: the transformation's step counter (int32 scalar, identical on all workers).
     shared_key: a PRNG key identical on all workers, unique per step and buffer.
@@ -71,6 +73,7 @@ class Context(NamedTuple):
   axis_name: axes.AxisName
   num_workers: int
   size: int
+  shape: tuple[int, ...]
   worker_index: Any
   step: jax.Array
   shared_key: jax.Array
@@ -224,7 +227,7 @@ def _two_phase(compressor: Compressor, x: jax.Array, state: BufferState,
   n, size = ctx.num_workers, x.size
   chunk = _chunk_size(size, n)
   chunks = jnp.pad(x, (0, n * chunk - size)).reshape(n, chunk)
-  chunk_ctx = ctx._replace(size=chunk)
+  chunk_ctx = ctx._replace(size=chunk, shape=(chunk,))
 
   def encode_chunk(c, i, key_base):
     keyed_ctx = chunk_ctx._replace(shared_key=jax.random.fold_in(ctx.shared_key, i),

@@ -83,7 +83,9 @@ def dgc(density: float, *, momentum: float = 0.9, clip_norm: float | None = None
     capacity = sparse.selection_size(stage_density, x.size, "the buffer", "dgc")
     sample_key, overflow_key = jax.random.split(ctx.private_key)
     num_samples = min(x.size, max(1, round(sample_fraction * x.size)))
-    sample = abs(x[jax.random.randint(sample_key, (num_samples,), 0, x.size)])
+    sample = abs(x)  # sample_fraction=1: the exact k-th largest magnitude
+    if num_samples < x.size:
+      sample = sample[jax.random.randint(sample_key, (num_samples,), 0, x.size)]
     num_above = max(1, round(stage_density * num_samples))
     cut = jax.lax.top_k(sample, num_above)[0][-1]
     indices, count = sparse.select_up_to(abs(x) >= cut, capacity, overflow_key)

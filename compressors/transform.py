@@ -42,11 +42,12 @@ class CompressState(NamedTuple):
   key: jax.Array
   residual: PyTree
   buffers: Any
+  per_worker_fields = ("residual", "buffers")
 
 
 def compress(compressor: base.Compressor, *, axis_name: axes.AxisName,
-             error_feedback: bool = True, fuse: bool = True, seed: int = 0,
-             schedule: str = "psum") -> optax.GradientTransformationExtraArgs:
+             dense_axis: axes.AxisName = None, error_feedback: bool = True, fuse: bool = True,
+             seed: int = 0, schedule: str = "psum") -> optax.GradientTransformationExtraArgs:
   """Compresses each worker's gradient, exchanges it, and returns the decoded mean.
 
   Args:
@@ -54,6 +55,12 @@ def compress(compressor: base.Compressor, *, axis_name: axes.AxisName,
     axis_name: the mesh axis (or tuple of axes) over which workers hold different gradients.
       ``update`` must run where it is bound (inside ``shard_map``/``pmap``); ``None`` compresses
       and decodes locally with no collective.
+    dense_axis: a fast axis (e.g. the GPUs of one node) to reduce over densely first:
+      hierarchical mode. Each buffer is reduce-scattered over ``dense_axis``; each device
+      compresses only the ``1/g`` shard it owns and exchanges it over ``axis_name`` (the slow
+      inter-node axis); the mean shards are all-gathered over ``dense_axis``. The slow link then
+      carries ``1/g`` of the flat mode's bytes. The residual keeps the layout of the gradient
+      (zero outside the owned shard), so error feedback works unchanged.
     error_feedback: keep what was not sent and add it to the next step's gradient.
     fuse: concatenate all leaves into one buffer and compress it as one (one selection over the
       whole model, one collective), as Horovod's tensor fusion does; ``False`` compresses each
@@ -72,6 +79,10 @@ def compress(compressor: base.Compressor, *, axis_name: axes.AxisName,
     raise TypeError(f"compress: compressor must be a compressors.Compressor (e.g. "
                     f"compressors.topk(0.01)), got {type(compressor).__name__}: {compressor!r}")
   _check_axis_name(axis_name)
+  _check_axis_name(dense_axis)
+  if set(axes.as_tuple(axis_name)) & set(axes.as_tuple(dense_axis)):
+    raise ValueError(f"compress: axis_name={axis_name!r} and dense_axis={dense_axis!r} share an "
+                     "axis; the dense (fast) axis and the compressed (slow) axis must differ")
   if not isinstance(seed, int):
     raise TypeError(f"compress: seed must be an int, got {seed!r}")
   if compressor.exchange not in base.EXCHANGES:
@@ -89,6 +100,10 @@ def compress(compressor: base.Compressor, *, axis_name: axes.AxisName,
     buffers = [jnp.zeros((x.size,), _work_dtype(x.dtype)) for x in leaves]
     if fuse:
       buffers = [jnp.zeros((sum(b.size for b in buffers),), _common_dtype(buffers))]
+    if dense_axis is not None:
+      group = axes.num_workers(dense_axis, caller="compress (dense_axis; call init() inside "
+                               "shard_map: the owned shard's size depends on it)")
+      buffers = [jnp.zeros((-(-b.size // group),), b.dtype) for b in buffers]
     buffer_states = tuple(
         base.init_buffer_state(compressor, b, num_workers, error_feedback) for b in buffers)
     residual = (jax.tree.map(lambda x: jnp.zeros(x.shape, _work_dtype(x.dtype)), params)
@@ -102,6 +117,7 @@ def compress(compressor: base.Compressor, *, axis_name: axes.AxisName,
   def update_fn(updates, state, params=None, **extra_args):
     del params
     num_workers = axes.num_workers(axis_name, caller="compress")
+    group = axes.num_workers(dense_axis, caller="compress (dense_axis)")
     paths, grads, treedef = _flatten(updates)
     _check_leaves(paths, grads, "gradient", fuse)
     grads_wide = [g.astype(_work_dtype(g.dtype)) for g in grads]
@@ -122,25 +138,38 @@ def compress(compressor: base.Compressor, *, axis_name: axes.AxisName,
     buffer_states = (state.buffers,) if fuse else state.buffers
 
     worker = axes.worker_index(axis_name)
+    # Unique per device: in hierarchical mode devices of one fast group share ``worker``.
+    device = axes.worker_index(axes.as_tuple(axis_name) + axes.as_tuple(dense_axis))
     step_key = jax.random.fold_in(state.key, state.count)
-    means, inputs, sents, new_states = [], [], [], []
+    means, kepts, new_states = [], [], []
     for i, (g, e, bstate) in enumerate(zip(grad_buffers, residual_buffers, buffer_states)):
+      size = -(-g.size // group)
       if compressor.validate is not None:
-        compressor.validate(g.size, wheres[i])
+        compressor.validate(size, wheres[i])
       shared_key = jax.random.fold_in(step_key, i)
-      ctx = base.Context(axis_name=axis_name, num_workers=num_workers, size=g.size,
-                         worker_index=worker,
-                         step=state.count, shared_key=shared_key,
-                         private_key=jax.random.fold_in(shared_key, worker + 1),
-                         extras={k: v[i] for k, v in extra_buffers.items()}, schedule=schedule)
+      extras_i = {k: v[i] for k, v in extra_buffers.items()}
+      if dense_axis is not None:
+        extras_i = {k: _owned_shard(v, dense_axis, group) for k, v in extras_i.items()}
+      shape = grads[i].shape if not fuse and dense_axis is None else (size,)
+      ctx = base.Context(axis_name=axis_name, num_workers=num_workers, size=size, shape=shape,
+                         worker_index=worker, step=state.count, shared_key=shared_key,
+                         private_key=jax.random.fold_in(shared_key, device + 1),
+                         extras=extras_i, schedule=schedule)
       if compressor.precondition is not None:
-        g, cstate = compressor.precondition(g, bstate.compressor, ctx)
+        # On the raw local gradient, before any sum: every device is a worker here.
+        raw_ctx = ctx._replace(num_workers=num_workers * group, size=g.size, shape=(g.size,))
+        g, cstate = compressor.precondition(g, bstate.compressor, raw_ctx)
         bstate = bstate._replace(compressor=cstate)
       x = g if e is None else g + e
+      if dense_axis is not None:
+        x = _reduce_scatter(x, dense_axis, group)
       out = base.exchange(compressor, x, bstate, ctx)
-      means.append(out.mean)
-      inputs.append(x)
-      sents.append(out.sent)
+      mean, kept = out.mean, x - out.sent
+      if dense_axis is not None:
+        mean = _all_gather(mean / group, dense_axis, g.size)
+        kept = _place_owned_shard(kept, dense_axis, g.size)
+      means.append(mean)
+      kepts.append(kept)
       new_states.append(out.state)
 
     if fuse:
@@ -148,8 +177,7 @@ def compress(compressor: base.Compressor, *, axis_name: axes.AxisName,
     mean_leaves = [m.reshape(g.shape).astype(g.dtype) for m, g in zip(means, grads)]
     new_residual = ()
     if error_feedback:
-      kept = [x - s for x, s in zip(inputs, sents)]
-      kept = _unfuse(kept[0], sizes) if fuse else kept
+      kept = _unfuse(kepts[0], sizes) if fuse else kepts
       new_residual = treedef.unflatten(
           [k.reshape(r.shape).astype(r.dtype) for k, r in zip(kept, residuals)])
     new_state = CompressState(count=state.count + 1, key=state.key, residual=new_residual,
@@ -157,6 +185,31 @@ def compress(compressor: base.Compressor, *, axis_name: axes.AxisName,
     return treedef.unflatten(mean_leaves), new_state
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+
+
+def _reduce_scatter(x: jax.Array, axis_name: axes.AxisName, group: int) -> jax.Array:
+  """Sum over ``axis_name`` of ``x``, of which this device keeps its ``1/group`` shard."""
+  padded = jnp.pad(x, (0, -x.size % group))
+  return jax.lax.psum_scatter(padded, axis_name, scatter_dimension=0, tiled=True)
+
+
+def _owned_shard(x: jax.Array, axis_name: axes.AxisName, group: int) -> jax.Array:
+  """This device's ``1/group`` shard of ``x`` along ``axis_name`` (as a reduce-scatter keeps)."""
+  padded = jnp.pad(x, (0, -x.size % group))
+  shard = padded.size // group
+  return jax.lax.dynamic_slice(padded, (axes.worker_index(axis_name) * shard,), (shard,))
+
+
+def _all_gather(shard: jax.Array, axis_name: axes.AxisName, size: int) -> jax.Array:
+  """The full buffer of ``size`` elements from every device's shard along ``axis_name``."""
+  return axes.all_gather_invariant(shard, axis_name).reshape(-1)[:size]
+
+
+def _place_owned_shard(shard: jax.Array, axis_name: axes.AxisName, size: int) -> jax.Array:
+  """A buffer of ``size`` elements holding ``shard`` where this device's shard lives, else 0."""
+  full = jnp.zeros((shard.size * axes.num_workers(axis_name),), shard.dtype)
+  start = axes.worker_index(axis_name) * shard.size
+  return jax.lax.dynamic_update_slice(full, shard, (start,))[:size]
 
 
 def _check_axis_name(axis_name: axes.AxisName) -> None:

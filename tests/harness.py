@@ -1,0 +1,63 @@
+"""Shared test plumbing: run a gradient transformation per worker under shard_map or pmap."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import PartitionSpec as P
+
+import compressors
+
+
+def mesh(num_devices: int = 8, axis_name: str = "data") -> jax.sharding.Mesh:
+  return jax.sharding.Mesh(np.array(jax.devices()[:num_devices]), (axis_name,))
+
+
+def shard_map_update(tx, mesh_, params, axis_name="data"):
+  """(initial state, update) running ``tx`` per worker under shard_map.
+
+  ``update(params, state, grads)`` takes ``grads`` leaves with a leading worker axis and returns
+  the replicated mean (``P()``) and the new state (per-worker leaves with a leading device axis).
+  """
+  specs = compressors.state_specs(tx, params, mesh_, axis_name)
+  state = jax.jit(jax.shard_map(lambda p: compressors.add_device_axis(tx.init(p)), mesh=mesh_,
+                                in_specs=P(), out_specs=specs))(params)
+
+  @jax.jit
+  @functools.partial(jax.shard_map, mesh=mesh_, in_specs=(P(), specs, P(axis_name)),
+                     out_specs=(P(), specs))
+  def update(params, state, grads):
+    state = compressors.drop_device_axis(state)
+    grads = jax.tree.map(lambda g: g[0], grads)
+    mean, state = tx.update(grads, state, params)
+    return mean, compressors.add_device_axis(state)
+
+  return state, update
+
+
+def pmap_update(tx, axis_name="data"):
+  """The same under pmap: params and grads carry a leading device axis."""
+  init = jax.pmap(tx.init, axis_name=axis_name)
+  update = jax.pmap(lambda p, s, g: tx.update(g, s, p), axis_name=axis_name)
+  return init, update
+
+
+def device_copies(x: jax.Array) -> list[np.ndarray]:
+  """Every device's own copy of a (nominally replicated) array."""
+  return [np.asarray(s.data) for s in x.addressable_shards]
+
+
+def assert_replicas_identical(tree) -> None:
+  for leaf in jax.tree.leaves(tree):
+    copies = device_copies(leaf)
+    for c in copies[1:]:
+      np.testing.assert_array_equal(c, copies[0])
+      assert c.tobytes() == copies[0].tobytes()
+
+
+def per_worker_grads(key, num_workers: int, params) -> dict:
+  leaves, treedef = jax.tree.flatten(params)
+  keys = jax.random.split(key, len(leaves))
+  return treedef.unflatten([jax.random.normal(k, (num_workers,) + jnp.shape(x))
+                            for k, x in zip(keys, leaves)])
