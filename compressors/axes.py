@@ -66,6 +66,22 @@ def worker_index(axis_name: AxisName) -> Any:
   return jax.lax.axis_index(axis_name)
 
 
+def _varying_axes(x: Any) -> frozenset:
+  manual = getattr(jax.typeof(x), "manual_axis_type", None)
+  return frozenset(getattr(manual, "varying", ()))
+
+
+def replication_checked(axis_name: AxisName) -> bool:
+  """Whether shard_map tracks which values vary across ``axis_name`` (``check_vma=True``)."""
+  names = as_tuple(axis_name)
+  return bool(names) and set(names) <= _varying_axes(jax.lax.axis_index(names))
+
+
+def is_varying(x: Any, axis_name: AxisName) -> bool:
+  """Whether ``x`` is typed as differing across every axis of ``axis_name``."""
+  return set(as_tuple(axis_name)) <= _varying_axes(x)
+
+
 def all_gather_invariant(x: Any, axis_name: AxisName) -> Any:
   """``lax.all_gather`` whose result is typed as identical on every worker.
 

@@ -120,6 +120,7 @@ def compress(compressor: base.Compressor, *, axis_name: axes.AxisName,
     group = axes.num_workers(dense_axis, caller="compress (dense_axis)")
     paths, grads, treedef = _flatten(updates)
     _check_leaves(paths, grads, "gradient", fuse)
+    _check_per_worker(paths, grads, axes.as_tuple(axis_name) + axes.as_tuple(dense_axis))
     grads_wide = [g.astype(_work_dtype(g.dtype)) for g in grads]
     residuals = treedef.flatten_up_to(state.residual) if error_feedback else None
     extras = {name: _extra_leaves(name, extra_args[name], treedef, grads)
@@ -253,6 +254,20 @@ def _check_leaves(paths: list[str], leaves: list, what: str, fuse: bool) -> None
                        "or use fuse=True")
   if sum(x.size for x in leaves) == 0:
     raise ValueError(f"compress: every {what} leaf has zero elements; nothing to compress")
+
+
+def _check_per_worker(paths: list[str], grads: list, names: tuple) -> None:
+  """Rejects gradients that JAX's autodiff has already summed over the workers."""
+  if not names or not axes.replication_checked(names):
+    return
+  for path, g in zip(paths, grads):
+    if not axes.is_varying(g, names):
+      raise ValueError(
+          f"compress: gradient leaf {path} is typed as identical on every worker of axes "
+          f"{names}: inside shard_map, jax.grad with respect to replicated parameters has "
+          "already summed it over the workers (a hidden dense all-reduce), so there is nothing "
+          "left to compress. Differentiate with respect to a per-worker copy: "
+          f"grads = jax.grad(loss)(jax.lax.pcast(params, {names!r}, to='varying'), batch)")
 
 
 def _extra_leaves(name: str, tree: PyTree, treedef, grads: list) -> list:

@@ -32,6 +32,7 @@ from collections.abc import Callable, Hashable
 from typing import Any
 
 import jax
+import jax.extend
 import numpy as np
 
 _KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
@@ -114,7 +115,7 @@ def wire_bytes(fn: Callable[..., Any], *args, mesh: jax.sharding.Mesh | None = N
   lowerable = fn if hasattr(fn, "lower") else jax.jit(fn)
   compiled = lowerable.lower(*args, **kwargs).compile()
   if mesh is None:
-    mesh = _mesh_of(compiled)
+    mesh = _mesh_of(compiled) or _shard_map_mesh(fn, args, kwargs)
   return parse_hlo(compiled.as_text(), mesh)
 
 
@@ -142,6 +143,23 @@ def _mesh_of(compiled) -> jax.sharding.Mesh | None:
     mesh = getattr(s, "mesh", None)
     if isinstance(mesh, jax.sharding.Mesh) and mesh.size > 1:
       return mesh
+  return None
+
+
+def _shard_map_mesh(fn, args, kwargs) -> jax.sharding.Mesh | None:
+  """The mesh of the first ``shard_map`` in ``fn``'s jaxpr (inputs may all be replicated)."""
+  try:
+    jaxpr = jax.make_jaxpr(fn)(*args, **kwargs).jaxpr
+  except Exception:  # pylint: disable=broad-except  # e.g. pmap-ed functions
+    return None
+  stack = [jaxpr]
+  while stack:
+    for eqn in stack.pop().eqns:
+      mesh = eqn.params.get("mesh")
+      if isinstance(mesh, jax.sharding.Mesh):
+        return mesh
+      stack += [v.jaxpr if hasattr(v, "jaxpr") else v for v in eqn.params.values()
+                if isinstance(v, (jax.extend.core.Jaxpr, jax.extend.core.ClosedJaxpr))]
   return None
 
 

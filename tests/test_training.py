@@ -1,0 +1,162 @@
+"""Training with compression on 8 workers: identical replicas, pmap, one compile, convergence."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from jax.sharding import PartitionSpec as P
+
+import compressors
+from tests import harness
+
+N = 8
+
+
+def _init_params(key, sizes=(16, 48, 1)):
+  params = {}
+  for i, (m, n) in enumerate(zip(sizes[:-1], sizes[1:])):
+    key, sub = jax.random.split(key)
+    params[f"layer{i}"] = {"w": jax.random.normal(sub, (m, n)) / np.sqrt(m), "b": jnp.zeros(n)}
+  return params
+
+
+def _predict(params, x):
+  h = x
+  for i in range(len(params)):
+    layer = params[f"layer{i}"]
+    h = h @ layer["w"] + layer["b"]
+    if i < len(params) - 1:
+      h = jnp.tanh(h)
+  return h[..., 0]
+
+
+def _loss(params, batch):
+  x, y = batch
+  return jnp.mean((_predict(params, x) - y) ** 2)
+
+
+def _data(num_examples=N * 256, seed=0):
+  """A noisy teacher-student regression task: the loss plateaus at the noise floor (0.01)."""
+  key_x, key_t, key_n = jax.random.split(jax.random.PRNGKey(seed), 3)
+  x = jax.random.normal(key_x, (num_examples, 16))
+  teacher = _init_params(key_t, (16, 8, 1))
+  y = _predict(teacher, x) + 0.1 * jax.random.normal(key_n, (num_examples,))
+  return x.reshape(N, -1, 16), y.reshape(N, -1)
+
+
+def _trainer(tx, params):
+  mesh = harness.mesh()
+  specs = compressors.state_specs(tx, params, mesh, "data")
+  state = jax.jit(jax.shard_map(lambda p: compressors.add_device_axis(tx.init(p)), mesh=mesh,
+                                in_specs=P(), out_specs=specs))(params)
+
+  @jax.jit
+  @functools.partial(jax.shard_map, mesh=mesh, in_specs=(P(), specs, P("data")),
+                     out_specs=(P(), specs, P()))
+  def step(params, state, batch):
+    state = compressors.drop_device_axis(state)
+    batch = jax.tree.map(lambda b: b[0], batch)
+    local = jax.lax.pcast(params, "data", to="varying")  # per-worker gradients, not summed
+    loss, grads = jax.value_and_grad(_loss)(local, batch)
+    updates, state = tx.update(grads, state, params)
+    return optax.apply_updates(params, updates), compressors.add_device_axis(state), \
+        jax.lax.pmean(loss, "data")
+
+  return state, step
+
+
+def _place(params, batch):
+  """Parameters replicated and the batch split over workers, as the step's specs say."""
+  mesh = harness.mesh()
+  return (jax.device_put(params, jax.sharding.NamedSharding(mesh, P())),
+          jax.device_put(batch, jax.sharding.NamedSharding(mesh, P("data"))))
+
+
+COMPRESSORS = [compressors.none(), compressors.topk(0.01), compressors.randomk(0.05),
+               compressors.threshold(0.05, max_density=0.05), compressors.dgc(0.01),
+               compressors.cast("bfloat16"), compressors.cast("float16")]
+
+
+@pytest.mark.parametrize("compressor", COMPRESSORS, ids=lambda c: c.name)
+def test_replicas_bit_identical_after_twenty_steps_and_one_compile(compressor):
+  params = _init_params(jax.random.PRNGKey(1))
+  tx = optax.chain(compressors.compress(compressor, axis_name="data"), optax.sgd(0.05))
+  state, step = _trainer(tx, params)
+  params, batch = _place(params, _data())
+  for _ in range(20):
+    params, state, _ = step(params, state, batch)
+  harness.assert_replicas_identical(params)
+  assert step._cache_size() == 1  # pylint: disable=protected-access
+
+
+@pytest.mark.parametrize("compressor", [compressors.topk(0.05), compressors.randomk(0.05),
+                                        compressors.cast("bfloat16")], ids=lambda c: c.name)
+def test_pmap_gives_the_same_mean_as_shard_map(compressor):
+  params = {"w": jnp.zeros((40, 10)), "b": jnp.zeros((10,))}
+  grads = harness.per_worker_grads(jax.random.PRNGKey(0), N, params)
+  tx = compressors.compress(compressor, axis_name="data")
+  sm_state, sm_update = harness.shard_map_update(tx, harness.mesh(), params)
+  pm_init, pm_update = harness.pmap_update(tx)
+  replicated = jax.tree.map(lambda x: jnp.broadcast_to(x, (N,) + x.shape), params)
+  pm_state = pm_init(replicated)
+  for _ in range(3):
+    sm_mean, sm_state = sm_update(params, sm_state, grads)
+    pm_mean, pm_state = pm_update(replicated, pm_state, grads)
+    for a, b in zip(jax.tree.leaves(sm_mean), jax.tree.leaves(pm_mean)):
+      for copy in np.asarray(b):
+        np.testing.assert_array_equal(copy, np.asarray(a))
+
+
+def test_hierarchical_mode_gives_the_flat_mean_and_shrinks_the_slow_axis_bytes():
+  mesh = jax.sharding.Mesh(np.array(jax.devices()).reshape(2, 4), ("node", "gpu"))
+  params = {"w": jnp.zeros((1000,))}
+  grads = {"w": jax.random.normal(jax.random.PRNGKey(0), (N, 1000))}
+
+  def run(tx, axis):
+    specs = compressors.state_specs(tx, params, mesh, axis)
+    state = jax.jit(jax.shard_map(lambda p: compressors.add_device_axis(tx.init(p)), mesh=mesh,
+                                  in_specs=P(), out_specs=specs))(params)
+    fn = jax.jit(jax.shard_map(
+        lambda p, s, g: tx.update(jax.tree.map(lambda x: x[0], g), compressors.drop_device_axis(s),
+                                  p)[0],
+        mesh=mesh, in_specs=(P(), specs, P(("node", "gpu"))), out_specs=P()))
+    return fn(params, state, grads), compressors.wire_bytes(fn, params, state, grads, mesh=mesh)
+
+  flat, flat_bytes = run(compressors.compress(compressors.none(), axis_name=("node", "gpu"),
+                                              error_feedback=False), ("node", "gpu"))
+  tiered, tiered_bytes = run(compressors.compress(compressors.none(), axis_name="node",
+                                                  dense_axis="gpu", error_feedback=False),
+                             ("node", "gpu"))
+  np.testing.assert_allclose(np.asarray(tiered["w"]), np.asarray(grads["w"]).mean(0), rtol=1e-5,
+                             atol=1e-6)
+  np.testing.assert_allclose(np.asarray(tiered["w"]), np.asarray(flat["w"]), rtol=1e-5, atol=1e-6)
+  slow = sum(v for k, v in tiered_bytes.by_axis.items() if "node" in k)
+  print(f"slow-axis bytes: hierarchical {slow:,.0f} vs flat all-reduce {flat_bytes.total:,.0f}")
+  assert slow <= flat_bytes.total / 4 * 1.1
+
+
+def _train(compressor, steps, error_feedback=True, lr=0.1):
+  params = _init_params(jax.random.PRNGKey(1))
+  tx = optax.chain(compressors.compress(compressor, axis_name="data",
+                                        error_feedback=error_feedback), optax.sgd(lr))
+  state, step = _trainer(tx, params)
+  params, batch = _place(params, _data())
+  losses = []
+  for _ in range(steps):
+    params, state, loss = step(params, state, batch)
+    losses.append(float(loss))
+  return losses
+
+
+def test_topk_with_error_feedback_matches_dense_and_without_is_worse():
+  steps = 1500
+  dense = _train(compressors.none(), steps)
+  with_ef = _train(compressors.topk(0.01), steps)
+  without_ef = _train(compressors.topk(0.01), steps, error_feedback=False)
+  print(f"final loss after {steps} steps: dense {dense[-1]:.4f}, top-k 1% + EF {with_ef[-1]:.4f},"
+        f" top-k 1% without EF {without_ef[-1]:.4f}")
+  assert with_ef[-1] <= dense[-1] * 1.02
+  assert without_ef[-1] > with_ef[-1] * 1.1

@@ -1,0 +1,153 @@
+"""wire_bytes: the compiled program's collectives, charged as the ring algorithms imply."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+import compressors
+from tests import harness
+
+N = 8
+D = 1 << 20  # a 1M-element gradient
+DENSE = 2 * (N - 1) / N * 4 * D
+
+
+def _step_bytes(compressor, **kwargs) -> compressors.WireBytes:
+  """Bytes per device of one compressed update of a 1M-element gradient (compile only)."""
+  tx = compressors.compress(compressor, axis_name="data", **kwargs)
+  params = {"w": jax.ShapeDtypeStruct((D,), jnp.float32)}
+  mesh = harness.mesh()
+  specs = compressors.state_specs(tx, params, mesh, "data")
+  state = jax.eval_shape(jax.shard_map(lambda p: compressors.add_device_axis(tx.init(p)),
+                                       mesh=mesh, in_specs=P(), out_specs=specs), params)
+
+  @functools.partial(jax.shard_map, mesh=mesh, in_specs=(P(), specs, P("data")),
+                     out_specs=(P(), specs))
+  def step(params, state, grads):
+    state = compressors.drop_device_axis(state)
+    mean, state = tx.update({"w": grads[0]}, state, params)
+    return mean, compressors.add_device_axis(state)
+
+  grads = jax.ShapeDtypeStruct((N, D), jnp.float32)
+  return compressors.wire_bytes(step, params, state, grads, mesh=mesh)
+
+
+def test_dense_psum_is_the_ring_all_reduce():
+  report = _step_bytes(compressors.none())
+  assert report.total == DENSE
+  assert report.by_kind == {"all-reduce": DENSE}
+  assert report.by_axis == {("data",): DENSE}
+
+
+def test_topk_bytes_are_what_the_algorithm_implies():
+  report = _step_bytes(compressors.topk(0.01))
+  k = round(0.01 * D)
+  gathered = N * k * (4 + 4)  # values f32 + indices int32 from every worker
+  assert report.by_kind == {"all-gather": (N - 1) / N * gathered}
+  print(f"top-k 1%: {report.total:,.0f} B vs dense {DENSE:,.0f} B: {DENSE / report.total:.1f}x")
+  assert report.total * 10 <= DENSE
+
+
+def test_randomk_payload_is_summable_k_floats():
+  report = _step_bytes(compressors.randomk(0.01))
+  k = round(0.01 * D)
+  assert [c.kind for c in report.collectives] == ["all-reduce"]
+  assert report.collectives[0].size_bytes == 4 * k
+  assert report.total == 2 * (N - 1) / N * 4 * k
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_sixteen_bit_transport_is_exactly_half_of_dense(dtype):
+  report = _step_bytes(compressors.cast(dtype))
+  assert report.total == DENSE / 2
+  assert all(d in ("u16", "f16") for c in report.collectives for d in c.dtypes)
+
+
+def test_threshold_and_dgc_are_charged_at_capacity():
+  capacity = round(0.01 * D)
+  expected = (N - 1) / N * N * (capacity * 8 + 4)  # values, indices and the count
+  assert _step_bytes(compressors.threshold(1.0, max_density=0.01)).total == expected
+  assert _step_bytes(compressors.dgc(0.01)).total == expected
+
+
+def test_dgc_warmup_is_charged_at_its_most_expensive_stage():
+  report = _step_bytes(compressors.dgc(0.01, warmup_steps=100))
+  capacity = round(0.25 * D)
+  assert report.total == (N - 1) / N * N * (capacity * 8 + 4)
+
+
+def test_masked_dense_psum_is_not_compression():
+  mesh = harness.mesh()
+
+  @functools.partial(jax.shard_map, mesh=mesh, in_specs=P("data"), out_specs=P())
+  def masked(g):
+    g = g[0]
+    keep = abs(g) >= jax.lax.top_k(abs(g), 100)[0][-1]
+    return jax.lax.psum(jnp.where(keep, g, 0.0), "data")
+
+  report = compressors.wire_bytes(masked, jax.ShapeDtypeStruct((N, D), jnp.float32))
+  assert report.total == DENSE
+
+
+def test_bf16_psum_is_charged_as_the_f32_the_cpu_backend_moves():
+  mesh = harness.mesh()
+  fn = jax.shard_map(lambda g: jax.lax.psum(g.astype(jnp.bfloat16), "data"), mesh=mesh,
+                     in_specs=P("data"), out_specs=P())
+  report = compressors.wire_bytes(fn, jax.ShapeDtypeStruct((N * 1024,), jnp.float32))
+  assert report.total == 2 * (N - 1) / N * 1024 * 4
+  assert report.collectives[0].dtypes == ("f32",)
+
+
+def test_breakdown_by_mesh_axis_on_a_two_level_mesh():
+  mesh = jax.sharding.Mesh(np.array(jax.devices()).reshape(2, 4), ("node", "gpu"))
+
+  @functools.partial(jax.shard_map, mesh=mesh, in_specs=P(), out_specs=P(), check_vma=False)
+  def two_level(x):
+    inner = jax.lax.psum_scatter(x, "gpu", tiled=True)        # 4096 B in, groups of 4
+    outer = jax.lax.psum(inner, "node")                       # 1024 B, groups of 2
+    both = jax.lax.psum(x[:8], ("node", "gpu"))               # 32 B, all 8
+    return jax.lax.all_gather(outer, "gpu", tiled=True) + both.sum()
+
+  report = compressors.wire_bytes(two_level, jax.ShapeDtypeStruct((1024,), jnp.float32))
+  assert report.by_axis[("gpu",)] == 3 / 4 * 4096 + 3 / 4 * 4096
+  assert report.by_axis[("node",)] == 2 * 1 / 2 * 1024
+  assert report.by_axis[("node", "gpu")] == 2 * 7 / 8 * 32
+
+
+def test_loops_are_charged_per_iteration_and_permutes_per_sender():
+  mesh = harness.mesh()
+  ring = [(i, (i + 1) % N) for i in range(N)]
+
+  @functools.partial(jax.shard_map, mesh=mesh, in_specs=P(), out_specs=P(), check_vma=False)
+  def rotate(x):
+    return jax.lax.fori_loop(0, 5, lambda _, y: jax.lax.ppermute(y, "data", ring), x)
+
+  report = compressors.wire_bytes(rotate, jax.ShapeDtypeStruct((256,), jnp.float32))
+  assert report.by_kind == {"collective-permute": 5 * 256 * 4}
+  assert report.collectives[0].executions == 5
+  assert report.unknown_trip_counts == 0
+
+
+def test_pmap_programs_are_read_too():
+  fn = jax.pmap(lambda x: jax.lax.psum(x, "i"), axis_name="i")
+  report = compressors.wire_bytes(fn, jax.ShapeDtypeStruct((N, 100), jnp.float32))
+  assert report.total == 2 * (N - 1) / N * 400
+
+
+def test_iota_replica_groups_are_parsed():
+  text = """HloModule m, num_partitions=8
+
+ENTRY %main (p: f32[64]) -> f32[64] {
+  %p = f32[64]{0} parameter(0)
+  ROOT %ar = f32[64]{0} all-reduce(%p), channel_id=1, replica_groups=[2,4]<=[4,2]T(1,0), use_global_device_ids=true, to_apply=%add
+}
+"""
+  mesh = jax.sharding.Mesh(np.array(jax.devices()).reshape(4, 2), ("a", "b"))
+  report = compressors.wire.parse_hlo(text, mesh)
+  assert report.collectives[0].group_size == 4
+  assert report.collectives[0].axes == ("a",)  # groups {0,2,4,6},{1,3,5,7}: same b, all a
+  assert report.total == 2 * 3 / 4 * 256
