@@ -1,0 +1,255 @@
+"""TASC's compressor: Hessian-aware block scores, a shared block support, one compact all-reduce.
+
+Per worker and step, on its buffer ``a = g + e`` (:func:`compressors.compress` adds the
+error-feedback residual ``e`` and keeps what is not sent):
+
+1. cut ``a`` into ``num_blocks`` blocks of ``block_size`` and score each block,
+   ``(eps * mean|h| + mean_{i in b}|h_i|) * ||a_b||^2`` (:mod:`tasc.scores`);
+2. agree on the support: the ``K`` blocks of highest *all-reduced* score (:mod:`tasc.support`);
+   because the scores are summed over workers before ranking, the support is the same on every
+   worker even when each worker's curvature estimate differs (a local empirical Fisher);
+3. gather the chosen blocks into a compact ``[K, block_size]`` payload and all-reduce it (no
+   indices travel: every worker knows the support); scatter the mean back.
+
+Support
+  ``"global"``: the scores of this step are all-reduced first (one extra all-reduce of
+  ``num_blocks`` floats, ``1/block_size`` of the gradient). ``"previous"``: no extra
+  collective; the scores ride in the payload's all-reduce and rank the blocks of the *next*
+  step. What rides is the score of what error feedback keeps, ``w_b * ||a_b - sent_b||^2``: a
+  block just sent has an empty residual and waits one step, a block not sent competes with all
+  it has accumulated; the next step's fresh gradient is what this prediction misses. The first
+  step, with no scores yet (all zero), sends blocks ``0 .. K-1``; error feedback keeps the rest.
+
+Bytes. Per worker, the all-reduce operands are ``K * block_size + num_blocks`` floats whatever
+the number of workers ``n`` (an all-reduce moves ``2 (n-1)/n`` of its operand per worker), where
+top-k's all-gather moves ``2 k (n-1)`` words.
+
+Curvature (``sensitivity``)
+  ``"hutchinson"``: ``update(..., curvature=h)`` passes a fresh estimate (a pytree like the
+  gradients, e.g. :func:`tasc.hutchinson_diagonal`); the state keeps an EMA of its block means of
+  ``|h|`` (AdaHessian's spatial averaging), which the steps without an estimate use. No bias
+  correction is needed: the score is invariant to the curvature's scale. Until the first
+  estimate arrives blocks are ranked by magnitude.
+  ``"fisher"``: an EMA of the block means of the worker's own squared gradient ``g^2`` (the
+  empirical Fisher, a Gauss-Newton proxy), at no extra cost. It is local, not identical across
+  workers, and need not be: only the summed scores decide the support. The aggregated gradient
+  would be identical everywhere but is sparse: the blocks not sent would see their Fisher decay
+  towards zero and then never be sent, a loop the local, dense gradient does not have.
+  ``"none"``: ``||a_b||^2`` alone (block magnitude, as OmniReduce).
+
+Replication under ``shard_map``: with ``support="global"`` the support and the mean are
+computed from all-reduced values, so JAX proves the mean replicated (``out_specs=P()``). With
+``"previous"`` the support comes from the per-worker state, so it cannot: run the step with
+``check_vma=False`` (as any optimizer whose state rides per worker needs); the bits are
+identical on every worker all the same.
+
+Dynamic density: ``density`` may be a function of the step (e.g. an optax schedule) with a
+``max_density``. The payload's capacity is fixed by ``max_density`` (static shapes: one compiled
+program); each step the top ``round(density(step) * num_blocks)`` blocks carry data and the other
+rows are zero and stay in error feedback. The wire moves the full capacity every step: a schedule
+changes what is sent, not the bytes (``compressors.wire_bytes`` reports the capacity). Values
+above ``max_density`` are clipped to it.
+"""
+
+import numbers
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from compressors import axes
+from compressors import base
+from compressors import dense
+from compressors import sparse
+from compressors import transform
+from tasc import scores
+from tasc import support as support_lib
+
+SENSITIVITIES = ("hutchinson", "fisher", "none")
+SUPPORTS = ("global", "previous")
+Density = float | Callable[[jax.Array], jax.Array]
+
+
+class TascState(NamedTuple):
+  """Per-buffer state of the TASC compressor (per worker).
+
+  Attributes:
+    curvature: ``f32[num_blocks]`` EMA of the block means of ``|h|`` (or of ``g^2`` for
+      ``"fisher"``); ``()`` for ``sensitivity="none"``.
+    scores: ``f32[num_blocks]`` mean over workers of the scores that rank the next step's
+      blocks (``support="previous"``); ``()`` for ``"global"``.
+  """
+  curvature: jax.Array | tuple
+  scores: jax.Array | tuple
+
+
+def tasc_compressor(density: Density, *, block_size: int = 256,
+                    sensitivity: str = "hutchinson", support: str = "global",
+                    curvature_decay: float = 0.9, eps: float = 0.1,
+                    max_density: float | None = None, min_blocks_per_leaf: int = 0,
+                    leaf_sizes: Sequence[int] | None = None,
+                    dense_axis: axes.AxisName = None) -> base.Compressor:
+  """The TASC :class:`compressors.base.Compressor` (psum exchange, extra argument ``curvature``).
+
+  Most users want :func:`tasc.tasc_compress`, which wraps this in :func:`compressors.compress`.
+
+  Args:
+    density: fraction of the buffer's blocks sent each step, in (0, 1]; or a function of the
+      step (int32) returning it, with ``max_density`` set.
+    block_size: ``B``, elements per block (>= 1).
+    sensitivity: ``"hutchinson"``, ``"fisher"`` or ``"none"`` (see the module docstring).
+    support: ``"global"`` or ``"previous"`` (see the module docstring).
+    curvature_decay: EMA factor ``beta`` in [0, 1) of the curvature kept in the state
+      (``c <- beta c + (1 - beta) * new``); 0 uses each fresh estimate alone.
+    eps: the curvature floor relative to the mean curvature (>= 0); larger leans towards
+      magnitude ranking.
+    max_density: the capacity's density when ``density`` is a function; None otherwise.
+    min_blocks_per_leaf: blocks of every leaf always sent (:mod:`tasc.support`); raises the
+      capacity above ``density``'s when the guarantees need more.
+    leaf_sizes: sizes of the leaves fused into the buffer (for ``min_blocks_per_leaf`` in fused
+      mode); None when each buffer is one leaf.
+    dense_axis: the fast axis when :func:`compressors.compress` runs in hierarchical mode
+      (the buffer is then this device's shard; ``"fisher"`` and the leaf layout need to know).
+
+  Returns:
+    A :class:`compressors.base.Compressor`.
+  """
+  dynamic = callable(density)
+  if dynamic:
+    if max_density is None:
+      raise ValueError("tasc: density is a schedule (a callable of the step), so max_density "
+                       "is required: the payload's capacity must be static; pass the "
+                       "schedule's largest value, e.g. max_density=0.25")
+    capacity_density = sparse.check_fraction(max_density, "max_density", "tasc")
+  else:
+    if max_density is not None:
+      raise ValueError(f"tasc: max_density={max_density!r} is only for a density schedule; "
+                       f"density={density!r} is a number")
+    capacity_density = sparse.check_fraction(density, "density", "tasc")
+  _check_int(block_size, "block_size", 1)
+  _check_choice(sensitivity, "sensitivity", SENSITIVITIES)
+  _check_choice(support, "support", SUPPORTS)
+  _check_real(curvature_decay, "curvature_decay", 0.0, 1.0, "[0, 1)")
+  _check_real(eps, "eps", 0.0, float("inf"), "[0, inf)")
+  _check_int(min_blocks_per_leaf, "min_blocks_per_leaf", 0)
+  keeps_curvature = sensitivity != "none"
+
+  def layout(size):
+    """(leaf groups of this buffer's blocks or None, static capacity)."""
+    blocks = scores.num_blocks(size, block_size)
+    selected = round(capacity_density * blocks)
+    if leaf_sizes is None:  # the buffer is one leaf
+      return None, max(selected, min(min_blocks_per_leaf, blocks))
+    shards = axes.num_workers(dense_axis, caller="tasc (dense_axis)")
+    total = sum(leaf_sizes)
+    if -(-total // shards) != size:
+      raise ValueError(f"tasc: leaf_sizes add up to {total} elements, which in {shards} "
+                       f"shard(s) do not make the buffer of {size} elements being compressed")
+    table = support_lib.leaf_groups(leaf_sizes, block_size, shards)
+    capacity = max(selected, support_lib.guaranteed_count(table, min_blocks_per_leaf))
+    groups = jnp.asarray(table)[axes.worker_index(dense_axis)] if shards > 1 else table[0]
+    return jnp.asarray(groups), capacity
+
+  def validate(size, where):
+    blocks = scores.num_blocks(size, block_size)
+    if round(capacity_density * blocks) < 1:
+      field = "max_density" if dynamic else "density"
+      raise ValueError(
+          f"tasc: {field}={capacity_density} keeps round({capacity_density} * {blocks}) = 0 of "
+          f"the {blocks} blocks of {block_size} elements in {where} ({size} elements); use "
+          f"{field} >= {0.5 / blocks:.3g}, a smaller block_size, or fuse the leaves")
+
+  def init(x):
+    blocks = scores.num_blocks(x.size, block_size)
+    zeros = jnp.zeros((blocks,), jnp.float32)
+    return TascState(curvature=zeros if keeps_curvature else (),
+                     scores=zeros if support == "previous" else ())
+
+  def precondition(g, state, ctx):
+    """Fisher: the EMA of the block means of this worker's squared gradient."""
+    del ctx
+    squared = g * g
+    if dense_axis is not None:
+      squared = transform._owned_shard(  # pylint: disable=protected-access
+          squared, dense_axis, axes.num_workers(dense_axis, caller="tasc (dense_axis)"))
+    fresh = scores.block_means(squared, block_size)
+    if fresh.shape != state.curvature.shape:
+      raise ValueError(f"tasc: the gradient buffer has {squared.size} elements but the state "
+                       f"holds {state.curvature.size} blocks; in hierarchical mode pass "
+                       "dense_axis to tasc_compressor as to compressors.compress")
+    return g, state._replace(curvature=_ema(state.curvature, fresh, curvature_decay))
+
+  def aggregate(x, state, ctx):
+    size = x.size
+    blocks = scores.to_blocks(x, block_size)
+    energies = scores.block_energies(blocks)
+    curvature = state.curvature
+    if sensitivity == "hutchinson" and "curvature" in ctx.extras:
+      fresh = scores.block_means(abs(ctx.extras["curvature"]), block_size)
+      curvature = _ema(curvature, fresh, curvature_decay)
+    weights = (scores.curvature_weights(curvature, size, block_size, eps) if keeps_curvature
+               else jnp.ones_like(energies))
+
+    groups, capacity = layout(size)
+    priority = _mean_over_workers(weights * energies, ctx) if support == "global" else state.scores
+    indices, guaranteed = support_lib.select(priority, capacity, groups, min_blocks_per_leaf)
+    rows = blocks[indices]
+    if dynamic:
+      wanted = jnp.round(density(ctx.step) * energies.size).astype(jnp.int32)
+      sending = jnp.clip(jnp.maximum(wanted, guaranteed), 1, capacity)
+      rows = jnp.where(jnp.arange(capacity)[:, None] < sending, rows, 0)
+    sent_blocks = jnp.zeros_like(blocks).at[indices].set(rows)
+
+    if support == "previous":
+      kept_scores = weights * scores.block_energies(blocks - sent_blocks)
+      payload = jnp.concatenate([rows.reshape(-1), kept_scores])
+      mean_payload = _mean_over_workers(payload, ctx)
+      mean_rows = mean_payload[:rows.size].reshape(rows.shape)
+      next_scores = mean_payload[rows.size:].astype(state.scores.dtype)
+    else:
+      mean_rows, next_scores = _mean_over_workers(rows, ctx), ()
+    # Built from zeros that are not typed per worker, so shard_map sees a replicated mean.
+    mean = jnp.zeros(blocks.shape, mean_rows.dtype).at[indices].set(mean_rows)
+    mean = mean.reshape(-1)[:size]
+    return base.Aggregate(
+        mean=mean, sent=sent_blocks.reshape(-1)[:size],
+        state=TascState(curvature=curvature, scores=next_scores))
+
+  return base.Compressor(
+      name="tasc", encode=None, decode=None, exchange="psum", init=init,
+      precondition=precondition if sensitivity == "fisher" else None,
+      aggregate=aggregate,
+      extra_args=("curvature",) if sensitivity == "hutchinson" else (),
+      validate=validate)
+
+
+def _mean_over_workers(x: jax.Array, ctx: base.Context) -> jax.Array:
+  """The mean over workers of ``x``: a dense all-reduce with the transformation's schedule."""
+  state = base.BufferState(compressor=(), owner_residual=None)
+  return base.exchange(dense.none(), x, state, ctx).mean
+
+
+def _ema(average: jax.Array, fresh: jax.Array, decay: float) -> jax.Array:
+  """``decay * average + (1 - decay) * fresh``, kept in the state's float32."""
+  return (decay * average + (1.0 - decay) * fresh).astype(average.dtype)
+
+
+def _check_int(value, field: str, minimum: int) -> None:
+  if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+    raise TypeError(f"tasc: {field} must be an int >= {minimum}, got {value!r}")
+  if value < minimum:
+    raise ValueError(f"tasc: {field}={value!r} is below {minimum}; it must be an int >= "
+                     f"{minimum}")
+
+
+def _check_real(value, field: str, low: float, high: float, allowed: str) -> None:
+  if isinstance(value, bool) or not isinstance(value, numbers.Real):
+    raise TypeError(f"tasc: {field} must be a number in {allowed}, got {value!r}")
+  if not low <= float(value) < high:
+    raise ValueError(f"tasc: {field}={value!r} is outside {allowed}")
+
+
+def _check_choice(value, field: str, allowed: tuple[str, ...]) -> None:
+  if value not in allowed:
+    raise ValueError(f"tasc: {field}={value!r} is unknown; allowed: {allowed}")

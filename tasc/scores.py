@@ -1,0 +1,119 @@
+"""Hessian-aware importance of gradient blocks: the score TASC ranks blocks by.
+
+A worker's buffer ``a = g + e`` (gradient plus error-feedback residual, ``f32[d]``) is cut into
+``num_blocks = ceil(d / B)`` blocks of ``B = block_size`` elements (the tail zero-padded). Block
+``b`` scores
+
+  score_b = (eps * mean_i |h_i| + mean_{i in b} |h_i|) * ||a_b||^2,
+
+where ``h`` is a curvature estimate along each coordinate (the Hessian diagonal) and the first
+mean runs over the whole buffer.
+
+Why this score. Not sending block ``b`` this step leaves the parameters displaced from where the
+synchronous step would have put them by ``delta_b = lr * a_b`` (error feedback sends it later).
+Near a minimum of that direction the gradient term vanishes and the second-order term is what a
+displacement costs, ``1/2 delta_b^T H_bb delta_b`` (the saliency of Optimal Brain Damage, LeCun et
+al. 1990, and the sensitivity of HAWQ-v2, Dong et al. 2020, ``Tr(H_l)/n_l * ||dW_l||^2``). With
+the learning rate a common factor, ranking by ``h_b * ||a_b||^2`` ranks blocks by the loss their
+delay costs. It also says *why* delay hurts with error feedback: a residual held for ``k`` steps
+in a direction of curvature ``h`` is applied in one lump ``k`` times too large, and overshoots as
+soon as ``lr * k * h > 2``; in a flat direction the same lump is harmless. So a small gradient in
+a sharp direction can matter more than a large one in a flat direction, and magnitude ranking
+gets that backwards.
+
+* Block mean of ``|h|``, not the per-coordinate ``sum_i |h_i| a_i^2``: AdaHessian's spatial
+  averaging (Yao et al. 2021). A one-probe Hutchinson estimate ``z_i (Hz)_i`` carries the noise
+  ``sum_{j != i} z_i z_j H_ij`` per coordinate; the block mean averages it down, and HAWQ-v2 uses
+  the same per-group average (the trace over the group's size).
+* ``|h|``, not ``h``: in a direction of negative curvature the quadratic model says a
+  displacement lowers the loss, but there the model is least trustworthy (a saddle that the
+  gradient is leaving ever faster), and a Hutchinson estimate of a positive diagonal is itself
+  negative with noise; in both cases the size of the curvature is how sensitive the loss is to
+  that direction. AdaHessian takes ``|diag H|`` for the same reason.
+* ``eps * mean |h|``, a floor relative to the buffer's mean curvature: the score is unchanged
+  when the curvature is scaled by any constant (so the estimate's units, its EMA bias and the
+  number of probes do not matter), and flat blocks (``h ~ 0``) are still ranked among
+  themselves by magnitude and are sent once their accumulated residual is large enough: ``eps``
+  blends in the first-order term (``g^T delta``, what magnitude ranking measures). ``eps -> inf``
+  recovers magnitude ranking.
+* With no curvature (``sensitivity="none"``, or before the first estimate arrives, when every
+  ``h`` is 0) the score is ``||a_b||^2``: OmniReduce's block-magnitude ranking (Fei et al. 2021).
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def num_blocks(size: int, block_size: int) -> int:
+  """Blocks of ``block_size`` needed to cover ``size`` elements (the last one may be partial)."""
+  return -(-size // block_size)
+
+
+def block_counts(size: int, block_size: int) -> np.ndarray:
+  """Valid (unpadded) elements in each block: ``block_size`` except, maybe, the last."""
+  counts = np.full((num_blocks(size, block_size),), block_size, np.float32)
+  counts[-1] = size - (counts.size - 1) * block_size
+  return counts
+
+
+def to_blocks(x: jax.Array, block_size: int) -> jax.Array:
+  """``x`` (``f32[d]``) zero-padded and reshaped to ``[num_blocks, block_size]``."""
+  blocks = num_blocks(x.size, block_size)
+  return jnp.pad(x, (0, blocks * block_size - x.size)).reshape(blocks, block_size)
+
+
+def block_means(x: jax.Array, block_size: int) -> jax.Array:
+  """Mean of ``x`` over the valid elements of each block (``f32[num_blocks]``)."""
+  return jnp.sum(to_blocks(x, block_size), axis=1) / block_counts(x.size, block_size)
+
+
+def curvature_weights(block_curvature: jax.Array, size: int, block_size: int,
+                      eps: float) -> jax.Array:
+  """``eps * mean |h| + mean_{i in b} |h_i|`` per block, or 1 where no curvature is known.
+
+  Args:
+    block_curvature: ``mean_{i in b} |h_i|`` per block (non-negative), ``f32[num_blocks]``.
+    size: number of valid elements ``d`` of the buffer the blocks cut.
+    block_size: ``B``.
+    eps: the floor, relative to the buffer's mean curvature.
+
+  Returns:
+    ``f32[num_blocks]`` weights; all ones when the curvature is zero everywhere (no estimate
+    yet), which makes the score the block's squared norm.
+  """
+  counts = block_counts(size, block_size)
+  mean = jnp.sum(block_curvature * counts) / size
+  return jnp.where(mean > 0, block_curvature + eps * mean, jnp.ones_like(block_curvature))
+
+
+def block_energies(blocks: jax.Array) -> jax.Array:
+  """``||a_b||^2`` of each row of ``blocks`` (``[num_blocks, block_size]``)."""
+  return jnp.sum(blocks * blocks, axis=1)
+
+
+def block_scores(x: jax.Array, curvature: jax.Array | None = None, *, block_size: int = 256,
+                 eps: float = 0.1) -> jax.Array:
+  """TASC's importance of each block of ``x`` (see the module docstring for the formula).
+
+  Args:
+    x: a worker's buffer (gradient plus residual), a 1-D float array of ``d`` elements.
+    curvature: curvature along each element, shaped like ``x`` (e.g. a Hutchinson estimate of
+      the Hessian diagonal, or squared gradients for the empirical Fisher); None ranks by
+      magnitude alone.
+    block_size: ``B``, elements per block.
+    eps: the curvature floor, relative to the mean ``|h|``.
+
+  Returns:
+    ``f32[ceil(d / B)]``: ``(eps * mean |h| + mean_{i in b} |h_i|) * ||x_b||^2``.
+  """
+  x = jnp.asarray(x)
+  energies = block_energies(to_blocks(x.reshape(-1), block_size))
+  if curvature is None:
+    return energies
+  curvature = jnp.asarray(curvature)
+  if curvature.shape != x.shape:
+    raise ValueError(f"block_scores: curvature has shape {curvature.shape}, x has shape "
+                     f"{x.shape}; they must match (one curvature value per element)")
+  block_curvature = block_means(abs(curvature.reshape(-1)), block_size)
+  return curvature_weights(block_curvature, x.size, block_size, eps) * energies

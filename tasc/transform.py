@@ -1,0 +1,208 @@
+"""``tasc_compress``: TASC as an Optax gradient transformation.
+
+TASC (Dong, Keutzer et al.): Hessian-aware, topology-aware, structured sparsification. Each
+worker scores gradient blocks by the loss their delay would cost (curvature times squared norm,
+:mod:`tasc.scores`), all workers agree on the same top blocks, and only those blocks travel, in
+one compact all-reduce whose size does not grow with the number of workers
+(:mod:`tasc.compressor`). It runs through :func:`compressors.compress`, which supplies error
+feedback, fused buffers, the hierarchical mode, input validation and the wire accounting.
+
+Topology. On a mesh ``(slow, fast)`` (nodes x accelerators of a node) ``density`` may be given
+per axis, ``{slow: rho, fast: rho_fast}``:
+
+* ``rho_fast = 1`` (also what a plain float means when ``dense_axis`` is set): a dense
+  reduce-scatter over the fast axis, TASC over the slow axis on this device's ``1/g`` shard of
+  the node's summed gradient (``g`` the fast axis's size), an all-gather over the fast axis.
+  The slow links carry ``1/g`` of the flat mode's payload, and the blocks are ranked on the
+  node's sum, which is less noisy than one device's gradient.
+* ``rho_fast = rho``: the same blocks travel on both axes. One support is chosen from scores
+  summed over every device, and the compact ``[K, block_size]`` payload is all-reduced
+  hierarchically (:func:`compressors.collectives.hierarchical_all_reduce`: reduce-scatter over
+  the fast axis, all-reduce of ``1/g`` of it over the slow axis, all-gather over the fast axis).
+  The slow links again carry ``1/g`` of the payload and the fast links only the payload rather
+  than the dense gradient.
+* Anything else on the fast axis (``rho < rho_fast < 1``) would need two nested supports, the
+  fast one a superset of the slow one, with the blocks reduced on the fast axis but not sent on
+  the slow one owned by one device of the node: not offered; it raises. Fast links are rarely
+  the bottleneck, and the two modes above cover the two ends.
+"""
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+import compressors
+from compressors import axes
+from compressors import sparse
+from tasc import compressor as compressor_lib
+from tasc import scores
+
+PyTree = Any
+
+
+def tasc_compress(*, axis_name: axes.AxisName,
+                  density: float | Callable[[jax.Array], jax.Array] | Mapping[Any, float],
+                  block_size: int = 256, sensitivity: str = "hutchinson",
+                  dense_axis: axes.AxisName = None, support: str = "global",
+                  curvature_decay: float = 0.9, eps: float = 0.1,
+                  max_density: float | None = None, min_blocks_per_leaf: int = 0,
+                  error_feedback: bool = True, fuse: bool = True, seed: int = 0,
+                  schedule: str = "psum") -> optax.GradientTransformationExtraArgs:
+  """TASC: Hessian-aware structured sparsification over a block support shared by all workers.
+
+  ``update(grads, state, params=None, *, curvature=None)`` runs per worker inside
+  ``shard_map``/``pmap`` and returns the mean over workers of the sent blocks, identical on every
+  worker; what is not sent stays in the error-feedback residual.
+
+  Args:
+    axis_name: the mesh axis (or axes) over which workers hold different gradients; with
+      ``dense_axis``, the slow axis.
+    density: fraction of blocks sent per step, in (0, 1]: a float; a function of the step (an
+      optax schedule) with ``max_density``; or a mapping ``{axis: density}`` over the axes of
+      ``axis_name`` and ``dense_axis`` (see the module docstring for the fast axis's options).
+    block_size: elements per block (>= 1). Larger blocks mean fewer scores and coarser
+      selection.
+    sensitivity: ``"hutchinson"`` (curvature passed as ``update(..., curvature=h)``, e.g.
+      :func:`tasc.hutchinson_diagonal`, EMA kept in between), ``"fisher"`` (EMA of ``g^2``) or
+      ``"none"`` (block magnitude).
+    dense_axis: the fast axis of hierarchical mode (see :func:`compressors.compress`).
+    support: ``"global"`` (an all-reduce of this step's block scores picks the blocks) or
+      ``"previous"`` (last step's scores, carried in the payload's all-reduce: no extra
+      collective; under ``shard_map`` it needs ``check_vma=False``, see
+      :mod:`tasc.compressor`).
+    curvature_decay: EMA factor of the curvature kept in the state, in [0, 1).
+    eps: curvature floor relative to the mean curvature (>= 0).
+    max_density: the payload capacity's density when ``density`` is a schedule.
+    min_blocks_per_leaf: blocks of every parameter leaf always sent (>= 0).
+    error_feedback: keep what was not sent (strongly advised: without it the unsent blocks are
+      lost).
+    fuse: one buffer and one ranking for the whole model (blocks compete across layers, so the
+      layer-wise allocation emerges from the ranking); ``False`` applies ``density`` per leaf.
+    seed: seed of :func:`compressors.compress` (TASC itself draws no random numbers).
+    schedule: the all-reduce algorithm (``"psum"`` or one of
+      :data:`compressors.collectives.SCHEDULES`); with the same density on both axes the
+      default ``"psum"`` becomes ``"hierarchical"``.
+
+  Returns:
+    An ``optax.GradientTransformationExtraArgs``; chain it before the optimizer, e.g.
+    ``optax.chain(tasc_compress(axis_name="data", density=0.01), optax.sgd(0.1))``.
+  """
+  rho, both_axes = _resolve_density(density, axis_name, dense_axis)
+  if both_axes:
+    axis_name = axes.as_tuple(axis_name) + axes.as_tuple(dense_axis)
+    dense_axis = None
+    if schedule == "psum" and len(axis_name) == 2:
+      schedule = "hierarchical"
+
+  def build(leaf_sizes):
+    compressor = compressor_lib.tasc_compressor(
+        rho, block_size=block_size, sensitivity=sensitivity, support=support,
+        curvature_decay=curvature_decay, eps=eps, max_density=max_density,
+        min_blocks_per_leaf=min_blocks_per_leaf, leaf_sizes=leaf_sizes, dense_axis=dense_axis)
+    return compressors.compress(compressor, axis_name=axis_name, dense_axis=dense_axis,
+                                error_feedback=error_feedback, fuse=fuse, seed=seed,
+                                schedule=schedule)
+
+  build(None)  # every argument is checked here, before anything is traced
+  needs_leaf_sizes = fuse and min_blocks_per_leaf > 0
+
+  def leaf_sizes_of(tree):
+    return tuple(int(np.size(x)) for x in jax.tree.leaves(tree)) if needs_leaf_sizes else None
+
+  def init_fn(params):
+    return build(leaf_sizes_of(params)).init(params)
+
+  def update_fn(updates, state, params=None, *, curvature=None, **extra_args):
+    del extra_args
+    if curvature is not None:
+      _check_curvature(curvature, updates, sensitivity)
+    return build(leaf_sizes_of(updates)).update(updates, state, params, curvature=curvature)
+
+  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+
+
+def density_for_budget(num_elements: int, budget_bytes, *, block_size: int = 256):
+  """The density whose all-reduce operands fit ``budget_bytes`` per step.
+
+  TASC all-reduces ``K * block_size`` payload floats and ``num_blocks`` score floats per step
+  (f32), whichever the support; an all-reduce then moves ``2 (n-1)/n`` of that per worker.
+
+  Args:
+    num_elements: elements of the buffer (in hierarchical mode, one device's shard: the
+      gradient's size divided by the fast axis's size).
+    budget_bytes: bytes of all-reduce operands per step; a number or a traced scalar (so a byte
+      schedule ``step -> bytes`` composes into a density schedule).
+    block_size: elements per block.
+
+  Returns:
+    ``K / num_blocks`` with ``K`` the most blocks that fit (at least 1).
+  """
+  blocks = scores.num_blocks(num_elements, block_size)
+  rows = (budget_bytes / 4 - blocks) / block_size
+  if isinstance(rows, (int, float)):
+    if rows < 1:
+      raise ValueError(
+          f"density_for_budget: budget_bytes={budget_bytes} does not fit one block: the "
+          f"{blocks} block scores take {4 * blocks} bytes and each block {4 * block_size}; "
+          f"allowed: budget_bytes >= {4 * (blocks + block_size)}")
+    return min(int(rows), blocks) / blocks
+  return jnp.clip(jnp.floor(rows), 1, blocks) / blocks
+
+
+def _resolve_density(density, axis_name: axes.AxisName,
+                     dense_axis: axes.AxisName) -> tuple[Any, bool]:
+  """(density of the compressed exchange, whether the fast axis is sparse too)."""
+  if callable(density) or not isinstance(density, Mapping):
+    return density, False
+  slow, fast = axes.as_tuple(axis_name), axes.as_tuple(dense_axis)
+  unknown = [k for k in density if k not in slow + fast]
+  if unknown:
+    raise ValueError(f"tasc_compress: density={dict(density)!r} names axis {unknown[0]!r}, "
+                     f"which is neither axis_name={axis_name!r} nor dense_axis={dense_axis!r}")
+  missing = [a for a in slow if a not in density]
+  if missing:
+    raise ValueError(f"tasc_compress: density={dict(density)!r} gives no density for the "
+                     f"compressed axis {missing[0]!r}; allowed keys: {list(slow + fast)}")
+  values = {k: sparse.check_fraction(v, f"density[{k!r}]", "tasc_compress")
+            for k, v in density.items()}
+  rho = values[slow[0]]
+  if any(values[a] != rho for a in slow):
+    raise ValueError(f"tasc_compress: density={dict(density)!r} gives the axes of "
+                     f"axis_name={axis_name!r} different densities; they form one exchange")
+  fast_values = {values.get(a, 1.0) for a in fast}
+  if fast_values <= {1.0}:
+    return rho, False
+  if fast_values == {rho}:
+    return rho, True
+  raise ValueError(
+      f"tasc_compress: density={dict(density)!r}: the fast axis (dense_axis={dense_axis!r}) "
+      f"must have density 1.0 (a dense reduce-scatter, then TASC over the slow axis) or the "
+      f"slow axis's density {rho} (the same blocks on both axes, all-reduced hierarchically); "
+      "a different sparse fast density would need nested supports, which are not offered")
+
+
+def _check_curvature(curvature: PyTree, updates: PyTree, sensitivity: str) -> None:
+  """A clear error when ``curvature`` cannot be used with these gradients."""
+  if sensitivity != "hutchinson":
+    raise ValueError(f"tasc_compress: update() got curvature=..., but sensitivity="
+                     f"{sensitivity!r} does not use it; use sensitivity='hutchinson' to rank "
+                     "blocks by a curvature estimate, or do not pass one")
+  paths_leaves, treedef = jax.tree_util.tree_flatten_with_path(updates)
+  try:
+    leaves = treedef.flatten_up_to(curvature)
+  except (ValueError, TypeError) as err:
+    raise ValueError(f"tasc_compress: curvature must be a pytree like the gradients "
+                     f"(e.g. tasc.hutchinson_diagonal(loss, params, ...)); gradients: "
+                     f"{treedef}, curvature: {jax.tree.structure(curvature)}") from err
+  for (path, g), h in zip(paths_leaves, leaves):
+    where = jax.tree_util.keystr(path)
+    if jnp.shape(h) != jnp.shape(g):
+      raise ValueError(f"tasc_compress: curvature leaf {where} has shape {jnp.shape(h)}, the "
+                       f"gradient leaf has shape {jnp.shape(g)}; they must match")
+    if not jnp.issubdtype(jnp.result_type(h), jnp.floating):
+      raise TypeError(f"tasc_compress: curvature leaf {where} has dtype {jnp.result_type(h)}; "
+                      "it must be floating-point")

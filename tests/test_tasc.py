@@ -1,0 +1,435 @@
+"""TASC against a numpy reference of its algorithm, and its behaviour on 8 simulated workers."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from jax.sharding import PartitionSpec as P
+
+import compressors
+import optimizers
+import tasc
+from tests import harness
+
+N = 8
+PARAMS = {"a": jnp.zeros((12, 10)), "b": jnp.zeros((7,))}  # fused: b (7) then a (120)
+D = 127
+
+
+def _fused(tree, leading=N) -> np.ndarray:
+  """Per-worker buffers ``[n, D]`` in compress()'s fused layout (leaves in pytree order)."""
+  return np.concatenate([np.asarray(x).reshape(leading, -1) for x in jax.tree.leaves(tree)],
+                        axis=1)
+
+
+def _unfused(flat: np.ndarray, like=PARAMS) -> dict:
+  leaves, treedef = jax.tree.flatten(like)
+  out, start = [], 0
+  for x in leaves:
+    out.append(jnp.asarray(flat[..., start:start + x.size].reshape(flat.shape[:-1] + x.shape)))
+    start += x.size
+  return treedef.unflatten(out)
+
+
+def _runner(tx, mesh, params, *, check_vma=True, axis=("data",)):
+  """(state, update) for ``tx`` under shard_map; update(params, state, grads, curvature=None).
+
+  Gradients and curvature carry a leading worker axis (one row per device, spec ``P(axis)``).
+  ``check_vma=False`` where the support comes from per-worker state (support="previous"):
+  JAX cannot then prove the mean replicated, so the tests check the bits instead.
+  """
+  specs = compressors.state_specs(tx, params, mesh, axis)
+  state = jax.jit(jax.shard_map(lambda p: compressors.add_device_axis(tx.init(p)), mesh=mesh,
+                                in_specs=P(), out_specs=specs))(params)
+
+  def body(params, state, grads, curvature):
+    state = compressors.drop_device_axis(state)
+    grads = jax.tree.map(lambda g: g[0], grads)
+    curvature = None if curvature is None else jax.tree.map(lambda h: h[0], curvature)
+    mean, state = tx.update(grads, state, params, curvature=curvature)
+    return mean, compressors.add_device_axis(state)
+
+  def mapped(with_curvature):
+    in_specs = (P(), specs, P(axis)) + ((P(axis),) if with_curvature else ())
+    fn = body if with_curvature else (lambda p, s, g: body(p, s, g, None))
+    return jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=(P(), specs),
+                                 check_vma=check_vma))
+
+  with_curvature, without = mapped(True), mapped(False)
+
+  def update(params, state, grads, curvature=None):
+    if curvature is None:
+      return without(params, state, grads)
+    return with_curvature(params, state, grads, curvature)
+
+  update.jitted = (with_curvature, without)
+  return state, update
+
+
+# ----------------------------------------------------------------------------- numpy reference
+
+
+def _blocks(x: np.ndarray, b: int) -> np.ndarray:
+  nb = -(-x.shape[-1] // b)
+  pad = np.zeros(x.shape[:-1] + (nb * b - x.shape[-1],), x.dtype)
+  return np.concatenate([x, pad], axis=-1).reshape(x.shape[:-1] + (nb, b))
+
+
+def _block_means(x: np.ndarray, b: int) -> np.ndarray:
+  d = x.shape[-1]
+  counts = np.minimum(b, d - b * np.arange(-(-d // b)))
+  return _blocks(x, b).sum(-1) / counts
+
+
+def _weights(c: np.ndarray, d: int, b: int, eps: float) -> np.ndarray:
+  counts = np.minimum(b, d - b * np.arange(c.shape[-1]))
+  mean = (c * counts).sum(-1, keepdims=True) / d
+  return np.where(mean > 0, c + eps * mean, 1.0)
+
+
+class Reference:
+  """TASC on ``n`` workers in float64 numpy, straight from the module docstrings."""
+
+  def __init__(self, d, *, density, block_size, sensitivity, support, decay=0.9, eps=0.1):
+    self.d, self.b, self.sens, self.support = d, block_size, sensitivity, support
+    self.nb = -(-d // block_size)
+    self.k = int(round(density * self.nb))
+    self.decay, self.eps = decay, eps
+    self.e = np.zeros((N, d))
+    self.c = np.zeros((N, self.nb))
+    self.prev = np.zeros(self.nb)
+
+  def step(self, g, h=None):
+    """Returns (mean, new residual, selected blocks)."""
+    if self.sens == "fisher":
+      self.c = self.decay * self.c + (1 - self.decay) * _block_means(g * g, self.b)
+    if self.sens == "hutchinson" and h is not None:
+      self.c = self.decay * self.c + (1 - self.decay) * _block_means(np.abs(h), self.b)
+    a = g + self.e
+    blocks = _blocks(a, self.b)
+    energy = (blocks ** 2).sum(-1)
+    w = np.ones_like(energy) if self.sens == "none" else _weights(self.c, self.d, self.b,
+                                                                  self.eps)
+    priority = (w * energy).mean(0) if self.support == "global" else self.prev
+    chosen = np.argsort(-priority, kind="stable")[:self.k]
+    mask = np.zeros(self.nb, bool)
+    mask[chosen] = True
+    sent = np.where(mask[None, :, None], blocks, 0.0)
+    self.prev = (w * ((blocks - sent) ** 2).sum(-1)).mean(0)
+    sent = sent.reshape(N, -1)[:, :self.d]
+    self.e = a - sent
+    return sent.mean(0), self.e, np.sort(chosen)
+
+
+def _selected_blocks(mean: np.ndarray, b: int) -> np.ndarray:
+  return np.flatnonzero(np.abs(_blocks(mean, b)).sum(-1) > 0)
+
+
+@pytest.mark.parametrize("support", ["global", "previous"])
+@pytest.mark.parametrize("sensitivity", ["hutchinson", "fisher", "none"])
+def test_aggregate_matches_numpy_reference(sensitivity, support):
+  density, block = 0.3, 8  # 16 blocks, the last one 7 long; K = 5
+  tx = tasc.tasc_compress(axis_name="data", density=density, block_size=block,
+                          sensitivity=sensitivity, support=support)
+  state, update = _runner(tx, harness.mesh(), PARAMS, check_vma=support == "global")
+  ref = Reference(D, density=density, block_size=block, sensitivity=sensitivity,
+                  support=support)
+  rng = np.random.default_rng(0)
+  for t in range(4):
+    g = rng.normal(size=(N, D)).astype(np.float32) * rng.uniform(0.1, 3, size=(1, D))
+    # Per-worker curvature (they need not agree: the summed scores decide), on steps 0 and 2
+    # only: steps 1 and 3 rank with the EMA kept in the state.
+    h = (rng.normal(size=(N, D)) * np.linspace(0.01, 5, D)).astype(np.float32)
+    use_h = sensitivity == "hutchinson" and t % 2 == 0
+    mean, state = update(PARAMS, state, _unfused(g), _unfused(h) if use_h else None)
+    want_mean, want_e, chosen = ref.step(g.astype(np.float64), h if use_h else None)
+    mean = _fused(mean, leading=1)[0]
+    np.testing.assert_array_equal(_selected_blocks(mean, block), chosen)
+    np.testing.assert_allclose(mean, want_mean, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(_fused(state.residual), want_e, rtol=1e-5, atol=1e-6)
+
+
+def test_block_scores_formula():
+  rng = np.random.default_rng(1)
+  x = rng.normal(size=(50,)).astype(np.float32)
+  h = rng.normal(size=(50,)).astype(np.float32)  # negative entries count by their size
+  got = tasc.block_scores(jnp.asarray(x), jnp.asarray(h), block_size=16, eps=0.5)
+  c = _block_means(np.abs(h[None]), 16)[0]  # the 2-long tail block averages over 2
+  want = (c + 0.5 * np.abs(h).mean()) * (_blocks(x[None], 16)[0] ** 2).sum(-1)
+  np.testing.assert_allclose(got, want, rtol=1e-6)
+  # Scale-free in the curvature; magnitude alone without it, or where it is all zero.
+  np.testing.assert_allclose(tasc.block_scores(x, 1e3 * h, block_size=16, eps=0.5), 1e3 * want,
+                             rtol=1e-5)
+  magnitude = (_blocks(x[None], 16)[0] ** 2).sum(-1)
+  np.testing.assert_allclose(tasc.block_scores(x, block_size=16), magnitude, rtol=1e-6)
+  np.testing.assert_allclose(tasc.block_scores(x, 0 * h, block_size=16), magnitude, rtol=1e-6)
+
+
+# ----------------------------------------------------------------------------- the idea itself
+
+QUAD_BLOCK, QUAD_BLOCKS = 8, 64
+QUAD_D = QUAD_BLOCK * QUAD_BLOCKS
+
+
+def _quadratic():
+  """A separable quadratic ``1/2 sum_i h_i w_i^2`` with 24 sharp and 40 flat blocks.
+
+  Flat blocks (``h = 0.01``, ``w = 30``) have gradients ``0.3``; sharp blocks (``h = 1``,
+  ``w = 0.1``) have gradients ``0.1``: the largest gradients sit in the flat directions.
+  """
+  rng = np.random.default_rng(0)
+  sharp_blocks = np.sort(rng.permutation(QUAD_BLOCKS)[:24])
+  sharp = np.zeros(QUAD_BLOCKS, bool)
+  sharp[sharp_blocks] = True
+  h = np.where(np.repeat(sharp, QUAD_BLOCK), 1.0, 0.01).astype(np.float32)
+  w0 = np.where(np.repeat(sharp, QUAD_BLOCK), 0.1, 30.0) * rng.choice([-1, 1], QUAD_D)
+  return jnp.asarray(h), {"w": jnp.asarray(w0, jnp.float32)}, sharp_blocks
+
+
+def test_curvature_picks_sharp_blocks_where_magnitude_picks_flat_ones():
+  h, params, sharp_blocks = _quadratic()
+  g = h * params["w"]
+  k = 8
+  with_curvature = np.argsort(-np.asarray(tasc.block_scores(g, h, block_size=QUAD_BLOCK)))[:k]
+  by_magnitude = np.argsort(-np.asarray(tasc.block_scores(g, block_size=QUAD_BLOCK)))[:k]
+  assert set(with_curvature) <= set(sharp_blocks)
+  assert not set(by_magnitude) & set(sharp_blocks)
+  # The same through the transformation (one worker, no collective): the blocks it sends.
+  for sensitivity, curvature, want_sharp in (("hutchinson", {"w": h}, True), ("none", None, False)):
+    tx = tasc.tasc_compress(axis_name=None, density=k / QUAD_BLOCKS, block_size=QUAD_BLOCK,
+                            sensitivity=sensitivity)
+    mean, _ = tx.update({"w": g}, tx.init(params), params, curvature=curvature)
+    sent = set(_selected_blocks(np.asarray(mean["w"]), QUAD_BLOCK))
+    assert len(sent) == k and (sent <= set(sharp_blocks)) == want_sharp
+    assert (not sent & set(sharp_blocks)) != want_sharp
+
+
+def _train_quadratic(tx, steps, curvature):
+  """SGD on the quadratic, every worker with the full gradient, under shard_map."""
+  h, params, _ = _quadratic()
+  loss = lambda p: 0.5 * jnp.sum(h * p["w"] ** 2)
+  mesh = harness.mesh()
+  specs = compressors.state_specs(tx, params, mesh, "data")
+  state = jax.jit(jax.shard_map(lambda p: compressors.add_device_axis(tx.init(p)), mesh=mesh,
+                                in_specs=P(), out_specs=specs))(params)
+
+  @jax.jit
+  @functools.partial(jax.shard_map, mesh=mesh, in_specs=(P(), specs), out_specs=(P(), specs),
+                     check_vma=False)
+  def step(params, state):
+    state = compressors.drop_device_axis(state)
+    grads = jax.grad(loss)(params)
+    extra = {}
+    if curvature:  # exact here: for a diagonal Hessian z * Hz = h whatever the probe
+      extra["curvature"] = tasc.hutchinson_diagonal(loss, params, jax.random.PRNGKey(0), 1,
+                                                    axis_name="data")
+    updates, state = tx.update(grads, state, params, **extra)
+    return optax.apply_updates(params, updates), compressors.add_device_axis(state)
+
+  losses = []
+  for _ in range(steps):
+    params, state = step(params, state)
+    losses.append(0.5 * np.sum(np.asarray(h) * np.asarray(params["w"]) ** 2))
+  return np.array(losses)
+
+
+def test_tasc_reaches_lower_loss_than_magnitude_at_equal_density():
+  density, steps, sgd = 8 / QUAD_BLOCKS, 40, optax.sgd(0.5)
+  curves = {
+      "tasc": _train_quadratic(optax.chain(tasc.tasc_compress(
+          axis_name="data", density=density, block_size=QUAD_BLOCK), sgd), steps, True),
+      "block magnitude": _train_quadratic(optax.chain(tasc.tasc_compress(
+          axis_name="data", density=density, block_size=QUAD_BLOCK, sensitivity="none"), sgd),
+                                          steps, False),
+      "top-k": _train_quadratic(optax.chain(compressors.compress(
+          compressors.topk(density), axis_name="data"), sgd), steps, False),
+  }
+  for name, curve in curves.items():
+    print(f"{name:>16}: loss {curve[0]:.1f} -> {curve[steps // 2]:.1f} -> {curve[-1]:.1f}")
+  assert curves["tasc"][-1] < 0.95 * curves["block magnitude"][-1]
+  assert curves["tasc"][-1] < 0.95 * curves["top-k"][-1]
+
+
+# ----------------------------------------------------------------------------- invariants
+
+
+@pytest.mark.parametrize("support", ["global", "previous"])
+def test_replicas_bit_identical_and_error_feedback_exact_over_twenty_steps(support):
+  tx = tasc.tasc_compress(axis_name="data", density=0.2, block_size=4, sensitivity="fisher",
+                          support=support, min_blocks_per_leaf=1)
+  state, update = _runner(tx, harness.mesh(), PARAMS, check_vma=support == "global")
+  e = np.zeros((N, D), np.float32)
+  rng = np.random.default_rng(0)
+  for _ in range(20):
+    g = rng.normal(size=(N, D)).astype(np.float32)
+    mean, state = update(PARAMS, state, _unfused(g))
+    harness.assert_replicas_identical(mean)
+    a = g + e  # float32, the same single addition compress() makes
+    e = _fused(state.residual)
+    sent = a - e
+    # Exact: every element is either sent whole (residual 0) or kept whole (residual == a).
+    assert np.all((e == 0) | (e == a))
+    np.testing.assert_array_equal(sent + e, a)
+    np.testing.assert_allclose(_fused(mean, 1)[0], sent.mean(0), rtol=1e-5, atol=1e-6)
+  if support == "previous":
+    harness.assert_replicas_identical(state.buffers.compressor.scores)
+
+
+def test_min_blocks_per_leaf_keeps_every_leaf_moving():
+  # Leaf b's gradients are 1000x smaller: by the ranking alone it would never be sent.
+  tx = tasc.tasc_compress(axis_name="data", density=0.1, block_size=4, sensitivity="none",
+                          min_blocks_per_leaf=1)
+  state, update = _runner(tx, harness.mesh(), PARAMS)
+  g = harness.per_worker_grads(jax.random.PRNGKey(0), N, PARAMS)
+  g = {"a": g["a"], "b": 1e-3 * g["b"]}
+  mean, _ = update(PARAMS, state, g)
+  assert np.count_nonzero(np.asarray(mean["b"])) > 0
+  # Block 1 (elements 4..7) holds b's tail and a's head; it is b's, the smaller leaf.
+  groups = tasc.support.leaf_groups([7, 120], 4)
+  assert groups.tolist()[0][:3] == [0, 0, 1]
+  # Four shards (hierarchical mode) of 31 elements, blocks cut within each shard; the last
+  # shard ends in padding (elements 121..123), a block of no leaf.
+  shards = tasc.support.leaf_groups([7, 114], 4, num_shards=4)
+  assert shards.shape == (4, 8) and shards[3, -1] == -1 and shards[1, 0] == 1
+
+
+def test_density_schedule_sends_fewer_blocks_over_a_fixed_capacity():
+  blocks = -(-D // 4)  # 32
+  schedule = optax.linear_schedule(0.5, 0.125, transition_steps=2)
+  tx = tasc.tasc_compress(axis_name="data", density=schedule, max_density=0.5, block_size=4,
+                          sensitivity="none")
+  state, update = _runner(tx, harness.mesh(), PARAMS)
+  for t in range(3):
+    g = harness.per_worker_grads(jax.random.PRNGKey(t), N, PARAMS)
+    mean, state = update(PARAMS, state, g)
+    sent = _selected_blocks(_fused(mean, 1)[0], 4).size
+    assert sent == round(float(schedule(t)) * blocks), (t, sent)
+  assert update.jitted[1]._cache_size() == 1  # one program for every density
+
+
+def test_density_for_budget():
+  d, block = 25_600_000, 256
+  density = tasc.density_for_budget(d, 1_424_000, block_size=block)
+  assert round(density * d / block) == 1000  # 1000 blocks of 1 KiB + 100000 scores
+  traced = jax.jit(lambda b: tasc.density_for_budget(d, b, block_size=block))(1_424_000.0)
+  np.testing.assert_allclose(traced, density)
+  with pytest.raises(ValueError, match="budget_bytes=1000 .* allowed: budget_bytes >= 401024"):
+    tasc.density_for_budget(d, 1000, block_size=block)
+
+
+# ----------------------------------------------------------------------------- topology
+
+
+def _two_level_mesh():
+  return jax.sharding.Mesh(np.array(jax.devices()).reshape(2, 4), ("slow", "fast"))
+
+
+@pytest.mark.parametrize("mode", ["dense_fast", "sparse_both"])
+def test_hierarchical_modes_match_flat_mode(mode):
+  """With error feedback off, one step; the gradient is nonzero in 8 blocks of 16, 2 per fast
+  shard, so every mode selects exactly those and the means agree up to summation order."""
+  params = {"w": jnp.zeros((256,))}
+  block = 16
+  rng = np.random.default_rng(0)
+  active = np.zeros(16, bool)
+  active[[0, 3, 4, 6, 9, 10, 12, 15]] = True
+  g = rng.normal(size=(N, 256)).astype(np.float32) * np.repeat(active, block)
+  mesh = _two_level_mesh()
+  axis = ("slow", "fast")
+  # Fisher: in hierarchical mode its squared gradients are cut to the owned shard.
+  common = dict(block_size=block, sensitivity="fisher", error_feedback=False)
+  flat = tasc.tasc_compress(axis_name=axis, density=0.5, **common)
+  density = 0.5 if mode == "dense_fast" else {"slow": 0.5, "fast": 0.5}
+  hier = tasc.tasc_compress(axis_name="slow", dense_axis="fast", density=density, **common)
+  means = []
+  for tx, check_vma in ((flat, True), (hier, mode == "dense_fast")):
+    # The hierarchical schedule is built from ppermutes, whose results JAX types as varying.
+    state, update = _runner(tx, mesh, params, axis=axis, check_vma=check_vma)
+    mean, _ = update(params, state, {"w": jnp.asarray(g)})
+    harness.assert_replicas_identical(mean)
+    means.append(np.asarray(mean["w"]))
+  np.testing.assert_allclose(means[1], means[0], rtol=1e-6, atol=1e-7)
+  np.testing.assert_allclose(means[0], g.mean(0), rtol=1e-6, atol=1e-7)
+
+
+def test_pmap_matches_shard_map():
+  tx = tasc.tasc_compress(axis_name="data", density=0.25, block_size=8)
+  rng = np.random.default_rng(2)
+  g = _unfused(rng.normal(size=(N, D)).astype(np.float32))
+  h = _unfused(rng.uniform(0, 2, size=(N, D)).astype(np.float32))
+  state, update = _runner(tx, harness.mesh(), PARAMS)
+  want, _ = update(PARAMS, state, g, h)
+  init, _ = harness.pmap_update(tx)
+  replicated = jax.tree.map(lambda x: jnp.broadcast_to(x, (N,) + x.shape), PARAMS)
+  pmapped = jax.pmap(lambda p, s, g, h: tx.update(g, s, p, curvature=h), axis_name="data")
+  got, _ = pmapped(replicated, init(replicated), g, h)
+  for leaf_got, leaf_want in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    for row in np.asarray(leaf_got):
+      np.testing.assert_array_equal(row, leaf_want)
+
+
+def test_no_recompilation_and_composes_with_lamb():
+  tx = optax.chain(tasc.tasc_compress(axis_name="data", density=0.25, block_size=8),
+                   optimizers.lamb(1e-2))
+  state, update = _runner(tx, harness.mesh(), PARAMS, check_vma=False)
+  for t in range(2):
+    mean, state = update(PARAMS, state, harness.per_worker_grads(jax.random.PRNGKey(t), N,
+                                                                 PARAMS))
+    harness.assert_replicas_identical(mean)
+    assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(mean))
+  assert update.jitted[1]._cache_size() == 1
+
+
+# ----------------------------------------------------------------------------- bad input
+
+BAD = [
+    (dict(block_size=0), ValueError, r"block_size=0 is below 1"),
+    (dict(block_size=2.5), TypeError, r"block_size must be an int >= 1, got 2.5"),
+    (dict(density=0.0), ValueError, r"density=0.0 is outside \(0, 1\]"),
+    (dict(density=1.5), ValueError, r"density=1.5 is outside \(0, 1\]"),
+    (dict(sensitivity="hessian"), ValueError,
+     r"sensitivity='hessian' is unknown; allowed: \('hutchinson', 'fisher', 'none'\)"),
+    (dict(support="local"), ValueError,
+     r"support='local' is unknown; allowed: \('global', 'previous'\)"),
+    (dict(curvature_decay=1.0), ValueError, r"curvature_decay=1.0 is outside \[0, 1\)"),
+    (dict(eps=-1.0), ValueError, r"eps=-1.0 is outside \[0, inf\)"),
+    (dict(density=lambda step: 0.1), ValueError, r"max_density is required"),
+    (dict(density={"data": 0.1, "model": 0.5}), ValueError, r"names axis 'model'"),
+    (dict(dense_axis="fast", density={"data": 0.1, "fast": 0.5}), ValueError,
+     r"the fast axis \(dense_axis='fast'\) must have density 1.0 .* or the slow axis's "
+     r"density 0.1"),
+]
+
+
+@pytest.mark.parametrize("kwargs,error,message", BAD)
+def test_bad_arguments_get_clear_errors(kwargs, error, message):
+  with pytest.raises(error, match=message):
+    tasc.tasc_compress(**{"axis_name": "data", "density": 0.1, **kwargs})
+
+
+@pytest.mark.parametrize("curvature,message", [
+    ({"a": jnp.zeros((12, 10))}, r"curvature must be a pytree like the gradients"),
+    ({"a": jnp.zeros((12, 10)), "b": jnp.zeros((6,))},
+     r"curvature leaf \['b'\] has shape \(6,\), the gradient leaf has shape \(7,\)"),
+])
+def test_curvature_not_matching_params_gets_a_clear_error(curvature, message):
+  tx = tasc.tasc_compress(axis_name=None, density=0.5)
+  state = tx.init(PARAMS)
+  with pytest.raises(ValueError, match=message):
+    tx.update(PARAMS, state, PARAMS, curvature=curvature)
+
+
+def test_curvature_with_a_sensitivity_that_ignores_it_is_an_error():
+  tx = tasc.tasc_compress(axis_name=None, density=0.5, sensitivity="fisher")
+  with pytest.raises(ValueError, match=r"sensitivity='fisher' does not use it"):
+    tx.update(PARAMS, tx.init(PARAMS), PARAMS, curvature=PARAMS)
+
+
+def test_density_too_small_for_the_buffer_names_the_buffer():
+  tx = tasc.tasc_compress(axis_name=None, density=0.01, block_size=8)
+  with pytest.raises(ValueError, match=r"density=0.01 keeps round\(0.01 \* 16\) = 0 of the 16 "
+                                       r"blocks of 8 elements in the fused gradient"):
+    tx.update(PARAMS, tx.init(PARAMS), PARAMS)
