@@ -34,3 +34,10 @@ from compressors.sign import efsignsgd
 from compressors.sign import onebit
 from compressors.sign import signsgd
 from compressors.terngrad import terngrad
+from compressors.collectives import all_reduce
+from compressors.planner import Bucket
+from compressors.planner import Plan
+from compressors.planner import plan
+from compressors.topology import Link
+from compressors.topology import Topology
+from compressors.topology import collective_cost

@@ -38,7 +38,7 @@ Replicas end bit-identical: every chunk is reduced at exactly one worker and the
 
 import math
 from collections.abc import Hashable, Sequence
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -82,7 +82,10 @@ def all_reduce(x: jax.Array, axis_name: axes.AxisName, schedule: str = "psum") -
     schedule: one of :data:`SCHEDULES`; ``"psum"`` is XLA's own all-reduce.
 
   Returns:
-    The sum over workers, shaped like ``x`` and bit-identical on every worker.
+    The sum over workers, shaped like ``x`` and bit-identical on every worker. Except for
+    ``"psum"``, JAX types it as varying across the axis (it comes out of ``ppermute``), so a
+    ``shard_map`` that returns it with a replicated out_spec (``P()``) needs
+    ``check_vma=False``.
 
   Raises:
     ValueError: unknown schedule, or ``"hierarchical"`` without two axes.
