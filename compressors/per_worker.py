@@ -8,7 +8,9 @@ replicated ones with spec ``P()``, so that JAX's replication checking proves the
 really is identical.
 
 A state ``NamedTuple`` marks its per-worker fields with a class attribute
-``per_worker_fields = ("residual", ...)``; every other leaf is replicated. Under ``jax.pmap``
+``per_worker_fields = ("residual", ...)``; every other leaf is replicated. A state nested in a
+per-worker field may declare its own (e.g. a compressor whose state is partly all-reduced, hence
+identical on every worker). Under ``jax.pmap``
 every leaf already has a leading device axis and none of this is needed.
 """
 
@@ -28,19 +30,21 @@ def _has_per_worker_fields(node) -> bool:
 
 
 def map_state(per_worker: Callable[[Any], Any], replicated: Callable[[Any], Any],
-              state: PyTree) -> PyTree:
-  """Applies ``per_worker`` to the per-worker leaves of ``state`` and ``replicated`` to the rest."""
-  def visit(node):
+              state: PyTree, default: str = "replicated") -> PyTree:
+  """Applies ``per_worker`` to the per-worker leaves of ``state`` and ``replicated`` to the rest.
+
+  Leaves are replicated unless they sit in a field a state lists in ``per_worker_fields``; a
+  state nested inside such a field declares its own fields in turn (the innermost says).
+  """
+  def visit(node, inherited):
     if not _has_per_worker_fields(node):
-      return replicated(node)
+      return per_worker(node) if inherited == "per_worker" else replicated(node)
     fields = {}
     for name, value in zip(node._fields, node):
-      if name in type(node).per_worker_fields:
-        fields[name] = jax.tree.map(per_worker, value)
-      else:
-        fields[name] = map_state(per_worker, replicated, value)
+      kind = "per_worker" if name in type(node).per_worker_fields else "replicated"
+      fields[name] = map_state(per_worker, replicated, value, kind)
     return type(node)(**fields)
-  return jax.tree.map(visit, state, is_leaf=_has_per_worker_fields)
+  return jax.tree.map(lambda node: visit(node, default), state, is_leaf=_has_per_worker_fields)
 
 
 def add_device_axis(state: PyTree) -> PyTree:

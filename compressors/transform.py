@@ -150,7 +150,7 @@ def compress(compressor: base.Compressor, *, axis_name: axes.AxisName,
       shared_key = jax.random.fold_in(step_key, i)
       extras_i = {k: v[i] for k, v in extra_buffers.items()}
       if dense_axis is not None:
-        extras_i = {k: _owned_shard(v, dense_axis, group) for k, v in extras_i.items()}
+        extras_i = {k: owned_shard(v, dense_axis, group) for k, v in extras_i.items()}
       shape = grads[i].shape if not fuse and dense_axis is None else (size,)
       ctx = base.Context(axis_name=axis_name, num_workers=num_workers, size=size, shape=shape,
                          worker_index=worker, step=state.count, shared_key=shared_key,
@@ -194,7 +194,7 @@ def _reduce_scatter(x: jax.Array, axis_name: axes.AxisName, group: int) -> jax.A
   return jax.lax.psum_scatter(padded, axis_name, scatter_dimension=0, tiled=True)
 
 
-def _owned_shard(x: jax.Array, axis_name: axes.AxisName, group: int) -> jax.Array:
+def owned_shard(x: jax.Array, axis_name: axes.AxisName, group: int) -> jax.Array:
   """This device's ``1/group`` shard of ``x`` along ``axis_name`` (as a reduce-scatter keeps)."""
   padded = jnp.pad(x, (0, -x.size % group))
   shard = padded.size // group

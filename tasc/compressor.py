@@ -37,11 +37,9 @@ Curvature (``sensitivity``)
   towards zero and then never be sent, a loop the local, dense gradient does not have.
   ``"none"``: ``||a_b||^2`` alone (block magnitude, as OmniReduce).
 
-Replication under ``shard_map``: with ``support="global"`` the support and the mean are
-computed from all-reduced values, so JAX proves the mean replicated (``out_specs=P()``). With
-``"previous"`` the support comes from the per-worker state, so it cannot: run the step with
-``check_vma=False`` (as any optimizer whose state rides per worker needs); the bits are
-identical on every worker all the same.
+Replication under ``shard_map``: the support and the mean are computed from all-reduced values
+(this step's scores for ``support="global"``, the previous step's, kept in the replicated part of
+the state, for ``"previous"``), so JAX proves the mean replicated (``out_specs=P()``).
 
 Dynamic density: ``density`` may be a function of the step (e.g. an optax schedule) with a
 ``max_density``. The payload's capacity is fixed by ``max_density`` (static shapes: one compiled
@@ -82,6 +80,8 @@ class TascState(NamedTuple):
   """
   curvature: jax.Array | tuple
   scores: jax.Array | tuple
+  # The scores are all-reduced, hence identical on every worker: replicated under shard_map.
+  per_worker_fields = ("curvature",)
 
 
 def tasc_compressor(density: Density, *, block_size: int = 256,
@@ -171,7 +171,7 @@ def tasc_compressor(density: Density, *, block_size: int = 256,
     del ctx
     squared = g * g
     if dense_axis is not None:
-      squared = transform._owned_shard(  # pylint: disable=protected-access
+      squared = transform.owned_shard(
           squared, dense_axis, axes.num_workers(dense_axis, caller="tasc (dense_axis)"))
     fresh = scores.block_means(squared, block_size)
     if fresh.shape != state.curvature.shape:

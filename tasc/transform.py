@@ -72,8 +72,7 @@ def tasc_compress(*, axis_name: axes.AxisName,
     dense_axis: the fast axis of hierarchical mode (see :func:`compressors.compress`).
     support: ``"global"`` (an all-reduce of this step's block scores picks the blocks) or
       ``"previous"`` (last step's scores, carried in the payload's all-reduce: no extra
-      collective; under ``shard_map`` it needs ``check_vma=False``, see
-      :mod:`tasc.compressor`).
+      collective, see :mod:`tasc.compressor`).
     curvature_decay: EMA factor of the curvature kept in the state, in [0, 1).
     eps: curvature floor relative to the mean curvature (>= 0).
     max_density: the payload capacity's density when ``density`` is a schedule.

@@ -134,7 +134,7 @@ def test_aggregate_matches_numpy_reference(sensitivity, support):
   density, block = 0.3, 8  # 16 blocks, the last one 7 long; K = 5
   tx = tasc.tasc_compress(axis_name="data", density=density, block_size=block,
                           sensitivity=sensitivity, support=support)
-  state, update = _runner(tx, harness.mesh(), PARAMS, check_vma=support == "global")
+  state, update = _runner(tx, harness.mesh(), PARAMS, check_vma=True)
   ref = Reference(D, density=density, block_size=block, sensitivity=sensitivity,
                   support=support)
   rng = np.random.default_rng(0)
@@ -260,7 +260,7 @@ def test_tasc_reaches_lower_loss_than_magnitude_at_equal_density():
 def test_replicas_bit_identical_and_error_feedback_exact_over_twenty_steps(support):
   tx = tasc.tasc_compress(axis_name="data", density=0.2, block_size=4, sensitivity="fisher",
                           support=support, min_blocks_per_leaf=1)
-  state, update = _runner(tx, harness.mesh(), PARAMS, check_vma=support == "global")
+  state, update = _runner(tx, harness.mesh(), PARAMS, check_vma=True)
   e = np.zeros((N, D), np.float32)
   rng = np.random.default_rng(0)
   for _ in range(20):
