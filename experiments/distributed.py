@@ -1,0 +1,68 @@
+"""Processes and devices: ``jax.distributed`` set-up and the simulated CPU device count.
+
+Nothing here imports JAX at module level, so the runner can decide the host platform's device
+count before JAX starts (see :func:`expose_cpu_devices`).
+
+Multi-process runs are configured by ``config.distributed`` or, where a field is None, by the
+environment: ``JAX_COORDINATOR_ADDRESS``, ``JAX_NUM_PROCESSES``, ``JAX_PROCESS_ID`` (what
+``experiments.launch`` sets). With neither, a run is a single process. CPU collectives between
+processes use gloo.
+"""
+
+import os
+import re
+import sys
+
+_DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
+
+
+def process_settings(config) -> tuple[str | None, int, int]:
+  """``(coordinator_address, num_processes, process_id)`` from the config or the environment."""
+  d = config.distributed
+  address = d.coordinator_address or os.environ.get("JAX_COORDINATOR_ADDRESS")
+  num_processes = d.num_processes or int(os.environ.get("JAX_NUM_PROCESSES", "1"))
+  process_id = d.process_id if d.process_id is not None else int(
+      os.environ.get("JAX_PROCESS_ID", "0"))
+  if num_processes < 1 or not 0 <= process_id < num_processes:
+    raise ValueError(f"config.distributed: num_processes={num_processes} and "
+                     f"process_id={process_id} must satisfy 0 <= process_id < num_processes")
+  if num_processes > 1 and not address:
+    raise ValueError("config.distributed.coordinator_address (or JAX_COORDINATOR_ADDRESS) must be "
+                     f"set for num_processes={num_processes}, e.g. 127.0.0.1:12345")
+  return address, num_processes, process_id
+
+
+def expose_cpu_devices(config) -> None:
+  """Makes the CPU platform expose ``config.num_devices / num_processes`` devices per process.
+
+  Sets ``XLA_FLAGS=--xla_force_host_platform_device_count=N`` (replacing any count already
+  there), which XLA reads when JAX initialises its backends; harmless on accelerators, whose
+  devices are real. Must run before JAX is imported.
+
+  Raises:
+    RuntimeError: JAX is already imported (the flag would be ignored).
+    ValueError: ``num_devices`` is not divisible by the number of processes.
+  """
+  if config.num_devices is None:
+    return
+  if "jax" in sys.modules:
+    raise RuntimeError("expose_cpu_devices must run before jax is imported")
+  _, num_processes, _ = process_settings(config)
+  if config.num_devices < 1 or config.num_devices % num_processes:
+    raise ValueError(f"config.num_devices={config.num_devices} must be a positive multiple of the "
+                     f"{num_processes} processes")
+  flags = re.sub(_DEVICE_COUNT_FLAG + r"=\S*", "", os.environ.get("XLA_FLAGS", ""))
+  os.environ["XLA_FLAGS"] = (
+      f"{flags} {_DEVICE_COUNT_FLAG}={config.num_devices // num_processes}").strip()
+
+
+def initialize(config) -> None:
+  """Joins the multi-process job described by the config or the environment (no-op for one
+  process, or when already joined). Must run before any JAX computation."""
+  import jax  # pylint: disable=import-outside-toplevel
+  address, num_processes, process_id = process_settings(config)
+  if num_processes == 1 or jax.distributed.is_initialized():
+    return
+  jax.config.update("jax_cpu_collectives_implementation", "gloo")
+  jax.distributed.initialize(coordinator_address=address, num_processes=num_processes,
+                             process_id=process_id)
