@@ -67,8 +67,10 @@ class Context(NamedTuple):
     private_key: a PRNG key unique per worker, step and buffer.
     extras: named extra arguments the compressor asked for (``Compressor.extra_args``), each
       flattened into the buffer's layout (e.g. ``"curvature"`` as ``f32[d]``).
-    schedule: how summable payloads are all-reduced (``"psum"`` or an explicit algorithm of
-      :mod:`compressors.collectives`).
+    schedule: how summable payloads are all-reduced: ``"psum"``, an explicit algorithm of
+      :mod:`compressors.collectives`, or ``"auto"`` (the fastest on ``topology`` by the cost
+      model, chosen per payload size at trace time).
+    topology: the :class:`compressors.topology.Topology` ``"auto"`` plans for, else None.
   """
   axis_name: axes.AxisName
   num_workers: int
@@ -80,6 +82,7 @@ class Context(NamedTuple):
   private_key: jax.Array
   extras: dict[str, jax.Array]
   schedule: str = "psum"
+  topology: Any = None
 
 
 class Aggregate(NamedTuple):
@@ -194,8 +197,13 @@ def exchange(compressor: Compressor, x: jax.Array, state: BufferState, ctx: Cont
 def _all_reduce(payload: jax.Array, ctx: Context) -> jax.Array:
   if ctx.schedule == "psum":
     return jax.lax.psum(payload, ctx.axis_name)
-  from compressors import collectives  # pylint: disable=import-outside-toplevel
-  return collectives.all_reduce(payload, ctx.axis_name, ctx.schedule)
+  # pylint: disable=import-outside-toplevel  # schedules are optional machinery
+  from compressors import collectives
+  from compressors import topology
+  schedule = ctx.schedule
+  if schedule == "auto":
+    schedule = topology.fastest_schedule(ctx.topology, payload.size, payload.dtype.itemsize)
+  return collectives.all_reduce(payload, ctx.axis_name, schedule)
 
 
 def _decode_gathered(compressor: Compressor, gathered: PyTree, ctx: Context) -> jax.Array:

@@ -364,3 +364,23 @@ def collective_cost(algorithm: str, topology: Topology, n: int, density: float =
                        "must be 1")
     return onebit_cost(topology, n, itemsize=itemsize)
   return shared_support_cost(algorithm, topology, k, itemsize)
+
+
+def fastest_schedule(topology: Topology, n: int, itemsize: int = 4,
+                     schedules: Sequence[str] | None = None) -> str:
+  """The dense all-reduce schedule the model says is fastest for ``n`` elements.
+
+  Args:
+    topology: the cluster the all-reduce runs on.
+    n: elements all-reduced.
+    itemsize: bytes per element.
+    schedules: candidates; by default every explicit schedule the topology supports
+      (``"hierarchical"`` only on two axes).
+
+  Returns:
+    The name of the schedule with the least modelled time (ties: the earlier candidate).
+  """
+  if schedules is None:
+    schedules = [s for s in collectives.SCHEDULES
+                 if s != "psum" and (s != "hierarchical" or len(topology.axes) == 2)]
+  return min(schedules, key=lambda s: dense_cost(s, topology, n, itemsize).time)

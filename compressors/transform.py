@@ -47,7 +47,8 @@ class CompressState(NamedTuple):
 
 def compress(compressor: base.Compressor, *, axis_name: axes.AxisName,
              dense_axis: axes.AxisName = None, error_feedback: bool = True, fuse: bool = True,
-             seed: int = 0, schedule: str = "psum") -> optax.GradientTransformationExtraArgs:
+             seed: int = 0, schedule: Any = "psum",
+             topology: Any = None) -> optax.GradientTransformationExtraArgs:
   """Compresses each worker's gradient, exchanges it, and returns the decoded mean.
 
   Args:
@@ -67,8 +68,17 @@ def compress(compressor: base.Compressor, *, axis_name: axes.AxisName,
       leaf on its own.
     seed: seeds the keys of randomised compressors (random-k, stochastic rounding); the shared
       key is identical on all workers, so it must be the same seed everywhere.
-    schedule: how summable payloads are all-reduced: ``"psum"`` (XLA's all-reduce) or an
-      explicit algorithm of :mod:`compressors.collectives`.
+    schedule: how summable payloads are all-reduced: ``"psum"`` (XLA's all-reduce); an
+      explicit algorithm of :mod:`compressors.collectives` (``"ring"``, ``"butterfly"``,
+      ``"rabenseifner"``, ``"hierarchical"`` over ``axis_name=(slow, fast)``); ``"auto"``, the
+      fastest on ``topology`` by the alpha-beta model for each payload's size; or a
+      :class:`compressors.planner.Plan` with one choice per buffer (one when fused, one per leaf
+      otherwise), whose algorithm each buffer's payload uses (the density stays the
+      compressor's: build the compressor from the plan's densities). Explicit schedules come
+      out of ``ppermute``, which JAX types as varying: run them under
+      ``shard_map(..., check_vma=False)``.
+    topology: the :class:`compressors.topology.Topology` of the workers, for ``"auto"``; its
+      device count must equal the workers along ``axis_name``.
 
   Returns:
     An ``optax.GradientTransformationExtraArgs``. Extra arguments named in
@@ -88,9 +98,7 @@ def compress(compressor: base.Compressor, *, axis_name: axes.AxisName,
   if compressor.exchange not in base.EXCHANGES:
     raise ValueError(f"compress: compressor {compressor.name!r} has exchange="
                      f"{compressor.exchange!r}; allowed: {base.EXCHANGES}")
-  if schedule != "psum":
-    from compressors import collectives  # pylint: disable=import-outside-toplevel
-    collectives.check_schedule(schedule)
+  schedule_of_buffer = _schedules(schedule, topology)
 
   def init_fn(params):
     paths, leaves, _ = _flatten(params)
@@ -143,6 +151,9 @@ def compress(compressor: base.Compressor, *, axis_name: axes.AxisName,
     device = axes.worker_index(axes.as_tuple(axis_name) + axes.as_tuple(dense_axis))
     step_key = jax.random.fold_in(state.key, state.count)
     means, kepts, new_states = [], [], []
+    if topology is not None and topology.num_devices != num_workers:
+      raise ValueError(f"compress: topology {topology.name!r} has {topology.num_devices} devices "
+                       f"but axis_name={axis_name!r} has {num_workers} workers; they must match")
     for i, (g, e, bstate) in enumerate(zip(grad_buffers, residual_buffers, buffer_states)):
       size = -(-g.size // group)
       if compressor.validate is not None:
@@ -155,7 +166,8 @@ def compress(compressor: base.Compressor, *, axis_name: axes.AxisName,
       ctx = base.Context(axis_name=axis_name, num_workers=num_workers, size=size, shape=shape,
                          worker_index=worker, step=state.count, shared_key=shared_key,
                          private_key=jax.random.fold_in(shared_key, device + 1),
-                         extras=extras_i, schedule=schedule)
+                         extras=extras_i, schedule=schedule_of_buffer(i, len(grad_buffers)),
+                         topology=topology)
       if compressor.precondition is not None:
         # On the raw local gradient, before any sum: every device is a worker here.
         raw_ctx = ctx._replace(num_workers=num_workers * group, size=g.size, shape=(g.size,))
@@ -211,6 +223,35 @@ def _place_owned_shard(shard: jax.Array, axis_name: axes.AxisName, size: int) ->
   full = jnp.zeros((shard.size * axes.num_workers(axis_name),), shard.dtype)
   start = axes.worker_index(axis_name) * shard.size
   return jax.lax.dynamic_update_slice(full, shard, (start,))[:size]
+
+
+def _schedules(schedule: Any, topology: Any):
+  """Validates ``schedule`` and returns ``(buffer index, buffer count) -> schedule name``."""
+  # pylint: disable=import-outside-toplevel  # schedules are optional machinery
+  from compressors import collectives
+  from compressors import planner
+  if isinstance(schedule, planner.Plan):
+    names = [c.algorithm for c in schedule.choices]
+    for name in names:
+      if name not in collectives.SCHEDULES:
+        raise ValueError(f"compress: the plan chose {name!r}, which is not an all-reduce "
+                         f"schedule ({collectives.SCHEDULES}); per-worker sparse algorithms "
+                         "(top-k all-gather, sparse butterfly, 1-bit) are compressors: build "
+                         "that compressor instead")
+
+    def from_plan(i, count):
+      if count != len(names):
+        raise ValueError(f"compress: the plan has {len(names)} buckets but the gradient makes "
+                         f"{count} buffers (one when fused, one per leaf otherwise)")
+      return names[i]
+    return from_plan
+  if schedule == "auto":
+    if topology is None:
+      raise ValueError("compress: schedule='auto' needs topology= (a "
+                       "compressors.topology.Topology describing the workers' links)")
+  else:
+    collectives.check_schedule(schedule)
+  return lambda i, count: schedule
 
 
 def _check_axis_name(axis_name: axes.AxisName) -> None:

@@ -51,7 +51,8 @@ def tasc_compress(*, axis_name: axes.AxisName,
                   curvature_decay: float = 0.9, eps: float = 0.1,
                   max_density: float | None = None, min_blocks_per_leaf: int = 0,
                   error_feedback: bool = True, fuse: bool = True, seed: int = 0,
-                  schedule: str = "psum") -> optax.GradientTransformationExtraArgs:
+                  schedule: Any = "psum",
+                  topology: Any = None) -> optax.GradientTransformationExtraArgs:
   """TASC: Hessian-aware structured sparsification over a block support shared by all workers.
 
   ``update(grads, state, params=None, *, curvature=None)`` runs per worker inside
@@ -82,9 +83,11 @@ def tasc_compress(*, axis_name: axes.AxisName,
     fuse: one buffer and one ranking for the whole model (blocks compete across layers, so the
       layer-wise allocation emerges from the ranking); ``False`` applies ``density`` per leaf.
     seed: seed of :func:`compressors.compress` (TASC itself draws no random numbers).
-    schedule: the all-reduce algorithm (``"psum"`` or one of
-      :data:`compressors.collectives.SCHEDULES`); with the same density on both axes the
-      default ``"psum"`` becomes ``"hierarchical"``.
+    schedule: the all-reduce algorithm (``"psum"``, one of
+      :data:`compressors.collectives.SCHEDULES`, ``"auto"`` with ``topology``, or a
+      :class:`compressors.planner.Plan`; see :func:`compressors.compress`); with the same
+      density on both axes the default ``"psum"`` becomes ``"hierarchical"``.
+    topology: the workers' :class:`compressors.topology.Topology`, for ``schedule="auto"``.
 
   Returns:
     An ``optax.GradientTransformationExtraArgs``; chain it before the optimizer, e.g.
@@ -104,7 +107,7 @@ def tasc_compress(*, axis_name: axes.AxisName,
         min_blocks_per_leaf=min_blocks_per_leaf, leaf_sizes=leaf_sizes, dense_axis=dense_axis)
     return compressors.compress(compressor, axis_name=axis_name, dense_axis=dense_axis,
                                 error_feedback=error_feedback, fuse=fuse, seed=seed,
-                                schedule=schedule)
+                                schedule=schedule, topology=topology)
 
   build(None)  # every argument is checked here, before anything is traced
   needs_leaf_sizes = fuse and min_blocks_per_leaf > 0
