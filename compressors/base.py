@@ -38,6 +38,8 @@ How payloads meet (``exchange``)
 
 Randomness comes from ``ctx``: ``shared_key`` is the same on every worker (random-k indices),
 ``private_key`` differs per worker (stochastic rounding); both change every step and buffer.
+``decode`` may read ``ctx.shared_key`` only (the receiver of a payload does not know the
+sender's private key).
 """
 
 from collections.abc import Callable
@@ -237,17 +239,20 @@ def _two_phase(compressor: Compressor, x: jax.Array, state: BufferState,
   chunks = jnp.pad(x, (0, n * chunk - size)).reshape(n, chunk)
   chunk_ctx = ctx._replace(size=chunk, shape=(chunk,))
 
+  def keyed(i, key_base):
+    """Chunk ``i``'s context: its encode and every decode of it see the same keys."""
+    return chunk_ctx._replace(shared_key=jax.random.fold_in(ctx.shared_key, i),
+                              private_key=jax.random.fold_in(key_base, i))
+
   def encode_chunk(c, i, key_base):
-    keyed_ctx = chunk_ctx._replace(shared_key=jax.random.fold_in(ctx.shared_key, i),
-                                   private_key=jax.random.fold_in(key_base, i))
-    payload, _ = compressor.encode(c, state.compressor, keyed_ctx)
+    payload, _ = compressor.encode(c, state.compressor, keyed(i, key_base))
     return payload
 
-  def decode_chunk(payload):
-    return compressor.decode(payload, chunk_ctx)
+  def decode_chunk(payload, i):
+    return compressor.decode(payload, keyed(i, ctx.private_key))
 
   def decode_chunks(payloads):
-    return jax.vmap(decode_chunk)(payloads)
+    return jax.vmap(decode_chunk)(payloads, jnp.arange(n))
 
   payloads = jax.vmap(encode_chunk, in_axes=(0, 0, None))(chunks, jnp.arange(n), ctx.private_key)
   sent = decode_chunks(payloads).reshape(-1)[:size]
@@ -255,15 +260,16 @@ def _two_phase(compressor: Compressor, x: jax.Array, state: BufferState,
   # Phase 1: worker j receives chunk j from every worker and owns its mean.
   received = jax.tree.map(
       lambda p: jax.lax.all_to_all(p, ctx.axis_name, split_axis=0, concat_axis=0), payloads)
-  owned_mean = sum_decoded(decode_chunk, received, n) / n
+  owned = ctx.worker_index
+  owned_mean = sum_decoded(lambda p: decode_chunk(p, owned), received, n) / n
 
   # Phase 2: the owner re-encodes its mean chunk, keeping what that loses, and shares it.
   owner_input = owned_mean if state.owner_residual is None else owned_mean + state.owner_residual
   owner_key = jax.random.fold_in(ctx.private_key, n)
-  owner_payload = encode_chunk(owner_input, ctx.worker_index, owner_key)
+  owner_payload = encode_chunk(owner_input, owned, owner_key)
   owner_residual = state.owner_residual
   if owner_residual is not None:
-    owner_residual = owner_input - decode_chunk(owner_payload)
+    owner_residual = owner_input - decode_chunk(owner_payload, owned)
   gathered = jax.tree.map(lambda p: axes.all_gather_invariant(p, ctx.axis_name), owner_payload)
   mean = decode_chunks(gathered).reshape(-1)[:size]
   return Aggregate(mean=mean, sent=sent, state=state._replace(owner_residual=owner_residual))

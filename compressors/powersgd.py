@@ -36,7 +36,7 @@ a fused buffer has no matrix shape.
 
 import math
 import numbers
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -46,8 +46,6 @@ from compressors import axes
 from compressors import base
 from compressors import dense
 from compressors import transform
-
-PyTree = Any
 
 
 class PowerSGDState(NamedTuple):

@@ -14,7 +14,7 @@ private key with ``r_i - l_i``.
 Codes on the wire: the signed level ``sign(v_i) level_i`` takes ``2 s + 1`` values. When they
 fit in 4 bits (``s <= 7``) they are offset by ``s`` and packed, 2 or 4 bits a code
 (:mod:`compressors.packing`: ``s = 1`` is 2 bits, ``s <= 7`` is 4 bits); otherwise they travel as
-``int8`` (``s <= 127``), ``int16`` (``s <= 32767``) or ``int32``. Scales differ across workers,
+``int8`` (``s <= 127``) or ``int16`` (``s <= 32767``, the largest ``levels`` allowed). Scales differ across workers,
 so payloads are not summable: two-phase compressed all-reduce by default (see
 :func:`compressors.packing.non_summable_exchange`).
 """
@@ -30,14 +30,16 @@ from compressors import base
 from compressors import packing
 
 NORMS = ("l2", "max")
-MAX_LEVELS = 2**24  # levels * |v_i| / ||v|| stays exact enough in float32 below this
+# Codes fit int16, and the float32 ratio s |v_i| / ||v|| < 2**15 keeps 9 bits of fraction for the
+# Bernoulli draw.
+MAX_LEVELS = 2**15 - 1
 
 
 class QSGDPayload(NamedTuple):
   """Codes and per-bucket scales.
 
   Attributes:
-    codes: packed ``uint8`` (levels <= 7) or ``int8``/``int16``/``int32`` signed levels.
+    codes: packed ``uint8`` (levels <= 7) or ``int8``/``int16`` signed levels.
     scales: ``f32[num_buckets]``, the norm of each bucket.
   """
   codes: jax.Array
@@ -45,11 +47,9 @@ class QSGDPayload(NamedTuple):
 
 
 def code_width(levels: int) -> int:
-  """Bits a signed QSGD code with ``levels`` levels occupies on the wire (1, 2, 4, 8, 16, 32)."""
+  """Bits a signed QSGD code with ``levels`` levels occupies on the wire (2, 4, 8 or 16)."""
   bits = math.ceil(math.log2(2 * levels + 1))
-  if bits <= 8:
-    return packing.slot_width(bits)
-  return 16 if bits <= 16 else 32
+  return packing.slot_width(bits) if bits <= 8 else 16
 
 
 def qsgd(levels: int, *, norm: str = "l2", bucket_size: int | None = 512,
@@ -83,7 +83,7 @@ def qsgd(levels: int, *, norm: str = "l2", bucket_size: int | None = 512,
   levels = int(levels)
   width = code_width(levels)
   packed = width in packing.PACKED_WIDTHS
-  code_dtype = {8: jnp.int8, 16: jnp.int16, 32: jnp.int32}.get(width)
+  code_dtype = {8: jnp.int8, 16: jnp.int16}.get(width)
 
   def buckets(size):
     length = size if bucket_size is None else min(bucket_size, size)

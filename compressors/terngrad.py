@@ -16,6 +16,7 @@ workers of their ``max |g_i|`` (one ``lax.pmax`` of a scalar). The codes ``sign 
   chunk's owner (whose loss its error-feedback memory keeps). No scaler sharing is needed there:
   each chunk carries its own ``max |g|``.
 
+The scale is per buffer: ``compress(..., fuse=False)`` gives the paper's per-layer scalers.
 TernGrad's optional per-layer gradient clipping (to 2.5 standard deviations) is not included:
 clip before the transformation when wanted.
 """

@@ -1,0 +1,74 @@
+"""Layer-wise trust-ratio scaling in the forms optax's ``scale_by_trust_ratio`` lacks.
+
+``optax.scale_by_trust_ratio`` computes ``c * ||w|| / (||u|| + eps)`` on whatever update ``u``
+arrives, so it covers LAMB without trust clipping and optax's LARS. Two published forms need
+more:
+
+* LAMB's ``phi(||w||)`` with ``phi`` a clip to ``[gamma_l, gamma_u]`` (You et al., ICLR 2020,
+  Algorithm 2);
+* the LARS paper's denominator ``||g|| + wd * ||w||`` (You, Gitman & Ginsburg 2017, and
+  MLPerf's ``LARSOptimizer``), which needs the gradient's norm before weight decay is added.
+
+:func:`scale_by_layerwise_trust_ratio` covers both in one transformation.
+"""
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from optimizers import _validation
+
+
+def scale_by_layerwise_trust_ratio(
+    trust_coefficient: float = 1.0,
+    eps: float = 0.0,
+    trust_clip: tuple[float, float] | None = None,
+    weight_decay: float = 0.0,
+) -> optax.GradientTransformation:
+  """Scales each leaf's (decayed) update by its trust ratio.
+
+  For every leaf with parameter ``w`` and incoming update ``u``::
+
+    ratio = trust_coefficient * phi(||w||) / (||u|| + weight_decay * ||w|| + eps)
+    ratio = 1                     where ||w|| == 0 or ||u|| == 0
+    out   = ratio * (u + weight_decay * w)
+
+  with ``phi(z) = clip(z, lower, upper)`` when ``trust_clip=(lower, upper)`` and the identity
+  otherwise. With ``weight_decay=0`` this is LAMB's ratio applied to ``u = r + lambda * w``;
+  with ``u = g`` and ``weight_decay > 0`` it is the LARS paper's / MLPerf's local learning rate
+  ``eta * ||w|| / (||g|| + wd * ||w|| + eps)`` times ``g + wd * w``. The zero-norm rule tests
+  the unclipped ``||w||`` and ``||u||``, as TF-addons' LAMB and MLPerf's LARS do.
+
+  Args:
+    trust_coefficient: multiplier of the ratio (LARS's ``eta``; 1 for LAMB).
+    eps: added to the denominator.
+    trust_clip: ``(lower, upper)`` bounds of ``phi``, or None for the identity.
+    weight_decay: decay added to the update after the norms are taken, and whose
+      ``weight_decay * ||w||`` term enters the denominator.
+
+  Returns:
+    A stateless :class:`optax.GradientTransformation` that needs ``params``.
+  """
+  caller = "scale_by_layerwise_trust_ratio"
+  _validation.check_positive(caller, "trust_coefficient", trust_coefficient)
+  _validation.check_non_negative(caller, "eps", eps)
+  _validation.check_non_negative(caller, "weight_decay", weight_decay)
+  trust_clip = _validation.check_trust_clip(caller, trust_clip)
+
+  def update_fn(updates, state, params=None):
+    if params is None:
+      raise ValueError(f"{caller}: params is None; pass params to update() (the trust ratio "
+                       "needs the parameters' norms).")
+
+    def scale(update, param):
+      param_norm = optax.safe_norm(param, 0.0)
+      update_norm = optax.safe_norm(update, 0.0)
+      numerator = param_norm if trust_clip is None else jnp.clip(param_norm, *trust_clip)
+      ratio = trust_coefficient * numerator / (update_norm + weight_decay * param_norm + eps)
+      zero_norm = jnp.logical_or(param_norm == 0.0, update_norm == 0.0)
+      ratio = jnp.where(zero_norm, jnp.ones_like(ratio), ratio).astype(update.dtype)
+      return ratio * (update + weight_decay * param)
+
+    return jax.tree.map(scale, updates, params), state
+
+  return optax.GradientTransformation(optax.init_empty_state, update_fn)
