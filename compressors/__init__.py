@@ -41,3 +41,6 @@ from compressors.planner import plan
 from compressors.topology import Link
 from compressors.topology import Topology
 from compressors.topology import collective_cost
+from compressors.drift import replicas_agree
+from compressors.nonfinite import SkipNonFiniteState
+from compressors.nonfinite import skip_nonfinite

@@ -1,0 +1,49 @@
+"""A cheap check that every replica holds bit-identical parameters.
+
+Each device reduces its parameters to a position-weighted 32-bit checksum of their bits (one
+word per leaf); a min and a max all-reduce of those words (8 bytes per leaf) tell whether any
+device differs. Bits, not values: -0.0 and 0.0, or two NaN payloads, count as different, as
+they would diverge later.
+"""
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from compressors import axes
+
+
+def checksum(tree: Any) -> jax.Array:
+  """``uint32[num_leaves]``: a position-weighted checksum of each leaf's bits."""
+  words = []
+  for leaf in jax.tree.leaves(tree):
+    x = jnp.asarray(leaf).reshape(-1)
+    bits = _as_uint32(x)
+    weights = (jnp.arange(bits.size, dtype=jnp.uint32) * jnp.uint32(2654435761)) | jnp.uint32(1)
+    words.append(jnp.sum(bits * weights, dtype=jnp.uint32))
+  return jnp.stack(words) if words else jnp.zeros((0,), jnp.uint32)
+
+
+def replicas_agree(tree: Any, axis_name: axes.AxisName) -> jax.Array:
+  """Whether every worker along ``axis_name`` holds the same bits (a bool scalar, everywhere).
+
+  Call it inside ``shard_map``/``pmap``. Inside ``shard_map`` the parameters are typed as
+  replicated, so the checksum is first marked per-worker: otherwise JAX would know the answer
+  and skip the collective.
+  """
+  words = checksum(tree)
+  names = axes.as_tuple(axis_name)
+  if axes.replication_checked(names) and not axes.is_varying(words, names):
+    words = jax.lax.pcast(words, names, to="varying")
+  return jnp.all(jax.lax.pmax(words, names) == jax.lax.pmin(words, names))
+
+
+def _as_uint32(x: jax.Array) -> jax.Array:
+  if x.dtype.itemsize == 4:
+    return jax.lax.bitcast_convert_type(x, jnp.uint32)
+  if x.dtype.itemsize == 8:
+    halves = jax.lax.bitcast_convert_type(x, jnp.uint32)  # [..., 2]
+    return (halves[..., 0] ^ (halves[..., 1] * jnp.uint32(0x9E3779B9))).reshape(-1)
+  return jax.lax.bitcast_convert_type(x, jnp.dtype(f"uint{8 * x.dtype.itemsize}")).astype(
+      jnp.uint32)
