@@ -121,6 +121,10 @@ class Compressor(NamedTuple):
     decode: ``(payload, ctx) -> f32[d]``; linear in the payload when ``exchange == "psum"``.
     exchange: ``"psum"``, ``"all_gather"`` or ``"two_phase"``.
     init: ``(x) -> state`` for a buffer like ``x``; defaults to no state.
+    init_leaf: ``(x, shape, key, where) -> state``, used instead of ``init`` by compressors whose
+      state depends on the leaf's shape (PowerSGD's bases): ``shape`` is the leaf's shape in
+      per-leaf mode and None for fused or sharded buffers; ``key`` is identical on every worker;
+      ``where`` names the leaf for error messages.
     precondition: ``(g, state, ctx) -> (g', state)`` applied to the gradient *before* error
       feedback is added (DGC's momentum correction and local clipping); None for most.
     decode_gathered: ``(payloads, ctx) -> f32[d]``, the sum of all workers' decoded payloads
@@ -136,6 +140,7 @@ class Compressor(NamedTuple):
   decode: Callable[..., jax.Array] | None
   exchange: str = "psum"
   init: Callable[[jax.Array], PyTree] = _no_state
+  init_leaf: Callable[..., PyTree] | None = None
   precondition: Callable[..., tuple[jax.Array, PyTree]] | None = None
   decode_gathered: Callable[..., jax.Array] | None = None
   aggregate: Callable[..., Aggregate] | None = None
@@ -144,11 +149,13 @@ class Compressor(NamedTuple):
 
 
 def init_buffer_state(compressor: Compressor, x: jax.Array, num_workers: int | None,
-                      error_feedback: bool) -> BufferState:
+                      error_feedback: bool, shape: tuple[int, ...] | None = None,
+                      key: jax.Array | None = None, where: str = "the buffer") -> BufferState:
   """State for one buffer like ``x`` exchanged among ``num_workers`` workers.
 
   ``num_workers`` is None where no mesh axis is bound (``init`` called outside ``shard_map``);
-  only the two-phase exchange needs it, to size the owner's error-feedback memory.
+  only the two-phase exchange needs it, to size the owner's error-feedback memory. ``shape``,
+  ``key`` and ``where`` are for ``compressor.init_leaf``.
   """
   owner = None
   if compressor.exchange == "two_phase" and error_feedback:
@@ -159,7 +166,8 @@ def init_buffer_state(compressor: Compressor, x: jax.Array, num_workers: int | N
           "number of workers n: call init() inside jax.shard_map/jax.pmap where axis_name is "
           "bound (the state is per worker anyway), or pass error_feedback=False")
     owner = jnp.zeros((_chunk_size(x.size, num_workers),), x.dtype)
-  return BufferState(compressor=compressor.init(x), owner_residual=owner)
+  own = compressor.init(x) if compressor.init_leaf is None else compressor.init_leaf(x, shape, key, where)
+  return BufferState(compressor=own, owner_residual=owner)
 
 
 def exchange(compressor: Compressor, x: jax.Array, state: BufferState, ctx: Context) -> Aggregate:

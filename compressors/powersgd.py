@@ -27,11 +27,10 @@ the signs fixed so that ``R`` has a non-negative diagonal, which is Gram-Schmidt
 (rank above the gradient's rank, or a zero gradient), where Gram-Schmidt divides by ~0.
 
 State: the warm-start basis ``Q`` (``c x r``) per compressed leaf, identical on every worker,
-starting from a standard normal draw of the transformation's seed. Because
-``Compressor.init`` sees only the flattened buffer, not the leaf's shape, build the
-transformation with :func:`powersgd_compress` (which compresses leaf by leaf and shapes ``Q``);
-``compress(powersgd(...))`` raises a clear error. Fusing leaves into one buffer is not offered:
-a fused buffer has no matrix shape.
+starting from a standard normal draw of the transformation's seed (``Compressor.init_leaf``
+sees the leaf's shape). PowerSGD works leaf by leaf: ``compress(powersgd(...), fuse=False)``,
+which :func:`powersgd_compress` spells out; fusing leaves into one buffer is not offered, a fused
+buffer has no matrix shape (``init`` raises).
 """
 
 import math
@@ -116,13 +115,19 @@ def powersgd(rank: int, *, start_step: int = 0,
                      "number >= 0 or None")
   rank = int(rank)
 
-  def aggregate(x, state, ctx):
-    if state is None:
+  def init_leaf(x, shape, key, where):
+    if shape is None:
       raise ValueError(
-          "powersgd: the compressor state holds no warm-start basis Q: Compressor.init sees "
-          "only the flattened buffer, not the leaf's shape. Build the transformation with "
-          "compressors.powersgd_compress(rank, axis_name=...) instead of "
-          "compress(powersgd(...)), which also cannot fuse leaves (a fused buffer is no matrix)")
+          "powersgd: compresses each matrix-shaped leaf on its own, but the buffer fuses "
+          "leaves (or is a hierarchical shard) and has no matrix shape: use "
+          "compress(powersgd(...), axis_name=..., fuse=False) or "
+          "compressors.powersgd_compress(rank, axis_name=...)")
+    matrix = low_rank_shape(shape, rank, min_compression_rate, where)
+    if matrix is None:
+      return PowerSGDState(q=None)
+    return PowerSGDState(q=jax.random.normal(key, (matrix[1], rank), x.dtype))
+
+  def aggregate(x, state, ctx):
     matrix = low_rank_shape(ctx.shape, rank, min_compression_rate, f"the leaf of shape {ctx.shape}")
     if matrix is None:
       out = _dense(x, ctx)
@@ -152,14 +157,14 @@ def powersgd(rank: int, *, start_step: int = 0,
     return base.Aggregate(mean=mean, sent=sent, state=PowerSGDState(q=q))
 
   return base.Compressor(name="powersgd", encode=None, decode=None, exchange="psum",
-                         init=lambda x: None, aggregate=aggregate)
+                         init_leaf=init_leaf, aggregate=aggregate)
 
 
 def powersgd_compress(rank: int, *, axis_name: axes.AxisName, start_step: int = 0,
                       min_compression_rate: float | None = 2.0, error_feedback: bool = True,
                       seed: int = 0, schedule: str = "psum"
                       ) -> optax.GradientTransformationExtraArgs:
-  """PowerSGD as an Optax transformation: :func:`compressors.compress` leaf by leaf.
+  """PowerSGD as an Optax transformation: ``compress(powersgd(...), fuse=False)``.
 
   Args:
     rank: approximation rank ``r >= 1``.
@@ -175,26 +180,8 @@ def powersgd_compress(rank: int, *, axis_name: axes.AxisName, start_step: int = 
     checked in ``init`` (bad ranks raise there, before anything compiles).
   """
   compressor = powersgd(rank, start_step=start_step, min_compression_rate=min_compression_rate)
-  inner = transform.compress(compressor, axis_name=axis_name, error_feedback=error_feedback,
-                             fuse=False, seed=seed, schedule=schedule)
-
-  def init_fn(params):
-    state = inner.init(params)
-    leaves = jax.tree_util.tree_flatten_with_path(params)[0]
-    key = jax.random.PRNGKey(seed)
-    buffers = []
-    for i, ((path, leaf), buffer) in enumerate(zip(leaves, state.buffers)):
-      leaf = jnp.asarray(leaf)
-      matrix = low_rank_shape(leaf.shape, int(rank), min_compression_rate,
-                              f"params leaf {jax.tree_util.keystr(path)}")
-      q = None
-      if matrix is not None:
-        dtype = jnp.promote_types(leaf.dtype, jnp.float32)
-        q = jax.random.normal(jax.random.fold_in(key, i), (matrix[1], int(rank)), dtype)
-      buffers.append(buffer._replace(compressor=PowerSGDState(q=q)))
-    return state._replace(buffers=tuple(buffers))
-
-  return optax.GradientTransformationExtraArgs(init_fn, inner.update)
+  return transform.compress(compressor, axis_name=axis_name, error_feedback=error_feedback,
+                            fuse=False, seed=seed, schedule=schedule)
 
 
 def _matmul(a: jax.Array, b: jax.Array) -> jax.Array:

@@ -112,8 +112,13 @@ def compress(compressor: base.Compressor, *, axis_name: axes.AxisName,
       group = axes.num_workers(dense_axis, caller="compress (dense_axis; call init() inside "
                                "shard_map: the owned shard's size depends on it)")
       buffers = [jnp.zeros((-(-b.size // group),), b.dtype) for b in buffers]
+    shapes = ([x.shape for x in leaves] if not fuse and dense_axis is None
+              else [None] * len(buffers))
+    wheres = [f"params leaf {p}" for p in paths] if not fuse else ["the fused parameters"]
     buffer_states = tuple(
-        base.init_buffer_state(compressor, b, num_workers, error_feedback) for b in buffers)
+        base.init_buffer_state(compressor, b, num_workers, error_feedback, shape,
+                               jax.random.fold_in(jax.random.PRNGKey(seed), i), where)
+        for i, (b, shape, where) in enumerate(zip(buffers, shapes, wheres)))
     residual = (jax.tree.map(lambda x: jnp.zeros(x.shape, _work_dtype(x.dtype)), params)
                 if error_feedback else ())
     return CompressState(

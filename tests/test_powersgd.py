@@ -177,9 +177,19 @@ def test_bad_input_raises_before_compiling(make, match):
     make()
 
 
-@pytest.mark.parametrize("fuse", [True, False])
-def test_compress_of_powersgd_directly_raises_a_clear_error(fuse):
-  tx = compressors.compress(compressors.powersgd(2), axis_name="data", fuse=fuse)
-  with pytest.raises(ValueError, match=r"powersgd_compress"):
+def test_compress_of_powersgd_is_the_same_transformation_leaf_by_leaf():
+  grads = harness.per_worker_grads(jax.random.PRNGKey(0), N, PARAMS)
+  means = []
+  for tx in (compressors.compress(compressors.powersgd(2), axis_name="data", fuse=False),
+             compressors.powersgd_compress(2, axis_name="data")):
     state, update = harness.shard_map_update(tx, harness.mesh(), PARAMS)
-    update(PARAMS, state, harness.per_worker_grads(jax.random.PRNGKey(0), N, PARAMS))
+    means.append(update(PARAMS, state, grads)[0])
+  for a, b in zip(jax.tree.leaves(means[0]), jax.tree.leaves(means[1])):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_fused_powersgd_raises_a_clear_error_at_init():
+  tx = compressors.compress(compressors.powersgd(2), axis_name="data")
+  with pytest.raises(ValueError, match=r"no matrix shape: use compress\(powersgd\(\.\.\.\), "
+                                      r"axis_name=\.\.\., fuse=False\)"):
+    tx.init(PARAMS)
