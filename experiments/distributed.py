@@ -14,6 +14,14 @@ import re
 import sys
 
 _DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
+# Simulated CPU devices run on one thread pool of as many threads as devices. Runs of 8 devices
+# on 2 busy cores occasionally hung in a collective that 6 or 7 of the 8 devices had reached. Since
+# each device runs its matrix products on its own thread (no work fanned out over the shared pool)
+# and the trainer keeps one program in flight at a time, no run has hung.
+_SHARED_POOL_FLAGS = {"--xla_cpu_multi_thread_eigen": "false"}
+# On a loaded machine a device may wait long for a core; XLA's CPU collectives abort after 40 s
+# without all participants.
+_TIMEOUT_FLAGS = {"--xla_cpu_collective_call_terminate_timeout_seconds": "3600"}
 
 
 def process_settings(config) -> tuple[str | None, int, int]:
@@ -36,8 +44,9 @@ def expose_cpu_devices(config) -> None:
   """Makes the CPU platform expose ``config.num_devices / num_processes`` devices per process.
 
   Sets ``XLA_FLAGS=--xla_force_host_platform_device_count=N`` (replacing any count already
-  there), which XLA reads when JAX initialises its backends; harmless on accelerators, whose
-  devices are real. Must run before JAX is imported.
+  there), which XLA reads when JAX initialises its backends, with a generous collective timeout
+  and, for several devices per process, single-threaded Eigen per device (see the flags above);
+  harmless on accelerators, whose devices are real. Must run before JAX is imported.
 
   Raises:
     RuntimeError: JAX is already imported (the flag would be ignored).
@@ -51,9 +60,12 @@ def expose_cpu_devices(config) -> None:
   if config.num_devices < 1 or config.num_devices % num_processes:
     raise ValueError(f"config.num_devices={config.num_devices} must be a positive multiple of the "
                      f"{num_processes} processes")
+  local_devices = config.num_devices // num_processes
   flags = re.sub(_DEVICE_COUNT_FLAG + r"=\S*", "", os.environ.get("XLA_FLAGS", ""))
-  os.environ["XLA_FLAGS"] = (
-      f"{flags} {_DEVICE_COUNT_FLAG}={config.num_devices // num_processes}").strip()
+  flags += f" {_DEVICE_COUNT_FLAG}={local_devices}"
+  extra = {**_TIMEOUT_FLAGS, **(_SHARED_POOL_FLAGS if local_devices > 1 else {})}
+  flags += "".join(f" {k}={v}" for k, v in extra.items() if k not in flags)
+  os.environ["XLA_FLAGS"] = flags.strip()
 
 
 def initialize(config) -> None:

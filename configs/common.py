@@ -1,0 +1,122 @@
+"""Defaults shared by every experiment config; each config file starts from :func:`base`.
+
+Fields (all overridable on the command line, e.g. ``--config.batch_size=256``):
+
+  dataset, data_dir, data         which data (see experiments/data), where, and its options
+  model                           ``name`` plus the model's fields (see experiments/models)
+  method, compression             gradient exchange (see experiments/methods.py) and its knobs
+  optimizer, schedule             optimizer after the exchange, learning-rate schedule
+  batch_size, eval_batch_size     global batch sizes (divisible by num_devices)
+  num_steps | num_epochs          training length (exactly one > 0)
+  log_every, eval_every, checkpoint_every, keep_checkpoints   in steps (0 = only at the end)
+  num_devices                     devices in the mesh (all processes together); on CPU the
+                                  runner makes the host platform expose this many; None = all
+  distributed                     jax.distributed settings (None = from the environment)
+  seed
+"""
+
+import ml_collections
+
+METHOD_ARG = ("dense|fp16|bf16|topk|randomk|threshold|dgc|qsgd|terngrad|signsgd|efsignsgd|onebit|"
+              "powersgd|tasc")
+
+
+def base() -> ml_collections.ConfigDict:
+  """Every field with its default; configs override what they need."""
+  c = ml_collections.ConfigDict()
+  c.dataset = ""
+  c.data_dir = ""
+  c.data = ml_collections.ConfigDict()
+  c.model = ml_collections.ConfigDict({"name": ""})
+
+  c.method = "dense"
+  c.compression = ml_collections.ConfigDict(dict(
+      density=0.01,          # topk, randomk, dgc, tasc: fraction of entries sent
+      error_feedback=ml_collections.FieldReference(None, field_type=bool),  # None: method's own
+      fuse=True,             # one buffer for the whole model (tensor fusion)
+      seed=0,                # shared randomness of randomised compressors
+      threshold=1e-3,        # threshold: magnitude sent
+      dgc_momentum=0.9,      # dgc: momentum correction
+      clip_norm=ml_collections.FieldReference(None, field_type=float),  # dgc: local clipping
+      warmup_steps=0,        # dgc: density warm-up steps
+      levels=16,             # qsgd: quantisation levels s
+      rank=2,                # powersgd: rank
+      block_size=256,        # tasc: structured block size
+      sensitivity="hutchinson",  # tasc: block scores (hutchinson | fisher | none)
+      support="global",      # tasc: blocks chosen from this step's (global) or last step's scores
+      hessian_every=100,     # tasc: steps between curvature refreshes
+      num_probes=4,          # tasc: Hutchinson probes per refresh
+  ))
+
+  c.optimizer = ml_collections.ConfigDict(dict(
+      name="momentum", learning_rate=0.1, momentum=0.9, weight_decay=0.0,
+      b1=0.9, b2=0.999, eps=1e-6, trust_coefficient=0.001))
+  c.schedule = ml_collections.ConfigDict(dict(
+      name="constant", warmup_epochs=0.0, boundaries=(0.5, 0.75), power=1.0))
+
+  c.batch_size = 128
+  c.eval_batch_size = 512
+  c.num_steps = 0
+  c.num_epochs = 0.0
+  c.log_every = 50
+  c.eval_every = 0
+  c.checkpoint_every = 1000
+  c.keep_checkpoints = 2
+  c.num_devices = ml_collections.FieldReference(8, field_type=int)
+  c.distributed = ml_collections.ConfigDict(dict(
+      coordinator_address=ml_collections.FieldReference(None, field_type=str),
+      num_processes=ml_collections.FieldReference(None, field_type=int),
+      process_id=ml_collections.FieldReference(None, field_type=int)))
+  c.seed = 0
+  return c
+
+
+def make_smoke(c: ml_collections.ConfigDict, *, batch_size: int | None = None,
+               hessian_every: int = 1) -> None:
+  """Turns ``c`` into its smoke variant (for tests): two steps, no warmup, logged and
+  checkpointed after every step, evaluated once at the end.
+
+  Args:
+    c: the config to change in place (its model and data should be made tiny by the caller).
+    batch_size: global training and evaluation batch size, if it must change.
+    hessian_every: curvature refresh period (1 compiles only the refreshing step; 2 both).
+  """
+  c.num_epochs = 0.0
+  c.num_steps = 2
+  c.schedule.warmup_epochs = 0.0
+  c.log_every = 1
+  c.eval_every = 0
+  c.checkpoint_every = 1
+  c.compression.hessian_every = hessian_every
+  if batch_size:
+    c.batch_size = c.eval_batch_size = batch_size
+
+
+def parse_args(arg: str | None, **defaults) -> dict:
+  """Parses a config argument ``"key=value,key=value"`` (a bare word sets ``variant``).
+
+  Args:
+    arg: the text after ``:`` in ``--config=file.py:arg``, or None.
+    **defaults: the allowed keys and their defaults; values are parsed to the default's type
+      (``smoke`` is a bool that a bare ``smoke`` sets).
+
+  Returns:
+    The defaults updated from ``arg``.
+
+  Raises:
+    ValueError: a key that is not allowed, or a value of the wrong form.
+  """
+  out = dict(defaults)
+  for part in filter(None, (arg or "").split(",")):
+    key, sep, value = part.partition("=")
+    if not sep:
+      key, value = ("smoke", "true") if part == "smoke" else ("variant", part)
+    if key not in defaults:
+      raise ValueError(f"config argument {part!r}: unknown key {key!r}; allowed: {sorted(defaults)}")
+    if isinstance(defaults[key], bool):
+      if value.lower() not in ("true", "false", "1", "0"):
+        raise ValueError(f"config argument {part!r}: {key} must be true or false")
+      out[key] = value.lower() in ("true", "1")
+    else:
+      out[key] = type(defaults[key])(value)
+  return out

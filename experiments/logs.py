@@ -1,0 +1,67 @@
+"""Run logs, written by process 0 only: ``metrics.jsonl``, TensorBoard events, ``config.json``.
+
+``metrics.jsonl`` holds one JSON object per logged step (training metrics) or evaluation
+(``test_*`` metrics), each with its ``step``. When a run resumes from a checkpoint, records after
+the checkpoint's step (written before the interruption) are dropped, so the file describes one
+uninterrupted run.
+"""
+
+import json
+import os
+from typing import Any
+
+METRICS_FILE = "metrics.jsonl"
+
+
+def read_metrics(workdir: str) -> list[dict[str, Any]]:
+  """The records of ``workdir/metrics.jsonl`` (empty if there is none)."""
+  path = os.path.join(workdir, METRICS_FILE)
+  if not os.path.exists(path):
+    return []
+  with open(path) as f:
+    return [json.loads(line) for line in f if line.strip()]
+
+
+class MetricsWriter:
+  """Appends metrics to ``metrics.jsonl`` and TensorBoard; a no-op on processes other than 0."""
+
+  def __init__(self, workdir: str, *, active: bool, resume_step: int):
+    """Args:
+      workdir: the run's directory.
+      active: whether this process writes (process 0).
+      resume_step: the step the run starts from; later records are dropped.
+    """
+    self._active = active
+    self._tb = None
+    if not active:
+      return
+    os.makedirs(workdir, exist_ok=True)
+    self._path = os.path.join(workdir, METRICS_FILE)
+    kept = [r for r in read_metrics(workdir) if r["step"] <= resume_step]
+    with open(self._path, "w") as f:
+      f.writelines(json.dumps(r) + "\n" for r in kept)
+    from tensorboardX import SummaryWriter  # pylint: disable=import-outside-toplevel
+    self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"), purge_step=resume_step + 1)
+
+  def write(self, step: int, metrics: dict[str, Any]) -> None:
+    """Records ``metrics`` at ``step``."""
+    if not self._active:
+      return
+    with open(self._path, "a") as f:
+      f.write(json.dumps({"step": step, **metrics}) + "\n")
+    for name, value in metrics.items():
+      if isinstance(value, (int, float)):
+        self._tb.add_scalar(name, value, step)
+    self._tb.flush()
+
+  def close(self) -> None:
+    if self._tb is not None:
+      self._tb.close()
+
+
+def write_json(path: str, payload: Any) -> None:
+  """Writes ``payload`` as JSON atomically (a temporary file renamed into place)."""
+  tmp = path + ".tmp"
+  with open(tmp, "w") as f:
+    json.dump(payload, f, indent=2, sort_keys=True)
+  os.replace(tmp, path)

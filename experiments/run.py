@@ -1,0 +1,54 @@
+"""Runs one experiment.
+
+  python -m experiments.run --config=configs/quickstart.py --workdir=runs/quickstart
+  python -m experiments.run --config=configs/cifar10_resnet20.py:method=tasc \
+      --config.data_dir=/data/cifar10 --workdir=runs/r20_tasc
+
+``--config`` names a config file and, after ``:``, its argument; ``--config.<field>=<value>``
+overrides any field. ``--workdir`` receives ``metrics.jsonl``, ``config.json``, TensorBoard events,
+checkpoints and ``results.json``; a run restarted with the same workdir resumes.
+
+JAX is imported only after the flags are parsed: on CPU the runner first sets
+``XLA_FLAGS=--xla_force_host_platform_device_count=N`` with ``N = config.num_devices /
+num_processes`` (see :func:`experiments.distributed.expose_cpu_devices`), which XLA reads once,
+when JAX starts. On accelerators the flag is harmless and the real devices are used.
+"""
+
+from absl import app
+from absl import flags
+from absl import logging
+from ml_collections import config_flags
+
+from experiments import distributed
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file.",
+                                          lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Directory for logs and checkpoints.",
+                               required=True)
+flags.mark_flags_as_required(["config"])
+
+
+def summary(results: dict) -> str:
+  """The final line printed by the runner: accuracy and bytes per step against dense."""
+  return (f"test accuracy {results['test_accuracy']:.4f} (test loss {results['test_loss']:.4f}) "
+          f"after {results['step']} steps; bytes per device per step "
+          f"{results['wire_bytes']:,.0f} vs dense {results['dense_bytes']:,.0f} "
+          f"({results['compression_ratio']:.1f}x fewer)")
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  if not flags.FLAGS["verbosity"].present:
+    logging.set_verbosity(logging.WARNING)  # orbax logs every file it writes at INFO
+  config = _CONFIG.value
+  distributed.expose_cpu_devices(config)
+  from experiments import train  # pylint: disable=import-outside-toplevel  # after the XLA flags
+  results = train.train_and_evaluate(config, _WORKDIR.value)
+  import jax  # pylint: disable=import-outside-toplevel
+  if jax.process_index() == 0:
+    print(summary(results), flush=True)
+
+
+if __name__ == "__main__":
+  app.run(main)

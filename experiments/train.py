@@ -1,0 +1,402 @@
+"""One training run: ``train_and_evaluate(config, workdir)``.
+
+Data parallelism over a 1-D ``Mesh`` named ``"data"`` that spans every device of every process.
+The training step is a ``jax.shard_map`` over that mesh: each device computes the gradient of its
+own batch, and the configured optax chain (:mod:`experiments.methods`) does all the communication:
+its first transformation compresses, exchanges and averages the gradients, identically on every
+device, and the optimizer that follows applies the same update everywhere. No gradient is summed
+outside the chain.
+
+What lives where (``TrainState``):
+
+* ``step``, ``params``: replicated (``P()``), bit-identical on every device.
+* ``opt_state``: the leaves that differ from device to device (error-feedback residuals and other
+  compressor memories) carry a leading device axis (``P("data")``); the rest (counters, the
+  moments of the optimizer after the exchange) is replicated (``compressors.state_specs``).
+* ``model_state``: batch-norm statistics, per device (each device normalises with its own
+  batch); averaged over devices when evaluating, which equals averaging them every step because
+  the running average is linear. The training step therefore moves nothing but gradients.
+
+Curvature (TASC with ``sensitivity="hutchinson"``): every ``compression.hessian_every`` steps the
+step estimates the Hessian diagonal with ``compression.num_probes`` Hutchinson probes
+(``tasc.hutchinson_diagonal``, each device probing its own batch, averaged over devices) and
+passes it to the chain's update as ``curvature=``; TASC keeps an average of it in its state for
+the steps in between. Steps that refresh it are a second compiled variant of the step.
+
+Bytes on the wire are read from the compiled steps with ``compressors.wire_bytes``; the dense
+baseline is the same step with ``method="dense"``, compiled but never run. With a curvature
+refresh every ``h`` steps, ``wire_bytes`` is the average per step over ``h`` steps, the refresh's
+all-reduce of the diagonal included.
+"""
+
+import functools
+import json
+import os
+import queue
+import threading
+import time
+from typing import Any, NamedTuple
+
+import jax
+from jax import lax
+import jax.numpy as jnp
+from jax.sharding import Mesh
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+import ml_collections
+import numpy as np
+import optax
+import tqdm
+
+import compressors
+from experiments import checkpoint
+from experiments import data
+from experiments import distributed
+from experiments import logs
+from experiments import methods
+from experiments import models
+from experiments import tasks
+from experiments import validation
+import tasc
+
+AXIS = methods.AXIS_NAME
+RESULTS_FILE = "results.json"
+PyTree = Any
+
+
+class TrainState(NamedTuple):
+  """The whole state of a run (see the module docstring for what is per device)."""
+  step: jax.Array
+  params: PyTree
+  model_state: PyTree
+  opt_state: PyTree
+
+
+_FAST_COMPILE = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
+
+
+def _stack(tree: PyTree) -> PyTree:
+  """Per-device values -> a leading device axis of size one (to leave ``shard_map`` as
+  ``P("data")``)."""
+  return jax.tree.map(lambda x: x[None], tree)
+
+
+def _unstack(tree: PyTree) -> PyTree:
+  """Inverse of :func:`_stack` (inside ``shard_map``)."""
+  return jax.tree.map(lambda x: x[0], tree)
+
+
+def make_mesh(num_devices: int | None) -> Mesh:
+  """A 1-D mesh named ``"data"`` over the first ``num_devices`` devices (None: all of them)."""
+  devices = jax.devices()
+  count = len(devices) if num_devices is None else num_devices
+  if count > len(devices):
+    raise ValueError(f"config.num_devices={count} but only {len(devices)} devices exist; on CPU "
+                     "run through experiments.run (which exposes them) or lower num_devices")
+  if jax.process_count() > 1 and count != len(devices):
+    raise ValueError(f"config.num_devices={count} must equal the {len(devices)} devices of all "
+                     "processes in a multi-process run")
+  return Mesh(np.asarray(devices[:count]), (AXIS,))
+
+
+def _forward(model, task, variables, batch, *, train, rng):
+  """Outcomes of the model on ``batch`` and the updated model state (batch statistics)."""
+  model_state = {k: v for k, v in variables.items() if k != "params"}
+  inputs = task.inputs(batch)
+  rngs = {} if rng is None else {"dropout": rng}
+  if train and model_state:
+    logits, model_state = model.apply(variables, *inputs, train=True, rngs=rngs,
+                                      mutable=list(model_state))
+  else:
+    logits = model.apply(variables, *inputs, train=train, rngs=rngs)
+  return task.outcomes(logits, batch), model_state
+
+
+def _variables_initializer(model, task, example_batch, num_devices):
+  """``seed -> (params, model_state)``, the model state with a leading device axis."""
+  inputs = task.inputs(example_batch)
+
+  def init_variables(seed):
+    key = jax.random.PRNGKey(seed)
+    variables = dict(model.init({"params": key, "dropout": key}, *inputs, train=False))
+    params = variables.pop("params")
+    return params, jax.tree.map(lambda x: jnp.broadcast_to(x, (num_devices,) + x.shape),
+                                variables)
+  return init_variables
+
+
+class _Program(NamedTuple):
+  """The jitted functions of one run (compiled on first use)."""
+  specs: TrainState
+  init_opt_state: Any
+  train_steps: dict[bool, Any]  # refresh_curvature -> step
+  evaluate: Any
+
+
+def _build_program(model, task, tx, learning_rate, mesh, config, params_shape,
+                   uses_curvature) -> _Program:
+  """Jitted ``shard_map`` functions for optimizer-state init, the training step(s) and eval."""
+  specs = TrainState(step=P(), params=P(), model_state=P(AXIS),
+                     opt_state=compressors.state_specs(tx, params_shape, mesh, AXIS))
+
+  def per_device_step(state, batch, refresh):
+    batch, model_state = _unstack(batch), _unstack(state.model_state)
+    dropout_key, probe_key = jax.random.split(jax.random.PRNGKey(config.seed))
+    rng = jax.random.fold_in(jax.random.fold_in(dropout_key, state.step), lax.axis_index(AXIS))
+
+    def loss_fn(params, local_batch):
+      outcomes, new_model_state = _forward(model, task, {"params": params, **model_state},
+                                           local_batch, train=True, rng=rng)
+      loss, accuracy = tasks.mean_loss(outcomes)
+      return loss, (accuracy, new_model_state)
+
+    # Differentiate with respect to a device-varying copy of the replicated parameters: the
+    # gradient of an unvarying input would be summed over devices by shard_map's autodiff, a
+    # dense all-reduce before the chain could compress anything.
+    local_params = lax.pcast(state.params, AXIS, to="varying")
+    (loss, (accuracy, model_state)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+        local_params, batch)
+    extra_args = {}
+    if refresh:
+      extra_args["curvature"] = tasc.hutchinson_diagonal(
+          lambda p, b: loss_fn(p, b)[0], local_params, jax.random.fold_in(probe_key, state.step),
+          config.compression.num_probes, batch, axis_name=AXIS)
+    updates, opt_state = tx.update(grads, compressors.drop_device_axis(state.opt_state),
+                                   state.params, **extra_args)
+    params = optax.apply_updates(state.params, updates)
+    new_state = TrainState(state.step + 1, params, _stack(model_state),
+                           compressors.add_device_axis(opt_state))
+    return new_state, _stack({"loss": loss, "accuracy": accuracy,
+                              "learning_rate": jnp.asarray(learning_rate(state.step),
+                                                           jnp.float32)})
+
+  def train_step(refresh):
+    return jax.jit(jax.shard_map(
+        functools.partial(per_device_step, refresh=refresh), mesh=mesh,
+        in_specs=(specs, P(AXIS)), out_specs=(specs, P(AXIS))), donate_argnums=0)
+
+  def per_device_eval(params, model_state, batch):
+    batch = _unstack(batch)
+    model_state = jax.tree.map(lambda x: lax.pmean(x, AXIS), _unstack(model_state))
+    outcomes, _ = _forward(model, task, {"params": params, **model_state}, batch, train=False,
+                           rng=None)
+    mask = batch["mask"].reshape(batch["mask"].shape + (1,) * (outcomes.weight.ndim - 1))
+    weight = outcomes.weight * mask
+    sums = jnp.stack([(outcomes.loss * weight).sum(), (outcomes.correct * weight).sum(),
+                      weight.sum()])
+    return lax.psum(sums, AXIS)
+
+  init_opt_state = jax.jit(jax.shard_map(
+      lambda p: compressors.add_device_axis(tx.init(p)), mesh=mesh, in_specs=P(),
+      out_specs=specs.opt_state))
+  evaluate = jax.jit(jax.shard_map(
+      per_device_eval, mesh=mesh, in_specs=(P(), P(AXIS), P(AXIS)), out_specs=P()))
+  hessian_every = config.compression.hessian_every if uses_curvature else 0
+  refresh_variants = {0: (False,), 1: (True,)}.get(hessian_every, (False, True))
+  return _Program(specs, init_opt_state, {r: train_step(r) for r in refresh_variants},
+                  evaluate)
+
+
+def _init_state(init_variables, program, mesh, seed) -> TrainState:
+  replicated = NamedSharding(mesh, P())
+  # Initialisation runs once: compile it without LLVM's expensive passes (threefry random bits
+  # otherwise take tens of seconds to compile on CPU for a ResNet).
+  init = jax.jit(init_variables, out_shardings=(replicated, NamedSharding(mesh, P(AXIS)))).lower(
+      seed).compile(compiler_options=_FAST_COMPILE)
+  params, model_state = init(seed)
+  step = jax.device_put(jnp.zeros((), jnp.int32), replicated)
+  return TrainState(step, params, model_state, program.init_opt_state(params))
+
+
+def _local_devices(mesh: Mesh) -> list[jax.Device]:
+  """This process's devices in mesh order; their mesh positions are their data shards."""
+  return [d for d in mesh.devices.flat if d.process_index == jax.process_index()]
+
+
+def _to_global(local: dict[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:
+  """Host rows ``[local_devices, batch, ...]`` -> global arrays ``[devices, batch, ...]``."""
+  sharding = NamedSharding(mesh, P(AXIS))
+  devices = _local_devices(mesh)
+
+  def put(x):
+    shards = [jax.device_put(x[i:i + 1], d) for i, d in enumerate(devices)]
+    return jax.make_array_from_single_device_arrays((mesh.size,) + x.shape[1:], sharding, shards)
+  return {k: put(v) for k, v in local.items()}
+
+
+def _prefetch(make, steps, depth=2):
+  """Yields ``make(step)`` for ``steps``, computed ``depth`` ahead on a background thread."""
+  buffer = queue.Queue(maxsize=depth)
+
+  def produce():
+    try:
+      for step in steps:
+        buffer.put(make(step))
+    except Exception as e:  # pylint: disable=broad-except  # re-raised in the consumer
+      buffer.put(e)
+
+  threading.Thread(target=produce, daemon=True).start()
+  for _ in steps:
+    item = buffer.get()
+    if isinstance(item, Exception):
+      raise item
+    yield item
+
+
+def _abstract(tree: PyTree, mesh: Mesh | None = None, specs: PyTree = None) -> PyTree:
+  """Shape, dtype and sharding of ``tree``'s arrays (shardings from ``specs`` if given)."""
+  if specs is None:
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
+                        tree)
+  return jax.tree.map(lambda x, spec: jax.ShapeDtypeStruct(
+      x.shape, x.dtype, sharding=NamedSharding(mesh, spec)), tree, specs)
+
+
+_dense_bytes_cache: dict[str, float] = {}
+
+
+def _dense_bytes(config, model, task, mesh, learning_rate, state, batch) -> float:
+  """Bytes per device of the same step with ``method="dense"`` (compiled, never run; remembered
+  per process for runs that differ only in the method, as a sweep's do)."""
+  key = json.dumps([mesh.size, {k: v for k, v in config.to_dict().items()
+                                if k not in ("method", "compression")}], sort_keys=True, default=str)
+  if key not in _dense_bytes_cache:
+    dense_config = ml_collections.ConfigDict(config.to_dict())
+    dense_config.method = "dense"
+    dense_tx = methods.make_chain(dense_config, learning_rate)
+    params = _abstract(state.params)
+    program = _build_program(model, task, dense_tx, learning_rate, mesh, dense_config, params,
+                             uses_curvature=False)
+    opt_state = jax.eval_shape(program.init_opt_state, params)
+    abstract_state = TrainState(_abstract(state.step), params, _abstract(state.model_state),
+                                _abstract(opt_state, mesh, program.specs.opt_state))
+    _dense_bytes_cache[key] = compressors.wire_bytes(program.train_steps[False], abstract_state,
+                                                     _abstract(batch)).total
+  return _dense_bytes_cache[key]
+
+
+def _evaluate(program, state, dataset, mesh) -> dict[str, float]:
+  sums = np.zeros(3)
+  for batch in dataset.eval_batches():
+    sums += np.asarray(jax.device_get(program.evaluate(state.params, state.model_state,
+                                                       _to_global(batch, mesh))))
+  return {"test_loss": float(sums[0] / sums[2]), "test_accuracy": float(sums[1] / sums[2])}
+
+
+def total_steps(config, steps_per_epoch: int) -> int:
+  """Training steps of the run: ``num_steps``, or ``num_epochs`` epochs."""
+  if config.num_steps:
+    return config.num_steps
+  return max(1, int(round(config.num_epochs * steps_per_epoch)))
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+  """Trains and evaluates ``config``, resuming from ``workdir``'s latest checkpoint.
+
+  Args:
+    config: a run config (see ``configs/common.py`` for the fields).
+    workdir: where logs, checkpoints and ``results.json`` go; a run restarted with the same
+      workdir continues from its last checkpoint and ends as an uninterrupted run would.
+
+  Returns:
+    The final metrics: ``step``, ``test_loss``, ``test_accuracy``, ``train_loss``,
+    ``wire_bytes`` and ``dense_bytes`` (per device per step), ``compression_ratio``,
+    ``examples_per_sec``, ``num_params``, ``wall_seconds``.
+
+  Raises:
+    ValueError, FileNotFoundError: bad config values, unknown names or missing data, before
+      anything is compiled.
+  """
+  return train(config, workdir)[0]
+
+
+def train(config: ml_collections.ConfigDict, workdir: str) -> tuple[dict[str, Any], TrainState]:
+  """:func:`train_and_evaluate`, also returning the final :class:`TrainState`."""
+  started = time.time()
+  distributed.initialize(config)
+  mesh = make_mesh(config.num_devices)
+  validation.check_config(config, mesh.size)
+  is_main = jax.process_index() == 0
+
+  positions = {d: i for i, d in enumerate(mesh.devices.flat)}
+  shards = data.ShardSpec(mesh.size, tuple(positions[d] for d in _local_devices(mesh)))
+  dataset = data.load(config, shards)
+  model = models.build_model(config.model, **dataset.model_fields)
+  task = tasks.TASKS[dataset.task]
+  steps = total_steps(config, dataset.steps_per_epoch)
+  learning_rate = methods.learning_rate_schedule(config, dataset.steps_per_epoch, steps)
+  tx = methods.make_chain(config, learning_rate)
+  uses_curvature = methods.uses_curvature(config)
+  first_batch = dataset.train_batch(0)
+  init_variables = _variables_initializer(model, task, {k: v[0] for k, v in first_batch.items()},
+                                          mesh.size)
+  params_shape, _ = jax.eval_shape(init_variables, config.seed)
+  program = _build_program(model, task, tx, learning_rate, mesh, config, params_shape,
+                           uses_curvature)
+  state = _init_state(init_variables, program, mesh, config.seed)
+  num_params = sum(x.size for x in jax.tree.leaves(state.params))
+  checkpointer = checkpoint.Checkpointer(workdir, keep=config.keep_checkpoints)
+  restored = checkpointer.latest_step()
+  if restored is not None:
+    state = checkpointer.restore(restored, state)
+  start = int(jax.device_get(state.step))
+
+  global_batch = _to_global(first_batch, mesh)
+  step_bytes = {r: compressors.wire_bytes(fn, state, global_batch).total
+                for r, fn in program.train_steps.items()}
+  hessian_every = config.compression.hessian_every if uses_curvature else 1
+  wire = (step_bytes.get(False, 0.0) * (hessian_every - 1)
+          + step_bytes.get(True, step_bytes.get(False))) / hessian_every
+  dense = (step_bytes[False] if config.method == "dense" else
+           _dense_bytes(config, model, task, mesh, learning_rate, state, global_batch))
+  communication = {"wire_bytes": wire, "dense_bytes": dense,
+                   "compression_ratio": dense / wire if wire else float("inf")}
+
+  if is_main:
+    os.makedirs(workdir, exist_ok=True)
+    logs.write_json(os.path.join(workdir, "config.json"), config.to_dict())
+  writer = logs.MetricsWriter(workdir, active=is_main, resume_step=start)
+  mean_metrics = jax.jit(lambda m: jax.tree.map(jnp.mean, m),
+                         out_shardings=NamedSharding(mesh, P()))
+  progress = tqdm.tqdm(total=steps, initial=start, disable=not is_main, unit="step",
+                       desc=os.path.basename(os.path.normpath(workdir)), dynamic_ncols=True)
+  train_loss, examples_per_sec = float("nan"), 0.0
+  last_time, last_step = time.time(), start
+  batches = _prefetch(lambda s: _to_global(dataset.train_batch(s), mesh), range(start, steps))
+  on_cpu = mesh.devices.flat[0].platform == "cpu"
+  for step in range(start, steps):
+    refresh = uses_curvature and step % hessian_every == 0
+    state, metrics = program.train_steps[refresh](state, next(batches))
+    if on_cpu:
+      # One program in flight at a time: simulated CPU devices share one thread pool, and runs
+      # with several steps in flight occasionally hung in a collective (experiments.distributed).
+      jax.block_until_ready(state.step)
+    done = step + 1
+    progress.update(1)
+    if (config.log_every and done % config.log_every == 0) or done == steps:
+      metrics = jax.device_get(mean_metrics(metrics))
+      now = time.time()
+      examples_per_sec = config.batch_size * (done - last_step) / (now - last_time)
+      last_time, last_step = now, done
+      train_loss = float(metrics["loss"])
+      writer.write(done, {"loss": train_loss, "accuracy": float(metrics["accuracy"]),
+                          "learning_rate": float(metrics["learning_rate"]),
+                          "examples_per_sec": examples_per_sec, **communication})
+      progress.set_postfix(loss=f"{train_loss:.4f}")
+    if config.eval_every and done % config.eval_every == 0 and done != steps:
+      writer.write(done, _evaluate(program, state, dataset, mesh))
+    if config.checkpoint_every and done % config.checkpoint_every == 0:
+      checkpointer.save(done, state)
+  progress.close()
+
+  final_eval = _evaluate(program, state, dataset, mesh)
+  writer.write(steps, final_eval)
+  checkpointer.save(steps, state)
+  checkpointer.close()
+  writer.close()
+  results = {"step": steps, "train_loss": train_loss, "examples_per_sec": examples_per_sec,
+             "num_params": num_params, "wall_seconds": time.time() - started,
+             **final_eval, **communication}
+  if is_main:
+    logs.write_json(os.path.join(workdir, RESULTS_FILE), results)
+  return results, state

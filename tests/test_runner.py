@@ -1,0 +1,240 @@
+"""The experiment runner end to end: every config's smoke variant on tiny data in the real formats,
+logs, bytes on the wire, replicas, resume, sweeps, and 2 processes against 1.
+
+Compiles here run with ``jax_disable_most_optimizations`` (set for this module only): the programs
+and their collectives are the same, they just compile in a fraction of the time.
+"""
+
+import csv
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import optax
+import pytest
+
+from configs import quickstart
+from experiments import checkpoint
+from experiments import data
+from experiments import logs
+from experiments import models
+from experiments import sweep
+from experiments import train
+from experiments.data import fake
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(autouse=True, scope="module")
+def fast_compiles():
+  previous = jax.config.read("jax_disable_most_optimizations")
+  jax.config.update("jax_disable_most_optimizations", True)
+  yield
+  jax.config.update("jax_disable_most_optimizations", previous)
+
+
+@pytest.fixture(scope="module")
+def data_dirs(tmp_path_factory):
+  root = tmp_path_factory.mktemp("data")
+  return {
+      "cifar10": fake.write_cifar(str(root / "cifar10"), num_classes=10, num_train=40,
+                                  num_test=16),
+      "cifar100": fake.write_cifar(str(root / "cifar100"), num_classes=100, num_train=40,
+                                   num_test=16),
+      "imagenet": fake.write_imagenet(str(root / "imagenet"), num_classes=2, train_per_class=8,
+                                      val_per_class=8),
+      "text": fake.write_text(str(root / "text")),
+  }
+
+
+def _config(module, arg="smoke", **fields):
+  config = __import__(f"configs.{module}", fromlist=["get_config"]).get_config(arg)
+  config.update_from_flattened_dict(fields)
+  return config
+
+
+def _records(workdir):
+  records = logs.read_metrics(workdir)
+  return [r for r in records if "loss" in r], [r for r in records if "test_loss" in r]
+
+
+def _assert_replicas_identical(tree):
+  for leaf in jax.tree.leaves(tree):
+    shards = [np.asarray(s.data) for s in leaf.addressable_shards]
+    for shard in shards[1:]:
+      np.testing.assert_array_equal(shard, shards[0])
+
+
+@pytest.mark.parametrize("module, data, arg", [
+    ("digits", None, "smoke,method=topk"),
+    ("cifar10_resnet20", "cifar10", "smoke,method=dgc"),
+    ("cifar10_wrn", "cifar10", "smoke"),
+    ("cifar10_vgg19", "cifar10", "smoke"),
+    ("cifar100_resnet56", "cifar100", "smoke"),
+    ("cifar100_wrn", "cifar100", "smoke"),
+    ("cifar100_vgg19", "cifar100", "smoke"),
+    ("imagenet_resnet50", "imagenet", "smoke"),
+    ("bert", "text", "smoke"),
+])
+def test_smoke_variants_train_end_to_end(module, data, arg, data_dirs, tmp_path):
+  config = _config(module, arg)
+  if module == "bert":  # the smoke variant reads pydoc_data; read the text files instead
+    config.dataset = "text"
+  if data:
+    config.data_dir = data_dirs[data]
+  results, state = train.train(config, str(tmp_path))
+  assert results["step"] == 2 and int(state.step) == 2
+  assert np.isfinite(results["test_loss"]) and 0 <= results["test_accuracy"] <= 1
+  _assert_replicas_identical(state.params)
+  train_records, eval_records = _records(tmp_path)
+  assert [r["step"] for r in train_records] == [1, 2] and [r["step"] for r in eval_records] == [2]
+  for r in train_records:
+    assert np.isfinite(r["loss"]) and r["examples_per_sec"] > 0 and r["learning_rate"] >= 0
+    assert r["compression_ratio"] == pytest.approx(r["dense_bytes"] / r["wire_bytes"])
+  assert eval_records[0]["test_accuracy"] == results["test_accuracy"]
+  with open(tmp_path / "config.json") as f:
+    assert json.load(f)["model"] == json.loads(json.dumps(config.model.to_dict()))
+  assert os.listdir(tmp_path / "tensorboard")
+  assert checkpoint.Checkpointer(str(tmp_path), keep=2).latest_step() == 2
+
+
+@pytest.fixture(scope="module")
+def sweep_dir(tmp_path_factory):
+  """The quickstart's smoke variant with dense, top-k and TASC, run as a sweep."""
+  workdir = str(tmp_path_factory.mktemp("sweep"))
+  cwd = os.getcwd()
+  os.chdir(ROOT)
+  try:
+    configs = sweep.run_configs(
+        _config("sweeps.quickstart_methods", "smoke"))
+  finally:
+    os.chdir(cwd)
+  rows = sweep.run_sweep(configs, workdir)
+  return workdir, configs, rows
+
+
+def test_sweep_runs_every_method_and_writes_a_summary(sweep_dir):
+  workdir, configs, rows = sweep_dir
+  assert [r["name"] for r in rows] == ["dense", "topk", "tasc"]
+  with open(os.path.join(workdir, "summary.csv")) as f:
+    table = {r["name"]: r for r in csv.DictReader(f)}
+  assert float(table["dense"]["compression_ratio"]) == 1.0
+  # Top-k all-gathers k f32 values and k int32 indices from each of n workers; each worker sends
+  # (n-1)/n of the gathered result.
+  n, density = 8, configs["topk"].compression.density
+  with open(os.path.join(workdir, "topk", train.RESULTS_FILE)) as f:
+    num_params = json.load(f)["num_params"]
+  k = round(density * num_params)
+  assert float(table["topk"]["wire_bytes"]) == (n - 1) / n * n * 2 * k * 4
+  # TASC all-reduces K blocks and the num_blocks block scores per step (tasc/compressor.py); the
+  # curvature refresh all-reduces the Hessian diagonal once every hessian_every steps.
+  c = configs["tasc"].compression
+  num_blocks = -(-num_params // c.block_size)
+  per_step = 2 * (n - 1) / n * 4 * (round(c.density * num_blocks) * c.block_size + num_blocks)
+  refresh = 2 * (n - 1) / n * 4 * num_params
+  assert float(table["tasc"]["wire_bytes"]) == pytest.approx(
+      per_step + refresh / c.hessian_every, rel=1e-12)
+  # A finished sweep skips every run: nothing is trained or rewritten.
+  before = {n: os.path.getmtime(os.path.join(workdir, n, logs.METRICS_FILE)) for n in table}
+  assert sweep.run_sweep(configs, workdir) == rows
+  assert before == {n: os.path.getmtime(os.path.join(workdir, n, logs.METRICS_FILE))
+                    for n in table}
+
+
+def test_dense_bytes_are_one_all_reduce_of_the_gradient(sweep_dir):
+  """A ring all-reduce of n workers sends 2 (n-1)/n of the f32 gradient per device."""
+  with open(os.path.join(sweep_dir[0], "dense", train.RESULTS_FILE)) as f:
+    results = json.load(f)
+  n = 8
+  assert results["wire_bytes"] == results["dense_bytes"] == 2 * (n - 1) / n * 4 * results[
+      "num_params"]
+
+
+def test_a_dense_step_is_sgd_on_the_global_batch_mean(tmp_path):
+  """Reference: one device, the 8 devices' batches concatenated, plain SGD on the mean loss."""
+  config = _config("quickstart", "smoke", method="dense", **{
+      "optimizer.name": "sgd", "optimizer.weight_decay": 0.0, "schedule.name": "constant"})
+  train.train_and_evaluate(config, str(tmp_path))
+  before, after = (checkpoint.load_params(str(tmp_path), step) for step in (1, 2))
+  dataset = data.load(config, data.ShardSpec(8, tuple(range(8))))
+  batch = {k: v.reshape((-1,) + v.shape[2:]) for k, v in dataset.train_batch(1).items()}
+  model = models.build_model(config.model, **dataset.model_fields)
+
+  def loss(params):
+    logits = model.apply({"params": params}, batch["input"])
+    return optax.softmax_cross_entropy_with_integer_labels(logits, batch["label"]).mean()
+
+  grads = jax.grad(loss)(before)
+  expected = jax.tree.map(lambda p, g: p - config.optimizer.learning_rate * g, before, grads)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), after,
+               expected)
+  assert not np.allclose(after["Dense_0"]["kernel"], before["Dense_0"]["kernel"])
+
+
+def test_resume_after_a_checkpoint_ends_like_an_uninterrupted_run(sweep_dir, tmp_path):
+  """The sweep's TASC run checkpointed after steps 1 and 2; stop it after step 1 and restart."""
+  finished = os.path.join(sweep_dir[0], "tasc")
+  workdir = str(tmp_path / "tasc")
+  shutil.copytree(finished, workdir)
+  checkpoints = os.path.join(workdir, "checkpoints")
+  assert sorted(os.listdir(checkpoints)) == ["1", "2"]
+  shutil.rmtree(os.path.join(checkpoints, "2"))
+  os.remove(os.path.join(workdir, train.RESULTS_FILE))
+  # A half-written checkpoint (orbax's temporary directory) must not be picked up.
+  os.makedirs(os.path.join(checkpoints, "2.orbax-checkpoint-tmp-1234", "default"))
+  resumed = train.train_and_evaluate(sweep_dir[1]["tasc"], workdir)
+  jax.tree.map(np.testing.assert_array_equal, checkpoint.load_params(workdir, 2),
+               checkpoint.load_params(finished, 2))
+  with open(os.path.join(finished, train.RESULTS_FILE)) as f:
+    assert resumed["test_loss"] == json.load(f)["test_loss"]
+  train_records, eval_records = _records(workdir)
+  assert [r["step"] for r in train_records] == [1, 2] and [r["step"] for r in eval_records] == [2]
+
+
+def test_bad_configs_fail_before_compiling(tmp_path, data_dirs):
+  with pytest.raises(ValueError, match="config.method='zip'"):
+    train.train_and_evaluate(_config("quickstart", "smoke", method="zip"), str(tmp_path))
+  with pytest.raises(FileNotFoundError, match="data_batch_1"):
+    train.train_and_evaluate(_config("cifar10_resnet20", "smoke", data_dir=str(tmp_path / "x")),
+                             str(tmp_path))
+  with pytest.raises(ValueError, match="config.num_devices=16 but only 8 devices"):
+    train.train_and_evaluate(_config("quickstart", "smoke", num_devices=16), str(tmp_path))
+  assert not os.path.exists(tmp_path / logs.METRICS_FILE)
+
+
+def test_two_processes_match_one_process(sweep_dir, tmp_path):
+  """experiments.launch: 2 processes x 4 devices give the parameters of 1 process x 8 devices
+  (top-k: per-device error-feedback state split across the processes)."""
+  workdir = str(tmp_path / "mp")
+  env = dict(os.environ, JAX_DISABLE_MOST_OPTIMIZATIONS="1", XLA_FLAGS="")
+  completed = subprocess.run(
+      [sys.executable, "-m", "experiments.launch", "--num_processes=2", "--",
+       "--config=configs/quickstart.py:smoke", "--config.method=topk", f"--workdir={workdir}"],
+      cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+  assert completed.returncode == 0, completed.stderr[-3000:]
+  # Only process 0 prints and logs.
+  assert completed.stdout.count("test accuracy") == 1
+  train_records, eval_records = _records(workdir)
+  assert [r["step"] for r in train_records] == [1, 2] and [r["step"] for r in eval_records] == [2]
+  one_process = checkpoint.load_params(os.path.join(sweep_dir[0], "topk"))
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7),
+               checkpoint.load_params(workdir), one_process)
+  with open(os.path.join(workdir, train.RESULTS_FILE)) as f:
+    results = json.load(f)
+  with open(os.path.join(sweep_dir[0], "topk", train.RESULTS_FILE)) as f:
+    reference = json.load(f)
+  assert results["wire_bytes"] == reference["wire_bytes"]
+
+
+@pytest.mark.slow
+def test_quickstart_reaches_its_targets(tmp_path):
+  """The README's main job: >= 85% on MNIST-1D with >= 50x fewer bytes per step than dense."""
+  jax.config.update("jax_disable_most_optimizations", False)
+  results = train.train_and_evaluate(quickstart.get_config(), str(tmp_path))
+  assert results["test_accuracy"] >= 0.85
+  assert results["compression_ratio"] >= 50
+  assert results["wall_seconds"] < 300
