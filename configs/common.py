@@ -11,11 +11,18 @@ Fields (all overridable on the command line, e.g. ``--config.batch_size=256``):
   log_every, eval_every, checkpoint_every, keep_checkpoints   in steps (0 = only at the end)
   num_devices                     devices in the mesh (all processes together); on CPU the
                                   runner makes the host platform expose this many; None = all
-  distributed                     jax.distributed settings (None = from the environment)
+  distributed                     jax.distributed settings (None = from the environment) and
+                                  the heartbeat timeout after which a dead process stops the job
+  skip_nonfinite                  skip, on every device at once, a step whose gradient is not
+                                  finite on any device (compressors.skip_nonfinite)
+  check_replicas_every            steps between checks that every device holds bit-identical
+                                  parameters (0 = never); a mismatch stops the run
   seed
 """
 
 import ml_collections
+
+from experiments import distributed
 
 METHOD_ARG = ("dense|fp16|bf16|topk|randomk|threshold|dgc|qsgd|terngrad|signsgd|efsignsgd|onebit|"
               "powersgd|tasc")
@@ -66,15 +73,18 @@ def base() -> ml_collections.ConfigDict:
   c.distributed = ml_collections.ConfigDict(dict(
       coordinator_address=ml_collections.FieldReference(None, field_type=str),
       num_processes=ml_collections.FieldReference(None, field_type=int),
-      process_id=ml_collections.FieldReference(None, field_type=int)))
+      process_id=ml_collections.FieldReference(None, field_type=int),
+      heartbeat_timeout_seconds=distributed.DEFAULT_HEARTBEAT_TIMEOUT_SECONDS))
+  c.skip_nonfinite = True
+  c.check_replicas_every = 0
   c.seed = 0
   return c
 
 
 def make_smoke(c: ml_collections.ConfigDict, *, batch_size: int | None = None,
                hessian_every: int = 1) -> None:
-  """Turns ``c`` into its smoke variant (for tests): two steps, no warmup, logged and
-  checkpointed after every step, evaluated once at the end.
+  """Turns ``c`` into its smoke variant (for tests): two steps, no warmup, logged,
+  checkpointed and checked for replica drift after every step, evaluated once at the end.
 
   Args:
     c: the config to change in place (its model and data should be made tiny by the caller).
@@ -87,6 +97,7 @@ def make_smoke(c: ml_collections.ConfigDict, *, batch_size: int | None = None,
   c.log_every = 1
   c.eval_every = 0
   c.checkpoint_every = 1
+  c.check_replicas_every = 1
   c.compression.hessian_every = hessian_every
   if batch_size:
     c.batch_size = c.eval_batch_size = batch_size

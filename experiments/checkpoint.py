@@ -62,15 +62,26 @@ class Checkpointer:
 
 def load_params(workdir: str, step: int | None = None) -> Any:
   """The parameters of a run's checkpoint (the latest by default), as numpy arrays on the host."""
+  return _load(workdir, step, fields=("params",))["params"]
+
+
+def load_state(workdir: str, step: int | None = None) -> dict[str, Any]:
+  """The whole training state of a run's checkpoint (the latest by default), as a dict of its
+  fields (``step``, ``params``, ``model_state``, ``opt_state``) holding numpy arrays on the host
+  (per-device leaves with their device axis)."""
+  return _load(workdir, step, fields=None)
+
+
+def _load(workdir, step, fields):
   manager = _manager(workdir, keep=None)
   try:
     step = manager.latest_step() if step is None else step
     if step is None:
       raise FileNotFoundError(f"no checkpoint under {os.path.join(workdir, 'checkpoints')}")
-    params = manager.item_metadata(step)["params"]
-    restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), params)
-    state = manager.restore(step, args=ocp.args.PyTreeRestore(
-        item={"params": params}, restore_args={"params": restore_args}, partial_restore=True))
+    metadata = manager.item_metadata(step)
+    item = {k: metadata[k] for k in (fields or metadata)}
+    restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), item)
+    return manager.restore(step, args=ocp.args.PyTreeRestore(
+        item=item, restore_args=restore_args, partial_restore=fields is not None))
   finally:
     manager.close()
-  return state["params"]

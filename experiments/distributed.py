@@ -7,6 +7,13 @@ Multi-process runs are configured by ``config.distributed`` or, where a field is
 environment: ``JAX_COORDINATOR_ADDRESS``, ``JAX_NUM_PROCESSES``, ``JAX_PROCESS_ID`` (what
 ``experiments.launch`` sets). With neither, a run is a single process. CPU collectives between
 processes use gloo.
+
+A process that dies leaves the others blocked in a collective: gloo does not notice. The
+coordination service (hosted by process 0) does: a process that has sent no heartbeat for
+``config.distributed.heartbeat_timeout_seconds`` is declared dead, and every other process is
+then terminated by JAX with "Terminating process because the JAX distributed service detected
+fatal errors ... another task died" (exit status 134). If process 0 dies, the others lose the
+service and stop after the same timeout.
 """
 
 import os
@@ -22,6 +29,9 @@ _SHARED_POOL_FLAGS = {"--xla_cpu_multi_thread_eigen": "false"}
 # On a loaded machine a device may wait long for a core; XLA's CPU collectives abort after 40 s
 # without all participants.
 _TIMEOUT_FLAGS = {"--xla_cpu_collective_call_terminate_timeout_seconds": "3600"}
+# A process silent this long counts as dead and the job stops; jax.distributed's default (100 s)
+# leaves the survivors blocked in a collective for that long.
+DEFAULT_HEARTBEAT_TIMEOUT_SECONDS = 20
 
 
 def process_settings(config) -> tuple[str | None, int, int]:
@@ -38,6 +48,15 @@ def process_settings(config) -> tuple[str | None, int, int]:
     raise ValueError("config.distributed.coordinator_address (or JAX_COORDINATOR_ADDRESS) must be "
                      f"set for num_processes={num_processes}, e.g. 127.0.0.1:12345")
   return address, num_processes, process_id
+
+
+def heartbeat_timeout(config) -> int:
+  """``config.distributed.heartbeat_timeout_seconds`` (a default where the config lacks it)."""
+  timeout = config.distributed.get("heartbeat_timeout_seconds", DEFAULT_HEARTBEAT_TIMEOUT_SECONDS)
+  if isinstance(timeout, bool) or not isinstance(timeout, int) or timeout < 1:
+    raise ValueError(f"config.distributed.heartbeat_timeout_seconds={timeout!r} must be an int "
+                     ">= 1 (seconds without a heartbeat before a process counts as dead)")
+  return timeout
 
 
 def expose_cpu_devices(config) -> None:
@@ -70,11 +89,13 @@ def expose_cpu_devices(config) -> None:
 
 def initialize(config) -> None:
   """Joins the multi-process job described by the config or the environment (no-op for one
-  process, or when already joined). Must run before any JAX computation."""
+  process, or when already joined), with the heartbeat timeout of :func:`heartbeat_timeout`.
+  Must run before any JAX computation."""
   import jax  # pylint: disable=import-outside-toplevel
   address, num_processes, process_id = process_settings(config)
   if num_processes == 1 or jax.distributed.is_initialized():
     return
+  timeout = heartbeat_timeout(config)
   jax.config.update("jax_cpu_collectives_implementation", "gloo")
   jax.distributed.initialize(coordinator_address=address, num_processes=num_processes,
-                             process_id=process_id)
+                             process_id=process_id, heartbeat_timeout_seconds=timeout)

@@ -214,12 +214,17 @@ def markdown_table(results: list[dict]) -> str:
 
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("out", "runs/large_batch", "Output folder for results.md / results.json.")
-flags.DEFINE_integer("epochs", 30, "Epochs per run (fixed across batch sizes).")
-flags.DEFINE_list("batch_sizes", ["128", "256", "512", "1024", "2048", "4096"], "Batch sizes.")
-flags.DEFINE_list("seeds", ["0"], "Seeds; the table reports mean ± std over them.")
-flags.DEFINE_list("optimizers", list(RECIPES), f"Optimizers, from {sorted(RECIPES)}.")
-flags.DEFINE_integer("num_samples", 20000, "MNIST-1D examples generated (80% train).")
+
+
+def _define_flags() -> None:
+  """Command-line flags, defined only when run as a script: importers (the paper tables) reuse
+  this module as a library, and absl flags are global to the process."""
+  flags.DEFINE_string("out", "runs/large_batch", "Output folder for results.md / results.json.")
+  flags.DEFINE_integer("epochs", 30, "Epochs per run (fixed across batch sizes).")
+  flags.DEFINE_list("batch_sizes", ["128", "256", "512", "1024", "2048", "4096"], "Batch sizes.")
+  flags.DEFINE_list("seeds", ["0"], "Seeds; the table reports mean ± std over them.")
+  flags.DEFINE_list("optimizers", list(RECIPES), f"Optimizers, from {sorted(RECIPES)}.")
+  flags.DEFINE_integer("num_samples", 20000, "MNIST-1D examples generated (80% train).")
 
 
 def main(argv: Sequence[str]) -> None:
@@ -247,4 +252,5 @@ def main(argv: Sequence[str]) -> None:
 
 
 if __name__ == "__main__":
+  _define_flags()
   app.run(main)

@@ -1,6 +1,7 @@
 """Method registry: ``config.method`` + config fields -> the optax chain a run trains with.
 
-The chain is ``optax.chain(communication, [weight decay], optimizer)``. The communication
+The chain is ``optax.chain(communication, [weight decay], optimizer)``, which the runner wraps in
+``compressors.skip_nonfinite`` (:func:`training_chain`). The communication
 transformation runs per worker inside ``shard_map`` over the data axis and is the only place
 where gradients cross devices: a compressor wrapped by ``compressors.compress`` (error feedback,
 the collective, the decoded mean), or TASC's ``tasc.tasc_compress``. ``dense`` is the same
@@ -189,3 +190,14 @@ def make_chain(config, learning_rate: optax.ScalarOrSchedule,
   """``optax.chain(communication(config), optimizer(config))``: run its ``update`` per worker
   inside ``shard_map`` over ``axis_name``; its output is identical on every worker."""
   return optax.chain(communication(config, axis_name), optimizer(config, learning_rate))
+
+
+def training_chain(config, learning_rate: optax.ScalarOrSchedule,
+                   axis_name: str = AXIS_NAME) -> optax.GradientTransformationExtraArgs:
+  """What the runner trains with: :func:`make_chain`, wrapped in ``compressors.skip_nonfinite``
+  when ``config.skip_nonfinite`` (a step whose gradient is not finite on any worker is skipped on
+  every worker, leaving residuals, moments and curvature as they were)."""
+  chain = make_chain(config, learning_rate, axis_name)
+  if not config.skip_nonfinite:
+    return chain
+  return compressors.skip_nonfinite(chain, axis_name=axis_name)

@@ -6,7 +6,8 @@
 
 ``--config`` names a config file and, after ``:``, its argument; ``--config.<field>=<value>``
 overrides any field. ``--workdir`` receives ``metrics.jsonl``, ``config.json``, TensorBoard events,
-checkpoints and ``results.json``; a run restarted with the same workdir resumes.
+checkpoints and ``results.json``; a run restarted with the same workdir resumes (a run killed at
+any moment ends as if it had never stopped), and refuses a workdir another config wrote.
 
 JAX is imported only after the flags are parsed: on CPU the runner first sets
 ``XLA_FLAGS=--xla_force_host_platform_device_count=N`` with ``N = config.num_devices /
@@ -44,8 +45,16 @@ def main(argv):
   config = _CONFIG.value
   distributed.expose_cpu_devices(config)
   from experiments import train  # pylint: disable=import-outside-toplevel  # after the XLA flags
-  results = train.train_and_evaluate(config, _WORKDIR.value)
   import jax  # pylint: disable=import-outside-toplevel
+  try:
+    results = train.train_and_evaluate(config, _WORKDIR.value)
+  except jax.errors.JaxRuntimeError:
+    if jax.process_count() > 1:
+      logging.error("process %d of %d: a collective with the other processes failed, most likely "
+                    "because one of them died; this process stops too. Restart every process "
+                    "with the same --workdir to resume from the last checkpoint.",
+                    jax.process_index(), jax.process_count())
+    raise
   if jax.process_index() == 0:
     print(summary(results), flush=True)
 

@@ -26,7 +26,23 @@ the steps in between. Steps that refresh it are a second compiled variant of the
 Bytes on the wire are read from the compiled steps with ``compressors.wire_bytes``; the dense
 baseline is the same step with ``method="dense"``, compiled but never run. With a curvature
 refresh every ``h`` steps, ``wire_bytes`` is the average per step over ``h`` steps, the refresh's
-all-reduce of the diagonal included.
+all-reduce of the diagonal included. The reliability checks below move a few bytes more, reported
+apart as ``guard_bytes`` (also read from compiled programs) so that ``wire_bytes`` and
+``compression_ratio`` describe the gradient exchange alone.
+
+Failures (see README, "Failure behaviour"):
+
+* Non-finite gradients: with ``config.skip_nonfinite`` the chain is wrapped in
+  ``compressors.skip_nonfinite``; a step whose gradient is not finite on any device is skipped on
+  every device (parameters, optimizer moments, residuals, curvature and batch statistics stay as
+  they were) and counted (``skipped_steps`` in ``metrics.jsonl``).
+* Replica drift: every ``config.check_replicas_every`` steps a separate small program compares a
+  checksum of every device's copy of the parameters (``compressors.replicas_agree``); a mismatch
+  raises :class:`ReplicaDriftError` naming the step, before that step is checkpointed.
+* Crashes: the state is the whole position of the run (the data position is the step), and
+  checkpoints are written atomically, so a killed run restarted with the same workdir ends bit
+  for bit as an uninterrupted one. A workdir whose checkpoints another config wrote is refused
+  (:func:`experiments.validation.check_resume`).
 """
 
 import functools
@@ -37,6 +53,7 @@ import threading
 import time
 from typing import Any, NamedTuple
 
+from absl import logging
 import jax
 from jax import lax
 import jax.numpy as jnp
@@ -62,6 +79,10 @@ import tasc
 AXIS = methods.AXIS_NAME
 RESULTS_FILE = "results.json"
 PyTree = Any
+
+
+class ReplicaDriftError(RuntimeError):
+  """The devices' copies of the parameters are no longer bit-identical."""
 
 
 class TrainState(NamedTuple):
@@ -131,6 +152,7 @@ class _Program(NamedTuple):
   init_opt_state: Any
   train_steps: dict[bool, Any]  # refresh_curvature -> step
   evaluate: Any
+  replicas_agree: Any  # params -> bool, the same on every device
 
 
 def _build_program(model, task, tx, learning_rate, mesh, config, params_shape,
@@ -141,6 +163,7 @@ def _build_program(model, task, tx, learning_rate, mesh, config, params_shape,
 
   def per_device_step(state, batch, refresh):
     batch, model_state = _unstack(batch), _unstack(state.model_state)
+    old_model_state = model_state
     dropout_key, probe_key = jax.random.split(jax.random.PRNGKey(config.seed))
     rng = jax.random.fold_in(jax.random.fold_in(dropout_key, state.step), lax.axis_index(AXIS))
 
@@ -164,11 +187,17 @@ def _build_program(model, task, tx, learning_rate, mesh, config, params_shape,
     updates, opt_state = tx.update(grads, compressors.drop_device_axis(state.opt_state),
                                    state.params, **extra_args)
     params = optax.apply_updates(state.params, updates)
+    metrics = {"loss": loss, "accuracy": accuracy,
+               "learning_rate": jnp.asarray(learning_rate(state.step), jnp.float32)}
+    if config.skip_nonfinite:
+      # A skipped step keeps the batch statistics too: a non-finite batch would otherwise poison
+      # this device's normalisation for every later step.
+      model_state = jax.tree.map(lambda old, new: jnp.where(opt_state.last_skipped, old, new),
+                                 old_model_state, model_state)
+      metrics["skipped_steps"] = opt_state.skipped
     new_state = TrainState(state.step + 1, params, _stack(model_state),
                            compressors.add_device_axis(opt_state))
-    return new_state, _stack({"loss": loss, "accuracy": accuracy,
-                              "learning_rate": jnp.asarray(learning_rate(state.step),
-                                                           jnp.float32)})
+    return new_state, _stack(metrics)
 
   def train_step(refresh):
     return jax.jit(jax.shard_map(
@@ -191,10 +220,13 @@ def _build_program(model, task, tx, learning_rate, mesh, config, params_shape,
       out_specs=specs.opt_state))
   evaluate = jax.jit(jax.shard_map(
       per_device_eval, mesh=mesh, in_specs=(P(), P(AXIS), P(AXIS)), out_specs=P()))
+  replicas_agree = jax.jit(jax.shard_map(
+      lambda params: compressors.replicas_agree(params, AXIS), mesh=mesh, in_specs=P(),
+      out_specs=P()))
   hessian_every = config.compression.hessian_every if uses_curvature else 0
   refresh_variants = {0: (False,), 1: (True,)}.get(hessian_every, (False, True))
   return _Program(specs, init_opt_state, {r: train_step(r) for r in refresh_variants},
-                  evaluate)
+                  evaluate, replicas_agree)
 
 
 def _init_state(init_variables, program, mesh, seed) -> TrainState:
@@ -263,7 +295,7 @@ def _dense_bytes(config, model, task, mesh, learning_rate, state, batch) -> floa
   if key not in _dense_bytes_cache:
     dense_config = ml_collections.ConfigDict(config.to_dict())
     dense_config.method = "dense"
-    dense_tx = methods.make_chain(dense_config, learning_rate)
+    dense_tx = methods.training_chain(dense_config, learning_rate)
     params = _abstract(state.params)
     program = _build_program(model, task, dense_tx, learning_rate, mesh, dense_config, params,
                              uses_curvature=False)
@@ -275,12 +307,68 @@ def _dense_bytes(config, model, task, mesh, learning_rate, state, batch) -> floa
   return _dense_bytes_cache[key]
 
 
+def _guard_bytes(config, program, mesh, params) -> tuple[float, float]:
+  """Bytes per device per step of the reliability checks: ``(in_step, replica_check)``.
+
+  ``in_step``: the all-reduce of ``compressors.skip_nonfinite``'s flag, part of every training
+  step (compiled alone: it does not depend on the gradient). ``replica_check``: the replica
+  check's, spread over ``config.check_replicas_every`` steps.
+  """
+  in_step = replica_check = 0.0
+  if config.skip_nonfinite:
+    guard = compressors.skip_nonfinite(optax.identity(), axis_name=AXIS)
+    flag_only = jax.shard_map(lambda g: guard.update(g[0], guard.init(g[0]))[1].skipped[None],
+                              mesh=mesh, in_specs=P(AXIS), out_specs=P(AXIS))
+    in_step = compressors.wire_bytes(flag_only,
+                                     jax.ShapeDtypeStruct((mesh.size,), jnp.float32)).total
+  if config.check_replicas_every:
+    replica_check = (compressors.wire_bytes(program.replicas_agree, params).total
+                     / config.check_replicas_every)
+  return in_step, replica_check
+
+
+def _check_replicas(program, params, step: int) -> None:
+  """Raises :class:`ReplicaDriftError` naming ``step`` if the devices' parameters differ."""
+  if bool(jax.device_get(program.replicas_agree(params))):
+    return
+  differing = []
+  for path, leaf in jax.tree_util.tree_leaves_with_path(params):
+    shards = [(s.device.id, np.asarray(s.data)) for s in leaf.addressable_shards]
+    devices = [d for d, x in shards[1:] if x.tobytes() != shards[0][1].tobytes()]
+    if devices:
+      differing.append(f"{jax.tree_util.keystr(path)} on devices {devices} (vs device "
+                       f"{shards[0][0]})")
+  where = "; ".join(differing) or "on devices of another process"
+  raise ReplicaDriftError(
+      f"replica drift detected at step {step}: the devices' copies of the parameters are no "
+      f"longer bit-identical ({where}). Every device must apply the same update; the run stops "
+      "here, before this step is checkpointed. Restarting resumes from the last checkpoint.")
+
+
+def _train_batch(dataset, config, step: int) -> dict[str, np.ndarray]:
+  """``dataset.train_batch(step)``, with an unreadable file reported with the data settings."""
+  try:
+    return dataset.train_batch(step)
+  except OSError as e:
+    raise ValueError(
+        f"config.dataset={config.dataset!r}, config.data_dir={config.data_dir!r}: a file of the "
+        f"training batch of step {step} cannot be read ({type(e).__name__}: {e}); every file "
+        f"must be readable in the dataset's format (see experiments/data/)") from e
+
+
 def _evaluate(program, state, dataset, mesh) -> dict[str, float]:
   sums = np.zeros(3)
   for batch in dataset.eval_batches():
     sums += np.asarray(jax.device_get(program.evaluate(state.params, state.model_state,
                                                        _to_global(batch, mesh))))
   return {"test_loss": float(sums[0] / sums[2]), "test_accuracy": float(sums[1] / sums[2])}
+
+
+def _skipped_steps(state: TrainState) -> int:
+  """Steps skipped so far for a non-finite gradient (0 without ``config.skip_nonfinite``)."""
+  if not isinstance(state.opt_state, compressors.SkipNonFiniteState):
+    return 0
+  return int(jax.device_get(state.opt_state.skipped))
 
 
 def total_steps(config, steps_per_epoch: int) -> int:
@@ -300,12 +388,16 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
 
   Returns:
     The final metrics: ``step``, ``test_loss``, ``test_accuracy``, ``train_loss``,
-    ``wire_bytes`` and ``dense_bytes`` (per device per step), ``compression_ratio``,
-    ``examples_per_sec``, ``num_params``, ``wall_seconds``.
+    ``wire_bytes`` and ``dense_bytes`` (per device per step, gradient exchange),
+    ``compression_ratio``, ``guard_bytes`` (per device per step, reliability checks),
+    ``skipped_steps`` (non-finite steps skipped), ``examples_per_sec``, ``num_params``,
+    ``wall_seconds``.
 
   Raises:
-    ValueError, FileNotFoundError: bad config values, unknown names or missing data, before
-      anything is compiled.
+    ValueError, TypeError, FileNotFoundError: bad config values, unknown names, missing or
+      unreadable data, or a workdir holding another config's checkpoints, before anything is
+      compiled.
+    ReplicaDriftError: the devices' parameters stopped being bit-identical.
   """
   return train(config, workdir)[0]
 
@@ -316,6 +408,7 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> tuple[dict[str, An
   distributed.initialize(config)
   mesh = make_mesh(config.num_devices)
   validation.check_config(config, mesh.size)
+  validation.check_workdir(workdir)
   is_main = jax.process_index() == 0
 
   positions = {d: i for i, d in enumerate(mesh.devices.flat)}
@@ -325,9 +418,16 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> tuple[dict[str, An
   task = tasks.TASKS[dataset.task]
   steps = total_steps(config, dataset.steps_per_epoch)
   learning_rate = methods.learning_rate_schedule(config, dataset.steps_per_epoch, steps)
-  tx = methods.make_chain(config, learning_rate)
+  tx = methods.training_chain(config, learning_rate)
   uses_curvature = methods.uses_curvature(config)
-  first_batch = dataset.train_batch(0)
+  first_batch = _train_batch(dataset, config, 0)
+  checkpointer = checkpoint.Checkpointer(workdir, keep=config.keep_checkpoints)
+  restored = checkpointer.latest_step()
+  validation.check_resume(config, workdir, restored)
+  if is_main:
+    os.makedirs(workdir, exist_ok=True)
+    logs.write_json(os.path.join(workdir, validation.CONFIG_FILE), config.to_dict())
+
   init_variables = _variables_initializer(model, task, {k: v[0] for k, v in first_batch.items()},
                                           mesh.size)
   params_shape, _ = jax.eval_shape(init_variables, config.seed)
@@ -335,9 +435,8 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> tuple[dict[str, An
                            uses_curvature)
   state = _init_state(init_variables, program, mesh, config.seed)
   num_params = sum(x.size for x in jax.tree.leaves(state.params))
-  checkpointer = checkpoint.Checkpointer(workdir, keep=config.keep_checkpoints)
-  restored = checkpointer.latest_step()
   if restored is not None:
+    logging.warning("%s: resuming from the checkpoint of step %d", workdir, restored)
     state = checkpointer.restore(restored, state)
   start = int(jax.device_get(state.step))
 
@@ -349,12 +448,12 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> tuple[dict[str, An
           + step_bytes.get(True, step_bytes.get(False))) / hessian_every
   dense = (step_bytes[False] if config.method == "dense" else
            _dense_bytes(config, model, task, mesh, learning_rate, state, global_batch))
+  in_step_guard, replica_check = _guard_bytes(config, program, mesh, state.params)
+  wire, dense = wire - in_step_guard, dense - in_step_guard
   communication = {"wire_bytes": wire, "dense_bytes": dense,
-                   "compression_ratio": dense / wire if wire else float("inf")}
+                   "compression_ratio": dense / wire if wire else float("inf"),
+                   "guard_bytes": in_step_guard + replica_check}
 
-  if is_main:
-    os.makedirs(workdir, exist_ok=True)
-    logs.write_json(os.path.join(workdir, "config.json"), config.to_dict())
   writer = logs.MetricsWriter(workdir, active=is_main, resume_step=start)
   mean_metrics = jax.jit(lambda m: jax.tree.map(jnp.mean, m),
                          out_shardings=NamedSharding(mesh, P()))
@@ -362,7 +461,8 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> tuple[dict[str, An
                        desc=os.path.basename(os.path.normpath(workdir)), dynamic_ncols=True)
   train_loss, examples_per_sec = float("nan"), 0.0
   last_time, last_step = time.time(), start
-  batches = _prefetch(lambda s: _to_global(dataset.train_batch(s), mesh), range(start, steps))
+  batches = _prefetch(lambda s: _to_global(_train_batch(dataset, config, s), mesh),
+                      range(start, steps))
   on_cpu = mesh.devices.flat[0].platform == "cpu"
   for step in range(start, steps):
     refresh = uses_curvature and step % hessian_every == 0
@@ -381,13 +481,18 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> tuple[dict[str, An
       train_loss = float(metrics["loss"])
       writer.write(done, {"loss": train_loss, "accuracy": float(metrics["accuracy"]),
                           "learning_rate": float(metrics["learning_rate"]),
+                          "skipped_steps": int(metrics.get("skipped_steps", 0)),
                           "examples_per_sec": examples_per_sec, **communication})
       progress.set_postfix(loss=f"{train_loss:.4f}")
+    if config.check_replicas_every and done % config.check_replicas_every == 0:
+      _check_replicas(program, state.params, done)
     if config.eval_every and done % config.eval_every == 0 and done != steps:
       writer.write(done, _evaluate(program, state, dataset, mesh))
     if config.checkpoint_every and done % config.checkpoint_every == 0:
       checkpointer.save(done, state)
   progress.close()
+  if config.check_replicas_every and steps % config.check_replicas_every:
+    _check_replicas(program, state.params, steps)  # before the final checkpoint
 
   final_eval = _evaluate(program, state, dataset, mesh)
   writer.write(steps, final_eval)
@@ -395,7 +500,8 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> tuple[dict[str, An
   checkpointer.close()
   writer.close()
   results = {"step": steps, "train_loss": train_loss, "examples_per_sec": examples_per_sec,
-             "num_params": num_params, "wall_seconds": time.time() - started,
+             "skipped_steps": _skipped_steps(state), "num_params": num_params,
+             "wall_seconds": time.time() - started,
              **final_eval, **communication}
   if is_main:
     logs.write_json(os.path.join(workdir, RESULTS_FILE), results)

@@ -1,11 +1,21 @@
-"""Checks a run's config before anything is loaded or compiled, with errors that name the field,
-the value and what is allowed."""
+"""Checks a run's config and workdir before anything is loaded or compiled, with errors that name
+the field, the value and what is allowed."""
 
+import json
 import numbers
+import os
 
 from experiments import data
+from experiments import distributed
 from experiments import methods
 from experiments import models
+
+CONFIG_FILE = "config.json"
+# Fields that may change when a run resumes: they decide what is logged, checked and kept, where
+# the data is and how processes meet, never the trajectory of the training state.
+RESUMABLE_CHANGES = ("data_dir", "log_every", "eval_every", "checkpoint_every",
+                     "keep_checkpoints", "check_replicas_every", "distributed",
+                     "data.decode_threads")
 
 
 def _int(name, value, minimum):
@@ -21,6 +31,11 @@ def _number(name, value, minimum):
 def _choice(name, value, allowed):
   if value not in allowed:
     raise ValueError(f"config.{name}={value!r} is not allowed; allowed: {sorted(allowed)}")
+
+
+def _bool(name, value):
+  if not isinstance(value, bool):
+    raise TypeError(f"config.{name}={value!r} must be True or False")
 
 
 def check_config(config, num_devices: int) -> None:
@@ -53,8 +68,78 @@ def check_config(config, num_devices: int) -> None:
   for name in ("log_every", "eval_every", "checkpoint_every"):
     _int(name, config[name], 0)
   _int("keep_checkpoints", config.keep_checkpoints, 1)
+  _int("check_replicas_every", config.check_replicas_every, 0)
+  _bool("skip_nonfinite", config.skip_nonfinite)
+  distributed.heartbeat_timeout(config)
   _int("seed", config.seed, 0)
   if methods.uses_curvature(config):
     _int("compression.hessian_every", config.compression.hessian_every, 1)
     _int("compression.num_probes", config.compression.num_probes, 1)
   methods.communication(config)
+
+
+def check_workdir(workdir) -> None:
+  """A clear error for a ``workdir`` that cannot hold a run (not a path, or not a directory)."""
+  if not isinstance(workdir, (str, os.PathLike)) or not str(workdir):
+    raise TypeError(f"workdir={workdir!r} must be a non-empty path")
+  if os.path.exists(workdir) and not os.path.isdir(workdir):
+    raise ValueError(f"workdir={str(workdir)!r} exists and is not a directory; give a directory "
+                     "(new, or of a run to resume)")
+
+
+def check_resume(config, workdir: str, checkpoint_step: int | None) -> None:
+  """Refuses to resume from checkpoints that another config wrote.
+
+  The run's config is stored in ``workdir/config.json`` when it starts. If ``workdir`` holds a
+  checkpoint, the stored config must equal ``config`` except in :data:`RESUMABLE_CHANGES`.
+
+  Args:
+    config: the config about to run.
+    workdir: the run's directory.
+    checkpoint_step: the step of its latest checkpoint, or None if it has none.
+
+  Raises:
+    ValueError: the checkpoints belong to another config (the message lists every differing
+      field with both values), or their config is missing or unreadable.
+  """
+  if checkpoint_step is None:
+    return
+  path = os.path.join(workdir, CONFIG_FILE)
+  try:
+    with open(path) as f:
+      stored = json.load(f)
+  except (OSError, ValueError) as e:
+    raise ValueError(f"workdir={workdir!r} holds a checkpoint (step {checkpoint_step}) but its "
+                     f"config {path} cannot be read ({e}), so it cannot be told whether the "
+                     "checkpoint belongs to this config; use another workdir") from None
+  current = _flatten(json.loads(json.dumps(config.to_dict())))
+  stored = _flatten(stored)
+  differing = sorted(k for k in set(current) | set(stored)
+                     if current.get(k, _ABSENT) != stored.get(k, _ABSENT)
+                     and not any(k == f or k.startswith(f + ".") for f in RESUMABLE_CHANGES))
+  if differing:
+    changes = "; ".join(f"{k}: {stored.get(k, _ABSENT)!r} there, {current.get(k, _ABSENT)!r} now"
+                        for k in differing)
+    raise ValueError(
+        f"workdir={workdir!r} holds a checkpoint (step {checkpoint_step}) of another config "
+        f"({changes}). A run resumes only with the config that wrote its checkpoints (allowed "
+        f"to differ: {', '.join(RESUMABLE_CHANGES)}); use another workdir for this config.")
+
+
+class _Absent:
+  def __repr__(self):
+    return "<absent>"
+
+
+_ABSENT = _Absent()
+
+
+def _flatten(tree: dict, prefix: str = "") -> dict:
+  """``{"a": {"b": 1}}`` -> ``{"a.b": 1}``."""
+  out = {}
+  for key, value in tree.items():
+    if isinstance(value, dict) and value:
+      out.update(_flatten(value, f"{prefix}{key}."))
+    else:
+      out[f"{prefix}{key}"] = value
+  return out

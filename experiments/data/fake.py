@@ -74,9 +74,11 @@ def write_text(directory: str, *, num_files: int = 2, words_per_file: int = 3000
   return directory
 
 
-_FORMAT = flags.DEFINE_enum("format", None, ["cifar10", "cifar100", "imagenet", "text"],
-                            "Which format to write.")
-_OUT = flags.DEFINE_string("out", None, "Output directory.")
+def _define_flags() -> None:
+  """Flags exist only when run as a script: tests import this module, and absl flags are global."""
+  flags.DEFINE_enum("format", None, ["cifar10", "cifar100", "imagenet", "text"],
+                    "Which format to write.", required=True)
+  flags.DEFINE_string("out", None, "Output directory.", required=True)
 
 
 def main(argv):
@@ -84,9 +86,9 @@ def main(argv):
   writers = {"cifar10": lambda d: write_cifar(d, num_classes=10, num_train=500, num_test=100),
              "cifar100": lambda d: write_cifar(d, num_classes=100, num_train=500, num_test=100),
              "imagenet": write_imagenet, "text": write_text}
-  print(writers[_FORMAT.value](_OUT.value))
+  print(writers[flags.FLAGS.format](flags.FLAGS.out))
 
 
 if __name__ == "__main__":
-  flags.mark_flags_as_required(["format", "out"])
+  _define_flags()
   app.run(main)

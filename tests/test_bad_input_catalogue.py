@@ -1,0 +1,292 @@
+"""A catalogue of bad input across the public API, the configs, the data files, the workdir and
+the command line. Every case must fail with a clear error (the field, the value, what is allowed)
+before anything is compiled: each in-process case runs while a listener counts XLA compilations,
+and must count none.
+"""
+
+import json
+import os
+import pickle
+import re
+import subprocess
+import sys
+
+import jax
+from jax.sharding import PartitionSpec as P
+import ml_collections
+import numpy as np
+import pytest
+
+import compressors
+from configs import cifar10_resnet20
+from configs import digits
+from configs import imagenet_resnet50
+from configs import quickstart
+from experiments import checkpoint
+from experiments import sweep
+from experiments import train
+from experiments.data import fake
+import optimizers
+import tasc
+from tests import harness
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"
+_compiles: list[str] = []
+jax.monitoring.register_event_duration_secs_listener(
+    lambda event, duration, **kwargs: _compiles.append(event) if event == _BACKEND_COMPILE
+    else None)
+
+
+# ------------------------------------------------------------------------------------ helpers
+
+def _lower_per_worker(tx, grads: dict, **extra_args):
+  """Traces and lowers (never compiles) ``tx.update`` per worker inside ``shard_map``."""
+  def step(g):
+    g = jax.tree.map(lambda x: x[0], g)
+    return tx.update(g, tx.init(g), g, **extra_args)[0]
+  stacked = {k: jax.ShapeDtypeStruct((8,) + v.shape, v.dtype) for k, v in grads.items()}
+  jax.jit(jax.shard_map(step, mesh=harness.mesh(), in_specs=P("data"), out_specs=P(),
+                        check_vma=False)).lower(stacked)
+
+
+def _digits(**fields):
+  config = digits.get_config("smoke")
+  config.update_from_flattened_dict(fields)
+  return config
+
+
+def _run(config, tmp_path):
+  train.train_and_evaluate(config, str(tmp_path / "run"))
+
+
+def _with(config, field, value):
+  config[field] = value
+  return config
+
+
+def _cifar_dir(tmp_path):
+  return fake.write_cifar(str(tmp_path / "cifar10"), num_classes=10, num_train=40, num_test=16)
+
+
+def _cifar_run(tmp_path, data_dir):
+  config = cifar10_resnet20.get_config("smoke")
+  config.data_dir = data_dir
+  _run(config, tmp_path)
+
+
+def _truncated_cifar(tmp_path):
+  data_dir = _cifar_dir(tmp_path)
+  path = os.path.join(data_dir, "data_batch_3")
+  with open(path, "rb") as f:
+    payload = f.read()
+  with open(path, "wb") as f:
+    f.write(payload[:len(payload) // 2])
+  _cifar_run(tmp_path, data_dir)
+
+
+def _misshapen_cifar(tmp_path):
+  data_dir = _cifar_dir(tmp_path)
+  with open(os.path.join(data_dir, "test_batch"), "wb") as f:
+    pickle.dump({b"data": np.zeros((16, 1024), np.uint8), b"labels": [0] * 16}, f)
+  _cifar_run(tmp_path, data_dir)
+
+
+def _imagenet(tmp_path, corrupt):
+  data_dir = fake.write_imagenet(str(tmp_path / "imagenet"), num_classes=2, train_per_class=8,
+                                 val_per_class=8)
+  corrupt(data_dir)
+  config = imagenet_resnet50.get_config("smoke")
+  config.data_dir = data_dir
+  _run(config, tmp_path)
+
+
+def _garbage_jpeg(data_dir):
+  with open(os.path.join(data_dir, "train", "n00000001", "n00000001_3.JPEG"), "wb") as f:
+    f.write(b"\xff\xd8 this is not a JPEG")
+
+
+def _unknown_val_class(data_dir):
+  os.makedirs(os.path.join(data_dir, "val", "n99999999"))
+
+
+def _write_checkpoint(tmp_path, stored_config, *, with_config=True):
+  """Makes ``tmp_path/run`` a workdir holding a (tiny) checkpoint written by ``stored_config``."""
+  workdir = tmp_path / "run"
+  saver = checkpoint.Checkpointer(str(workdir), keep=1)
+  saver.save(1, {"w": np.zeros(3, np.float32)})
+  saver.close()
+  if with_config:
+    with open(workdir / "config.json", "w") as f:
+      json.dump(stored_config.to_dict(), f)
+
+
+def _other_configs_checkpoint(tmp_path):
+  _write_checkpoint(tmp_path, _digits(method="dense"))
+  _run(_digits(**{"method": "topk", "optimizer.learning_rate": 0.5, "log_every": 7}), tmp_path)
+
+
+def _checkpoint_without_config(tmp_path):
+  _write_checkpoint(tmp_path, None, with_config=False)
+  _run(_digits(), tmp_path)
+
+
+def _workdir_is_a_file(tmp_path):
+  (tmp_path / "run").write_text("not a directory")
+  _run(_digits(), tmp_path)
+
+
+def _sweep_override(tmp_path):
+  del tmp_path
+  run = {"name": "a", "config": os.path.join(ROOT, "configs", "digits.py") + ":smoke",
+         "overrides": {"bach_size": 64}}
+  sweep.run_configs(ml_collections.ConfigDict({"runs": [run]}))
+
+
+# ------------------------------------------------------------------------------- the catalogue
+# (id, fails(tmp_path), error type, pattern the message must match)
+_API = [
+    ("topk-density-above-1", lambda t: compressors.topk(1.5), ValueError,
+     r"topk: density=1.5 is outside \(0, 1\]"),
+    ("topk-density-string", lambda t: compressors.topk("0.01"), TypeError,
+     r"topk: density must be a number in \(0, 1\], got '0.01'"),
+    ("randomk-density-zero", lambda t: compressors.randomk(0.0), ValueError,
+     r"randomk: density=0.0 is outside \(0, 1\]"),
+    ("dgc-momentum-1.5", lambda t: compressors.dgc(0.01, momentum=1.5), ValueError,
+     r"dgc: momentum=1.5 must be in \[0, 1\)"),
+    ("qsgd-levels-float", lambda t: compressors.qsgd(2.5), TypeError,
+     r"qsgd: levels must be an int >= 1, got 2.5"),
+    ("cast-int8", lambda t: compressors.cast("int8"), ValueError,
+     r"cast: dtype=int8 is not supported; allowed"),
+    ("powersgd-rank-0", lambda t: compressors.powersgd_compress(0, axis_name="data"), ValueError,
+     r"powersgd: rank=0; allowed: an int >= 1"),
+    ("tasc-density-2", lambda t: tasc.tasc_compress(axis_name="data", density=2.0), ValueError,
+     r"tasc: density=2.0 is outside"),
+    ("tasc-unknown-sensitivity",
+     lambda t: tasc.tasc_compress(axis_name="data", density=0.1, sensitivity="psychic"),
+     ValueError, r"sensitivity='psychic' is unknown; allowed"),
+    ("compress-not-a-compressor", lambda t: compressors.compress("topk", axis_name="data"),
+     TypeError, r"compress: compressor must be a compressors.Compressor"),
+    ("axis-not-bound",
+     lambda t: _lower_per_worker(compressors.compress(compressors.topk(0.5), axis_name="batch"),
+                                 {"w": np.ones(64, np.float32)}),
+     NameError, r"axis 'batch', which is not bound; the bound axes are \['data'\]"),
+    ("curvature-pytree-mismatch",
+     lambda t: _lower_per_worker(tasc.tasc_compress(axis_name="data", density=0.5, block_size=8),
+                                 {"w": np.ones(64, np.float32)},
+                                 curvature={"v": np.ones(64, np.float32)}),
+     ValueError, r"tasc_compress: curvature must be a pytree like the gradients"),
+    ("lamb-b1-1.5", lambda t: optimizers.lamb(1e-3, b1=1.5), ValueError,
+     r"lamb: b1=1.5 is not allowed; b1 must be in \[0, 1\)"),
+    ("hutchinson-zero-probes",
+     lambda t: tasc.hutchinson_diagonal(lambda p: (p["w"] ** 2).sum(),
+                                        {"w": np.ones(4, np.float32)}, None, 0),
+     ValueError, r"num_samples must be >= 1; got 0"),
+]
+_CONFIGS = [
+    ("config-arg-unknown-key", lambda t: digits.get_config("methd=topk"), ValueError,
+     r"config argument 'methd=topk': unknown key 'methd'; allowed: \['method', 'smoke'\]"),
+    ("config-field-wrong-type", lambda t: _with(_digits().compression, "density", "0.01"),
+     TypeError, r"density"),
+    ("method-unknown", lambda t: _run(_digits(method="zip"), t), ValueError,
+     r"config.method='zip' is not a known method; known: \[.*'topk'"),
+    ("dataset-unknown", lambda t: _run(_digits(dataset="mnist2d"), t), ValueError,
+     r"config.dataset='mnist2d' is not a known dataset; available: \[.*'digits'"),
+    ("model-unknown", lambda t: _run(_digits(**{"model.name": "transformer9"}), t), ValueError,
+     r"config.model.name='transformer9' is not allowed; allowed: \["),
+    ("optimizer-unknown", lambda t: _run(_digits(**{"optimizer.name": "adagrad"}), t),
+     ValueError, r"config.optimizer.name='adagrad' is not allowed; allowed: \[.*'lamb'"),
+    ("learning-rate-negative",
+     lambda t: _run(_digits(**{"optimizer.learning_rate": -0.1}), t), ValueError,
+     r"config.optimizer.learning_rate=-0.1 must be a number >= 0"),
+    ("batch-not-divisible", lambda t: _run(_digits(batch_size=100), t), ValueError,
+     r"config.batch_size=100 must be divisible by the 8 devices"),
+    ("no-training-length", lambda t: _run(_digits(num_steps=0), t), ValueError,
+     r"exactly one of config.num_steps=0 and config.num_epochs=0.0 must be > 0"),
+    ("too-many-devices", lambda t: _run(_digits(num_devices=16), t), ValueError,
+     r"config.num_devices=16 but only 8 devices exist"),
+    ("density-via-config",
+     lambda t: _run(_digits(**{"method": "topk", "compression.density": 1.5}), t), ValueError,
+     r"density=1.5 is outside \(0, 1\]"),
+    ("rank-via-config",
+     lambda t: _run(_digits(**{"method": "powersgd", "compression.rank": 0}), t), ValueError,
+     r"powersgd: rank=0; allowed: an int >= 1"),
+    ("replica-check-negative", lambda t: _run(_digits(check_replicas_every=-1), t), ValueError,
+     r"config.check_replicas_every=-1 must be an int >= 0"),
+    ("heartbeat-zero",
+     lambda t: _run(_digits(**{"distributed.heartbeat_timeout_seconds": 0}), t), ValueError,
+     r"config.distributed.heartbeat_timeout_seconds=0 must be an int >= 1"),
+    ("warmup-longer-than-training",
+     lambda t: _run(_digits(**{"schedule.warmup_epochs": 5.0}), t), ValueError,
+     r"config.schedule.warmup_epochs=5.0 is \d+ steps, not fewer than the 2 training steps"),
+    ("mnist1d-zero-samples",
+     lambda t: _run(_with(quickstart.get_config("smoke"), "data", {"num_samples": 0}), t),
+     ValueError, r"config.data.num_samples=0 must be a positive int"),
+    ("sweep-unknown-override", _sweep_override, ValueError,
+     r"sweep config: run 'a' overrides unknown field 'bach_size'"),
+]
+_DATA_AND_WORKDIR = [
+    ("cifar-dir-missing", lambda t: _cifar_run(t, str(t / "nowhere")), FileNotFoundError,
+     r"cifar10: config.data_dir='.*nowhere' does not exist; config.data_dir must hold the "
+     r"cifar10 python-pickle files \(data_batch_1"),
+    ("cifar-truncated-pickle", _truncated_cifar, ValueError,
+     r"cifar10: .*data_batch_3 is not a python pickle of a CIFAR batch \(.*\)"),
+    ("cifar-misshapen-batch", _misshapen_cifar, ValueError,
+     r"cifar10: .*test_batch b'data' must be uint8 \[N, 3072\] with N labels; found shape "
+     r"\(16, 1024\)"),
+    ("imagenet-unreadable-jpeg", lambda t: _imagenet(t, _garbage_jpeg), ValueError,
+     r"config.dataset='imagenet', config.data_dir='.*': a file of the training batch of step 0 "
+     r"cannot be read \(UnidentifiedImageError: .*n00000001_3.JPEG"),
+    ("imagenet-val-class-not-in-train", lambda t: _imagenet(t, _unknown_val_class), ValueError,
+     r"imagenet: .*val has class folders absent from train/: \['n99999999'\]"),
+    ("workdir-other-configs-checkpoint", _other_configs_checkpoint, ValueError,
+     r"workdir='.*' holds a checkpoint \(step 1\) of another config \(method: 'dense' there, "
+     r"'topk' now; optimizer.learning_rate: 0.001 there, 0.5 now\)\. A run resumes only"),
+    ("workdir-checkpoint-without-config", _checkpoint_without_config, ValueError,
+     r"holds a checkpoint \(step 1\) but its config .*config.json cannot be read"),
+    ("workdir-is-a-file", _workdir_is_a_file, ValueError,
+     r"workdir='.*run' exists and is not a directory"),
+]
+
+
+def _cases(table):
+  return [pytest.param(fails, error, pattern, id=name) for name, fails, error, pattern in table]
+
+
+@pytest.mark.parametrize("fails, error, pattern", _cases(_API + _CONFIGS + _DATA_AND_WORKDIR))
+def test_bad_input_fails_clearly_before_compiling(fails, error, pattern, tmp_path):
+  del _compiles[:]
+  with pytest.raises(error) as raised:
+    fails(tmp_path)
+  print(f"{type(raised.value).__name__}: {raised.value}")
+  assert re.search(pattern, str(raised.value)), str(raised.value)
+  assert not _compiles, f"{len(_compiles)} programs were compiled before the error"
+  assert not os.path.exists(tmp_path / "run" / "metrics.jsonl")
+
+
+_CLI = [
+    ("cli-unknown-field", ["experiments.run", "--config=configs/digits.py:smoke",
+                           "--config.batch_szie=64", "--workdir=w"], r"batch_szie"),
+    ("cli-value-of-wrong-type", ["experiments.run", "--config=configs/digits.py:smoke",
+                                 "--config.batch_size=many", "--workdir=w"],
+     r"batch_size.*many|many.*batch_size"),
+    ("cli-missing-config-file", ["experiments.run", "--config=configs/nope.py", "--workdir=w"],
+     r"configs/nope.py"),
+    ("cli-no-workdir", ["experiments.run", "--config=configs/digits.py:smoke"],
+     r"--workdir must have a value other than None"),
+    ("cli-launch-zero-processes", ["experiments.launch", "--num_processes=0", "--"],
+     r"flag --num_processes=0: 0 is not a positive integer"),
+]
+
+
+@pytest.mark.parametrize("argv, pattern",
+                         [pytest.param(a, p, id=name) for name, a, p in _CLI])
+def test_bad_command_lines_fail_before_jax_starts(argv, pattern, tmp_path):
+  argv = [a.replace("--workdir=w", f"--workdir={tmp_path / 'run'}") for a in argv]
+  completed = subprocess.run([sys.executable, "-X", "importtime", "-m", *argv], cwd=ROOT,
+                             capture_output=True, text=True, timeout=120)
+  assert completed.returncode != 0
+  stderr = completed.stderr
+  messages = "\n".join(line for line in stderr.splitlines() if not line.startswith("import time"))
+  assert re.search(pattern, messages), messages[-2000:]
+  assert not re.search(r"\|\s+jax$", stderr, re.MULTILINE), "jax was imported"

@@ -1,0 +1,345 @@
+"""What the runner does when things go wrong: a non-finite gradient on one device, replicas that
+drift apart, a run killed at any moment (checkpoint writes included) and restarted, a process of
+a multi-process job that dies.
+
+In-process runs compile with ``jax_disable_most_optimizations`` (the same programs, compiled
+faster); subprocess runs set it through the environment. The subprocess tests (crashes, dead
+processes) are marked slow: ``python -m pytest -q -m slow tests/test_failures.py``.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+from jax.sharding import NamedSharding
+import numpy as np
+import pytest
+
+from configs import cifar10_resnet20
+from configs import digits
+from experiments import checkpoint
+from experiments import data
+from experiments import launch
+from experiments import logs
+from experiments import train
+from experiments import validation
+from experiments.data import fake
+from tests import harness
+from tests.test_runner import fast_compiles  # pylint: disable=unused-import  # autouse fixture
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _leaves(tree) -> dict[str, np.ndarray]:
+  return {jax.tree_util.keystr(p): np.asarray(x)
+          for p, x in jax.tree_util.tree_leaves_with_path(tree)}
+
+
+def _assert_bit_identical(actual, expected, skip=()):
+  actual, expected = _leaves(actual), _leaves(expected)
+  assert actual.keys() == expected.keys()
+  differing = [k for k in actual if not any(s in k for s in skip)
+               and (actual[k].dtype != expected[k].dtype
+                    or actual[k].tobytes() != expected[k].tobytes())]
+  assert not differing, f"leaves that differ: {differing}"
+
+
+# ------------------------------------------------------------------------ non-finite gradients
+
+POISONED_STEP, POISONED_DEVICE = 2, 3
+
+
+def _poison_one_device(monkeypatch):
+  """Makes one input of ``POISONED_DEVICE``'s batch NaN at step ``POISONED_STEP``."""
+  load = data.load
+
+  def poisoned_load(config, shards):
+    dataset = load(config, shards)
+    clean = dataset.train_batch
+
+    def train_batch(step):
+      batch = clean(step)
+      if step == POISONED_STEP:
+        batch = dict(batch, input=batch["input"].copy())
+        batch["input"][POISONED_DEVICE, 0] = np.nan
+      return batch
+
+    dataset.train_batch = train_batch
+    return dataset
+
+  monkeypatch.setattr(data, "load", poisoned_load)
+
+
+def test_a_nan_on_one_device_skips_the_step_on_every_device_and_training_goes_on(
+    tmp_path, monkeypatch):
+  """CIFAR ResNet (batch norm) with TASC: residuals, the curvature average (refreshed from the
+  poisoned batch), momentum, batch statistics all stay as they were; replicas stay identical."""
+  config = cifar10_resnet20.get_config("smoke,method=tasc")
+  config.data_dir = fake.write_cifar(str(tmp_path / "cifar10"), num_train=40, num_test=16)
+  config.num_steps = 4
+  config.keep_checkpoints = 4
+  config.compression.hessian_every = 2  # step 2 refreshes the curvature from the NaN batch
+  _poison_one_device(monkeypatch)
+  workdir = str(tmp_path / "run")
+  results, state = train.train(config, workdir)
+
+  records = [r for r in logs.read_metrics(workdir) if "loss" in r]
+  assert [r["skipped_steps"] for r in records] == [0, 0, 1, 1]
+  assert results["skipped_steps"] == 1 and np.isfinite(results["test_loss"])
+  before, skipped, after = (checkpoint.load_state(workdir, s) for s in (2, 3, 4))
+  # Everything but the step and the skip counters is exactly as before the poisoned step: the
+  # parameters, every device's residual, TASC's curvature average, the momentum, the keys, each
+  # device's batch statistics.
+  _assert_bit_identical(skipped, before, skip=("['step']", "['skipped']", "['last_skipped']"))
+  assert int(skipped["step"]) == 3 and int(skipped["opt_state"]["skipped"]) == 1
+  assert bool(skipped["opt_state"]["last_skipped"])
+  # The next step trains again, from finite values.
+  assert not bool(after["opt_state"]["last_skipped"])
+  moved = [k for k, v in _leaves(after["params"]).items()
+           if v.tobytes() != _leaves(skipped["params"])[k].tobytes()]
+  assert moved and all(np.isfinite(v).all() for v in _leaves(after).values()
+                       if np.issubdtype(v.dtype, np.floating))
+  harness.assert_replicas_identical(state.params)
+
+
+# ------------------------------------------------------------------------------ replica drift
+
+DRIFT_AFTER_STEP, DRIFT_DEVICE = 3, 5
+
+
+def _flip_one_bit(x: jax.Array, device: int) -> jax.Array:
+  """``x`` (replicated) with one bit flipped in ``device``'s copy only."""
+  copies = []
+  for i, shard in enumerate(x.addressable_shards):
+    copy = np.array(shard.data)
+    if i == device:
+      copy.reshape(-1).view(np.uint32)[0] ^= 1
+    copies.append(jax.device_put(copy, shard.device))
+  assert isinstance(x.sharding, NamedSharding)
+  return jax.make_array_from_single_device_arrays(x.shape, x.sharding, copies)
+
+
+class _DriftingStep:
+  """A training step after which one device's parameters drift (a flipped bit)."""
+
+  def __init__(self, step):
+    self._step = step
+    self.lower = step.lower  # wire_bytes compiles the real step
+
+  def __call__(self, state, batch):
+    state, metrics = self._step(state, batch)
+    if int(state.step) == DRIFT_AFTER_STEP:
+      leaves, treedef = jax.tree.flatten(state.params)
+      leaves[0] = _flip_one_bit(leaves[0], DRIFT_DEVICE)
+      state = state._replace(params=jax.tree.unflatten(treedef, leaves))
+    return state, metrics
+
+
+def test_replica_drift_stops_the_run_at_the_step_it_is_found(tmp_path, monkeypatch):
+  build = train._build_program  # pylint: disable=protected-access
+
+  def drifting_program(*args, **kwargs):
+    program = build(*args, **kwargs)
+    return program._replace(train_steps={refresh: _DriftingStep(step) for refresh, step
+                                         in program.train_steps.items()})
+
+  monkeypatch.setattr(train, "_build_program", drifting_program)
+  config = digits.get_config("smoke")
+  config.num_steps = 5
+  assert config.check_replicas_every == 1
+  with pytest.raises(train.ReplicaDriftError,
+                     match=rf"replica drift detected at step {DRIFT_AFTER_STEP}: .*\['Conv_0'\]"
+                           rf"\['bias'\] on devices \[{DRIFT_DEVICE}\] \(vs device 0\)"):
+    train.train_and_evaluate(config, str(tmp_path))
+  # The drifted state was not checkpointed.
+  assert checkpoint.Checkpointer(str(tmp_path), keep=2).latest_step() == DRIFT_AFTER_STEP - 1
+
+
+# ------------------------------------------------------------------------ resuming a workdir
+
+def test_resuming_accepts_bookkeeping_changes_and_names_every_other_change(tmp_path):
+  stored = digits.get_config("smoke")
+  logs.write_json(str(tmp_path / validation.CONFIG_FILE), stored.to_dict())
+  changed = digits.get_config("smoke")
+  changed.update_from_flattened_dict({
+      "log_every": 10, "checkpoint_every": 5, "keep_checkpoints": 9, "data_dir": "/elsewhere",
+      "check_replicas_every": 0, "distributed.heartbeat_timeout_seconds": 60,
+      "distributed.coordinator_address": "127.0.0.1:1234"})
+  validation.check_resume(changed, str(tmp_path), checkpoint_step=2)
+  validation.check_resume(digits.get_config("smoke,method=topk"), str(tmp_path), None)
+  changed.update_from_flattened_dict({"seed": 1, "model.hidden": 16, "skip_nonfinite": False})
+  with pytest.raises(ValueError, match=r"model.hidden: 8 there, 16 now; seed: 0 there, 1 now; "
+                                       r"skip_nonfinite: True there, False now\)"):
+    validation.check_resume(changed, str(tmp_path), checkpoint_step=2)
+
+
+# ------------------------------------------------------------- crashes and restarts (subprocess)
+
+# experiments.run, with an optional test hook: while committing checkpoint HOLD_CHECKPOINT_STEP
+# (its files written into orbax's temporary directory, not yet renamed into place), touch
+# HOLD_MARKER and wait to be killed. Orbax is imported only after the runner exposes the devices.
+_RUN_WITH_HOOK = """
+import asyncio, os
+from absl import app
+from experiments import distributed, run
+
+def expose_then_hold(config, expose=distributed.expose_cpu_devices):
+  expose(config)
+  from orbax.checkpoint._src.path import atomicity
+  finalize = atomicity.AtomicRenameTemporaryPath.finalize
+  async def held_finalize(self):
+    if self._final_path.name == os.environ["HOLD_CHECKPOINT_STEP"]:
+      open(os.environ["HOLD_MARKER"], "w").close()
+      await asyncio.sleep(3600)
+    await finalize(self)
+  atomicity.AtomicRenameTemporaryPath.finalize = held_finalize
+
+if os.environ.get("HOLD_CHECKPOINT_STEP"):
+  distributed.expose_cpu_devices = expose_then_hold
+app.run(run.main)
+"""
+_STARTUP_SECONDS = 300  # start-up and compilation on a loaded 2-core machine
+
+
+def _env(**extra):
+  return dict(os.environ, JAX_DISABLE_MOST_OPTIMIZATIONS="1", XLA_FLAGS="", JAX_PLATFORMS="cpu",
+              **extra)
+
+
+def _start(command, log_path, **env) -> subprocess.Popen:
+  with open(log_path, "ab") as log:
+    return subprocess.Popen([sys.executable, *command], cwd=ROOT, env=_env(**env), stdout=log,
+                            stderr=subprocess.STDOUT)
+
+
+def _wait_until(condition, processes, timeout=_STARTUP_SECONDS):
+  deadline = time.monotonic() + timeout
+  while not condition():
+    ended = [p.args for p in processes if p.poll() is not None]
+    assert not ended, f"ended before the moment to kill them: {ended}"
+    assert time.monotonic() < deadline, "timed out"
+    time.sleep(0.02)
+
+
+def _finish(command, log_path, timeout=600):
+  process = _start(command, log_path)
+  try:
+    assert process.wait(timeout) == 0, open(log_path).read()[-3000:]
+  finally:
+    process.kill()
+
+
+def _training_records(workdir):
+  return [{k: v for k, v in r.items() if k != "examples_per_sec"}
+          for r in logs.read_metrics(workdir)]
+
+
+CRASH_CONFIGS = {
+    "tasc": "configs/quickstart.py:smoke",  # residuals, curvature average, LAMB moments
+    "powersgd": "configs/digits.py:smoke,method=powersgd",  # warm-start bases, residuals
+    "dgc": "configs/digits.py:smoke,method=dgc",  # momentum correction, residuals
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", sorted(CRASH_CONFIGS))
+def test_a_run_killed_at_any_moment_resumes_bit_identically(method, tmp_path):
+  """kill -9 mid-training, then kill -9 while checkpoint 6 is being committed, then a restart:
+  the final state (parameters, every device's compressor state, optimizer moments, keys, step)
+  and the logs equal those of an uninterrupted run, bit for bit."""
+  reference, workdir, log = tmp_path / "reference", tmp_path / "run", tmp_path / "log"
+
+  def command(directory):
+    return ["-c", _RUN_WITH_HOOK, f"--config={CRASH_CONFIGS[method]}", "--config.num_steps=10",
+            "--config.checkpoint_every=2", "--config.keep_checkpoints=2",
+            f"--workdir={directory}"]
+
+  _finish(command(reference), log)
+  checkpoints = workdir / "checkpoints"
+
+  run = _start(command(workdir), log)  # killed in the middle of training
+  try:
+    _wait_until((checkpoints / "2").is_dir, [run])
+  finally:
+    run.kill()
+  run.wait()
+  assert not (workdir / train.RESULTS_FILE).exists()
+
+  marker = tmp_path / "holding"
+  run = _start(command(workdir), log, HOLD_CHECKPOINT_STEP="6", HOLD_MARKER=str(marker))
+  try:
+    _wait_until(marker.exists, [run])
+  finally:
+    run.kill()
+  run.wait()
+  partial = list(checkpoints.glob("6.orbax-checkpoint-tmp*"))
+  assert partial and os.listdir(partial[0]), "checkpoint 6 should be written, not committed"
+  assert sorted(os.listdir(checkpoints)) == ["2", "4", partial[0].name]
+
+  _finish(command(workdir), log)
+  assert "resuming from the checkpoint of step 4" in log.read_text()
+  _assert_bit_identical(checkpoint.load_state(str(workdir)),
+                        checkpoint.load_state(str(reference)))
+  assert _training_records(workdir) == _training_records(reference)
+
+
+# --------------------------------------------------------------- a process dies (multi-process)
+
+_MULTI_PROCESS_ARGS = ["--config=configs/digits.py:smoke", "--config.num_steps=40",
+                       "--config.checkpoint_every=4", "--config.log_every=4"]
+_STOP_WITHIN_SECONDS = 60
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("victim", ["worker", "coordinator", "worker under the launcher"])
+def test_when_a_process_dies_the_others_stop_within_a_minute_and_a_restart_resumes(
+    victim, tmp_path):
+  workdir = tmp_path / "run"
+  args = [*_MULTI_PROCESS_ARGS, f"--workdir={workdir}"]
+  logs_ = [tmp_path / "process0", tmp_path / "process1"]
+  if victim == "worker under the launcher":
+    psutil = pytest.importorskip("psutil")
+    launcher = _start(["-m", "experiments.launch", "--num_processes=2", "--", *args],
+                      tmp_path / "launcher")
+    processes = [launcher]
+  else:
+    address = f"127.0.0.1:{launch.free_port()}"
+    processes = [_start(["-m", "experiments.run", *args], logs_[i],
+                        JAX_COORDINATOR_ADDRESS=address, JAX_NUM_PROCESSES="2",
+                        JAX_PROCESS_ID=str(i)) for i in range(2)]
+  try:
+    _wait_until((workdir / "checkpoints" / "4").is_dir, processes)
+    if victim == "worker under the launcher":
+      children = psutil.Process(launcher.pid).children()
+      killed = next(c for c in children if c.environ()["JAX_PROCESS_ID"] == "1")
+      killed.kill()
+      survivor, survivor_log = launcher, tmp_path / "launcher"
+    else:
+      dead = 0 if victim == "coordinator" else 1
+      processes[dead].kill()
+      survivor, survivor_log = processes[1 - dead], logs_[1 - dead]
+    killed_at = time.monotonic()
+    code = survivor.wait(timeout=_STOP_WITHIN_SECONDS)
+    stopped_after = time.monotonic() - killed_at
+  finally:
+    for p in processes:
+      p.kill()
+  message = survivor_log.read_text()
+  assert code != 0 and stopped_after < _STOP_WITHIN_SECONDS
+  if victim == "worker under the launcher":
+    assert code == 128 + signal.SIGKILL
+    assert "experiments.launch: process 1 of 2 was killed by SIGKILL; stopping the others" in (
+        message)
+    assert not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
+  else:
+    assert ("Terminating process because the JAX distributed service detected fatal errors. "
+            "This most likely indicates that another task died") in message
+
+  last = checkpoint.Checkpointer(str(workdir), keep=2).latest_step()
+  _finish(["-m", "experiments.launch", "--num_processes=2", "--", *args], tmp_path / "restart")
+  assert f"resuming from the checkpoint of step {last}" in (tmp_path / "restart").read_text()
+  steps = [r["step"] for r in logs.read_metrics(str(workdir)) if "loss" in r]
+  assert steps == list(range(4, 41, 4))
