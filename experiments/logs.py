@@ -19,7 +19,13 @@ def read_metrics(workdir: str) -> list[dict[str, Any]]:
   if not os.path.exists(path):
     return []
   with open(path) as f:
-    return [json.loads(line) for line in f if line.strip()]
+    lines = [line for line in f if line.strip()]
+  records = [json.loads(line) for line in lines[:-1]]
+  try:
+    records += [json.loads(line) for line in lines[-1:]]
+  except json.JSONDecodeError:  # a run killed while appending leaves a partial last line
+    pass
+  return records
 
 
 class MetricsWriter:
@@ -38,8 +44,10 @@ class MetricsWriter:
     os.makedirs(workdir, exist_ok=True)
     self._path = os.path.join(workdir, METRICS_FILE)
     kept = [r for r in read_metrics(workdir) if r["step"] <= resume_step]
-    with open(self._path, "w") as f:
+    tmp = self._path + ".tmp"  # rewritten whole and renamed: a kill leaves the old or the new
+    with open(tmp, "w") as f:
       f.writelines(json.dumps(r) + "\n" for r in kept)
+    os.replace(tmp, self._path)
     from tensorboardX import SummaryWriter  # pylint: disable=import-outside-toplevel
     self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"), purge_step=resume_step + 1)
 
