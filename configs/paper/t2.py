@@ -1,0 +1,33 @@
+"""T2 settings: large-batch training, SGD / Adam / LARS / LAMB on MNIST-1D, Adam vs LAMB on
+BERT-tiny (masked LM on CPython's ``pydoc_data`` help texts).
+
+  python -m experiments.reproduce --target=t2
+
+MNIST-1D runs use :func:`experiments.large_batch.run_large_batch` (an MLP, learning rates tuned
+once at batch 128 and scaled with the batch). BERT-tiny runs are the sweep of
+``configs/paper/t2_bert.py`` (``configs/bert.py:tiny,pydoc=true``) with a fixed number of epochs
+at every batch size. Quick (default): MNIST-1D 30 epochs x 2 seeds, BERT 8 epochs (about 900
+training sequences of 128 tokens); estimated 5 + 15 minutes on 2 CPU cores. Argument: ``full``
+(MNIST-1D 60 epochs x 3 seeds, BERT 40 epochs, batch sizes 64 to 512).
+"""
+
+import ml_collections
+
+from configs import common
+
+
+def get_config(arg=None):
+  args = common.parse_args(arg, full=False)
+  full = args["full"]
+  c = ml_collections.ConfigDict()
+  c.mnist1d = dict(optimizers=("sgd", "adam", "lars", "lamb"),
+                   batch_sizes=(128, 256, 512, 1024, 2048, 4096),
+                   epochs=60 if full else 30, seeds=3 if full else 2, num_samples=20000)
+  c.bert = dict(optimizers=("adam", "lamb"),
+                batch_sizes=(64, 128, 256, 512) if full else (32, 64, 128, 256),
+                epochs=40 if full else 8, base_batch_size=256,
+                # Peak learning rates at base_batch_size, scaled by sqrt(batch / base). LAMB's is
+                # configs/bert.py's tiny variant; Adam's is the usual BERT-small Adam rate.
+                base_learning_rates={"adam": 1e-3, "lamb": 2e-3},
+                warmup_fraction=0.1)
+  return c

@@ -1,0 +1,75 @@
+"""Benchmarks: compression cost, training-step overhead, wire bytes against workers, real links.
+
+  python -m experiments.bench compression   # B1: compress + decode / memory-bandwidth floor
+  python -m experiments.bench step          # B2: training step with each method / dense
+  python -m experiments.bench bytes         # B3: wire bytes per device, 2 to 256 workers
+  python -m experiments.bench links         # B4: all-reduce over a 1 Gbit/s loopback
+  python -m experiments.bench all --out benchmarks/results
+
+Each writes ``<out>/<name>.json`` and ``<out>/<name>.md`` and prints its table last. Every
+figure is a ratio of times measured in one process (or one multi-process run), so a noisy
+machine still gives stable answers; where the project's goal for a figure is missed the table's
+``goal`` column says so. Options narrow a run: ``--sizes 1m resnet50``, ``--methods dense tasc``,
+``--workers 2 4 8``, ``--processes 2``, ``--repeats``, ``--timeout`` (per child process, seconds).
+See the modules ``experiments.bench_compression``, ``bench_step``, ``bench_bytes`` and
+``bench_links`` for what each measures.
+"""
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from experiments import bench_bytes
+from experiments import bench_common as common
+from experiments import bench_compression
+from experiments import bench_links
+from experiments import bench_step
+
+BENCHMARKS = {
+    "compression": bench_compression.report,
+    "step": bench_step.report,
+    "bytes": bench_bytes.report,
+    "links": bench_links.report,
+}
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
+  parser.add_argument("name", choices=[*BENCHMARKS, "all"])
+  parser.add_argument("--out", type=Path, default=common.DEFAULT_OUT,
+                      help="folder for <name>.json and <name>.md (default benchmarks/results)")
+  parser.add_argument("--sizes", nargs="+",
+                      help="gradient sizes: 1m, resnet50, bert_base, ints, or e.g. 25.6m "
+                           "(compression, links); resnet50/bert_base or ints (bytes)")
+  parser.add_argument("--methods", nargs="+", help="subset of the benchmark's methods")
+  parser.add_argument("--models", nargs="+", help="step: resnet20, bert_tiny")
+  parser.add_argument("--workers", type=int, nargs="+", help="bytes: worker counts")
+  parser.add_argument("--processes", type=int, nargs="+", help="links: process counts")
+  parser.add_argument("--rate", default="1gbit", help="links: loopback rate, or none")
+  parser.add_argument("--repeats", type=int, default=15, help="most timed calls per figure")
+  parser.add_argument("--timeout", type=float, default=900.0,
+                      help="seconds per child process; slower ones are marked skipped")
+  args = parser.parse_args(argv)
+  if args.repeats < 1:
+    parser.error(f"--repeats={args.repeats}; allowed: >= 1")
+  if args.timeout <= 0:
+    parser.error(f"--timeout={args.timeout}; allowed: > 0")
+  return args
+
+
+def main(argv: Sequence[str] | None = None) -> list[Path]:
+  """Runs the named benchmark(s); returns the files written."""
+  args = parse_args(argv)
+  names = list(BENCHMARKS) if args.name == "all" else [args.name]
+  written = []
+  for name in names:
+    result = BENCHMARKS[name](args)
+    written += result.write(args.out)
+    print(result.markdown(), flush=True)
+  print("wrote " + ", ".join(str(p) for p in written), file=sys.stderr)
+  return written
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,230 @@
+"""B1, compression cost: compress + decode of one gradient, against the memory-bandwidth floor.
+
+Every method's transformation is built as the runner builds it (:mod:`experiments.methods`)
+with ``axis_name=None``: error feedback, encode and decode, no collective. Its jitted ``update``
+is timed on a gradient of ``d`` float32 elements against the *floor* measured in the same
+process: a jitted ``residual + gradient`` over buffers of the same size (two reads, one write),
+the memory traffic every error-feedback compressor must do at least. Both donate their inputs,
+as a training step donates its state, so outputs are written in place rather than into freshly
+mapped memory (whose page faults would otherwise dominate on CPU).
+
+The gradient is one flat leaf ``f32[d]`` (the fused buffer of tensor fusion), except for
+PowerSGD, which compresses matrices: one ``(d // 1024) x 1024`` leaf, with its own floor.
+
+Memory: ``state B/param`` is the compressor's optax state (``jax.eval_shape`` of ``init``) per
+parameter; ``temp B/param`` the scratch memory XLA allocates for one ``update`` (the compiled
+program's ``memory_analysis``), i.e. the peak beyond the donated inputs.
+"""
+
+import glob
+import gzip
+import json
+import math
+import re
+import tempfile
+import warnings
+from collections.abc import Sequence
+
+from experiments import bench_common as common
+
+DEFAULT_SIZES = ("1m", "resnet50", "bert_base")
+GOAL_SIZE = common.SIZES["resnet50"]
+GOAL_FLOOR_RATIO = 1.5
+GOAL_TOPK_SPEEDUP = 10.0
+POWERSGD_COLUMNS = 1024
+# Whose operations are profiled (where the time goes): TASC at every size, exact top-k at the goal's.
+PROFILED = {"tasc": None, "topk": GOAL_SIZE}
+
+
+def leaf_shape(method: str, size: int) -> tuple[int, ...]:
+  """The gradient leaf a method is timed on (a matrix for PowerSGD)."""
+  if method == "powersgd":
+    return (max(size // POWERSGD_COLUMNS, 1), POWERSGD_COLUMNS)
+  return (size,)
+
+
+def measure(request: dict) -> dict:
+  """Child process: times one method on one size. Request: method, size, repeats, budget_s."""
+  import jax  # pylint: disable=import-outside-toplevel
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
+  method = request["method"]
+  shape = leaf_shape(method, request["size"])
+  elements = math.prod(shape)
+  tx = common.communication(method, None)
+  params = {"w": jax.ShapeDtypeStruct(shape, jnp.float32)}
+  abstract_state = jax.eval_shape(tx.init, params)
+  state_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(abstract_state))
+
+  grad = {"w": jax.random.normal(jax.random.PRNGKey(0), shape, jnp.float32)}
+  residual = jax.random.normal(jax.random.PRNGKey(1), shape, jnp.float32)
+  state = jax.jit(tx.init)(grad)
+  if getattr(state, "residual", ()):  # error feedback: a residual like a real step's
+    state = state._replace(residual={"w": residual})
+  update = jax.jit(tx.update, donate_argnums=(0, 1))
+  floor = jax.jit(lambda e, g: e + g, donate_argnums=(0, 1))
+  copy = jax.jit(lambda tree: jax.tree.map(jnp.copy, tree))
+  temp_bytes = update.lower(grad, state).compile().memory_analysis().temp_size_in_bytes
+
+  def fresh(args):
+    """Copies of ``args`` for one call (the call donates them), ready before the clock starts."""
+    return jax.block_until_ready(copy(args))
+
+  def prepare_update():
+    args = fresh((grad, state))
+    return lambda: update(*args)
+
+  def prepare_floor():
+    args = fresh((residual, grad["w"]))
+    return lambda: floor(*args)
+
+  times = common.fastest_interleaved({"floor": prepare_floor, method: prepare_update},
+                                     request["repeats"], request["budget_s"])
+  floor_t, method_t = times["floor"], times[method]
+  profile = (op_profile(update, lambda: fresh((grad, state))) if request.get("profile")
+             else None)
+  return {
+      **({"profile": profile} if profile else {}),
+      "method": method, "elements": elements, "shape": list(shape),
+      "repeats": method_t["repeats"],
+      "seconds": method_t["wall"], "floor_seconds": floor_t["wall"],
+      "median_seconds": method_t["median_wall"], "floor_median_seconds": floor_t["median_wall"],
+      "ratio": method_t["wall"] / floor_t["wall"], "cpu_ratio": method_t["cpu"] / floor_t["cpu"],
+      "floor_gbytes_per_s": 3 * 4 * elements / floor_t["wall"] / 1e9,
+      "state_bytes_per_param": state_bytes / elements,
+      "temp_bytes_per_param": temp_bytes / elements,
+  }
+
+
+def op_profile(jitted, arguments, calls: int = 3) -> list[dict]:
+  """Where one call's time goes: the compiled program's operations, slowest first.
+
+  Runs ``calls`` calls under ``jax.profiler`` and sums each HLO instruction's events.
+
+  Args:
+    jitted: the jitted function.
+    arguments: ``() -> args`` of one call (fresh copies when the function donates them).
+    calls: calls traced.
+
+  Returns:
+    ``{"op", "source", "shape", "ms"}`` per instruction taking at least 1% of the total: the
+    HLO instruction, the JAX operation it comes from, its result shape, milliseconds per call.
+  """
+  import jax  # pylint: disable=import-outside-toplevel
+  pending = [arguments() for _ in range(calls)]
+  hlo = jitted.lower(*pending[0]).compile().as_text()
+  instructions = {name: (shape, source) for name, shape, source in re.findall(
+      r"^\s*(?:ROOT )?%([\w.\-]+) = (\S+) [^\n]*?op_name=\"([^\"]+)\"", hlo, re.M)}
+  instructions.update({name: (shape, "") for name, shape in re.findall(
+      r"^\s*(?:ROOT )?%([\w.\-]+) = (\S+) (?:copy|fusion)\(", hlo, re.M)
+      if name not in instructions})
+  with tempfile.TemporaryDirectory(prefix="bench_profile") as folder:
+    jax.profiler.start_trace(folder)
+    for args in pending:
+      jax.block_until_ready(jitted(*args))
+    jax.profiler.stop_trace()
+    (trace,) = glob.glob(f"{folder}/**/*.trace.json.gz", recursive=True)
+    events = json.load(gzip.open(trace))["traceEvents"]
+  total = {}
+  for e in events:
+    if e.get("ph") == "X" and e.get("name") in instructions:
+      total[e["name"]] = total.get(e["name"], 0.0) + e["dur"] / 1e3 / calls
+  everything = sum(total.values())
+  return [{"op": name, "source": instructions[name][1].split("/", 1)[-1],
+           "shape": re.sub(r"\{[^}]*\}", "", instructions[name][0]).strip("(,"), "ms": ms}
+          for name, ms in sorted(total.items(), key=lambda kv: -kv[1]) if ms >= everything / 100]
+
+
+def compression_cost(sizes: Sequence[int], methods: Sequence[str], *, repeats: int = 15,
+                     budget_s: float = 30.0, timeout_s: float = 900.0, log=print) -> list[dict]:
+  """Rows of B1: one per (size, method), each measured in its own child process.
+
+  Args:
+    sizes: gradient elements.
+    methods: names of :data:`experiments.bench_common.METHODS`.
+    repeats: most timed calls per method (fewer when one call is slow, see ``budget_s``).
+    budget_s: about how long the timed calls of one method may take.
+    timeout_s: a child taking longer is killed and its row marked skipped.
+    log: progress printer.
+
+  Returns:
+    Dicts with ``size``, ``method``, ``ratio`` (to the floor), ``cpu_ratio``, ``vs_topk`` (how
+    many times cheaper than exact top-k on the same size), memory per parameter; or
+    ``skipped``/``error`` with the reason.
+  """
+  rows = []
+  for size in sizes:
+    for method in common.check_methods(methods):
+      request = {"method": method, "size": size, "repeats": repeats, "budget_s": budget_s,
+                 "profile": method in PROFILED and PROFILED[method] in (None, size)}
+      row = {"size": size, "method": method}
+      row.update(common.run_child(__name__, request, env=common.cpu_env(1),
+                                  timeout_s=timeout_s))
+      log(f"B1 {size:>11,} {method:10s} " + (
+          common.not_measured(row) or
+          f"ratio {row['ratio']:.2f} (floor {row['floor_seconds'] * 1e3:.1f} ms)"))
+      rows.append(row)
+    reference = next((r for r in rows if r["size"] == size and r["method"] == "topk"
+                      and "ratio" in r), None)
+    for r in rows:
+      if r["size"] == size and reference is not None and "ratio" in r:
+        r["vs_topk"] = reference["ratio"] / r["ratio"]
+  for r in rows:
+    r["goal"] = _goal(r)
+  return rows
+
+
+def _goal(row: dict) -> str:
+  if row["method"] != "tasc" or row["size"] != GOAL_SIZE:
+    return ""
+  if "ratio" not in row:
+    return common.goal(None, common.not_measured(row))
+  floor_ok = row["ratio"] <= GOAL_FLOOR_RATIO
+  parts = [common.goal(floor_ok, f"<= {GOAL_FLOOR_RATIO}x floor")]
+  speedup = row.get("vs_topk")
+  parts.append(common.goal(None if speedup is None else speedup >= GOAL_TOPK_SPEEDUP,
+                           f">= {GOAL_TOPK_SPEEDUP:g}x cheaper than exact top-k"))
+  return "; ".join(parts)
+
+
+def report(args) -> common.Report:
+  """B1 as a :class:`experiments.bench_common.Report`."""
+  sizes = [common.parse_size(s) for s in (args.sizes or DEFAULT_SIZES)]
+  methods = args.methods or common.METHODS
+  rows = compression_cost(sizes, methods, repeats=args.repeats, timeout_s=args.timeout)
+  for r in rows:
+    if "ratio" not in r:
+      r["ratio"] = common.not_measured(r)
+  notes = []
+  for r in rows:
+    if r.get("profile") and r["size"] == GOAL_SIZE:
+      ops = ", ".join(f"{p['source'] or p['op']} {p['shape']} {p['ms']:.0f} ms"
+                      for p in r["profile"][:6])
+      notes.append(f"where {r['method']}'s time goes at {GOAL_SIZE:,} (profile, per call, "
+                   f"floor {r['floor_seconds'] * 1e3:.0f} ms): {ops}")
+  return common.Report(
+      name="compression",
+      title="B1: compression cost (compress + decode, no collective) / memory-bandwidth floor",
+      columns=[("size", "elements"), ("method", "method"), ("ratio", "time / floor"),
+               ("cpu_ratio", "CPU time / floor"), ("seconds", "seconds"),
+               ("vs_topk", "x cheaper than top-k"), ("state_bytes_per_param", "state B/param"),
+               ("temp_bytes_per_param", "temp B/param"), ("goal", "goal")],
+      rows=rows,
+      notes=[
+          "floor: jitted residual + gradient over the same buffers (2 reads, 1 write), timed "
+          "in the same process, alternating with the method; both donate their inputs.",
+          "time: fastest of several alternated calls after a warm-up (wall clock); CPU time: "
+          "the same with process CPU time (steadier on a loaded machine).",
+          "methods as experiments.methods builds them (density 0.01, TASC blocks of 256 with "
+          "Hutchinson scores from the state's curvature EMA, PowerSGD rank 4 on a "
+          f"(d/{POWERSGD_COLUMNS}) x {POWERSGD_COLUMNS} matrix); topk is exact lax.top_k.",
+          "state B/param: the optax state per parameter (two-phase methods hold the owner's "
+          "memory for 1/n of the buffer; with one worker here that is a full buffer); temp "
+          "B/param: XLA's scratch memory for one update.",
+      ] + notes,
+      settings={"sizes": sizes, "methods": list(methods), "repeats": args.repeats,
+                "timeout_s": args.timeout})
+
+
+if __name__ == "__main__":
+  common.child_main(None, measure)

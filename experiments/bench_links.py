@@ -1,0 +1,215 @@
+"""B4, real links: dense, top-k and TASC all-reduce of one gradient between processes over a
+rate-limited loopback.
+
+``p`` CPU processes (one device each) are started by :func:`experiments.launch.launch` inside a
+private network namespace whose loopback is shaped to ``--rate`` (default 1 Gbit/s) by
+:func:`experiments.calibrate.rate_limited_namespace`, and joined by ``jax.distributed`` with gloo
+collectives (:mod:`experiments.distributed`). Each times one exchange of a 25,557,032-element
+(ResNet-50) float32 gradient with each method, as the runner builds it
+(:mod:`experiments.methods`): ``dense`` (one f32 all-reduce), ``topk`` (exact top-k at density
+0.01, values and indices all-gathered), ``tasc`` (density 0.01: block scores, then the shared
+blocks, all-reduced). The time of an exchange is compute and communication together (what a
+training step waits for); the figure is dense's time over each method's, measured in the same
+run. One loopback carries every process's traffic, so ``p`` processes share the rate (one
+switch port, not ``p`` NICs): the link needs ``p * bytes/device / rate`` for an exchange, which
+is what dense's measured times follow. The token bucket lets its first 512 KB pass unshaped.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from experiments import bench_common as common
+
+DEFAULT_PROCESSES = (2, 4)
+METHODS = ("dense", "topk", "tasc")
+GOAL_SPEEDUP = 20.0
+AXIS = "data"
+
+
+def measure(request: dict) -> dict:
+  """One process of the run (started by experiments.launch): times each method, writes
+  ``<out>/worker<i>.json``. Request: elements, methods, repeats, out."""
+  import ml_collections  # pylint: disable=import-outside-toplevel
+  from experiments import distributed  # pylint: disable=import-outside-toplevel
+  config = ml_collections.ConfigDict({
+      "num_devices": int(os.environ["JAX_NUM_PROCESSES"]),
+      "distributed": {"coordinator_address": None, "num_processes": None, "process_id": None}})
+  distributed.expose_cpu_devices(config)
+  distributed.initialize(config)
+  import jax  # pylint: disable=import-outside-toplevel
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+  from jax.sharding import NamedSharding  # pylint: disable=import-outside-toplevel
+  from jax.sharding import PartitionSpec as P  # pylint: disable=import-outside-toplevel
+  import compressors  # pylint: disable=import-outside-toplevel
+
+  worker, size = jax.process_index(), request["elements"]
+  mesh = jax.sharding.Mesh(np.array(jax.devices()), (AXIS,))
+  local = np.random.default_rng(worker).standard_normal((1, size), np.float32)
+  grads = jax.make_array_from_process_local_data(NamedSharding(mesh, P(AXIS)), local)
+  params = jax.ShapeDtypeStruct((size,), np.float32)
+  out = {"worker": worker, "seconds": {}, "compute_seconds": {}, "bytes_per_device": {}}
+
+  def fastest(call, name):
+    jax.block_until_ready(call())  # compile and warm up
+    multihost_utils.sync_global_devices(f"{name} ready")
+    jax.block_until_ready(call())  # drain the token bucket filled while waiting
+    times = []
+    for _ in range(request["repeats"]):
+      start = time.perf_counter()
+      jax.block_until_ready(call())
+      times.append(time.perf_counter() - start)
+    return min(times)
+
+  for method in request["methods"]:
+    # The same method without a collective (axis_name=None), all processes at once: the part
+    # of the exchange that is computation.
+    local_tx = common.communication(method, None)
+    local_update = jax.jit(local_tx.update)
+    local_grad = jax.numpy.asarray(local[0])
+    local_state = jax.jit(local_tx.init)(local_grad)
+    out["compute_seconds"][method] = fastest(lambda: local_update(local_grad, local_state),
+                                             f"{method} local")
+    tx = common.communication(method, AXIS)
+    specs = compressors.state_specs(tx, params, mesh, AXIS)
+
+    def exchange(g, state, tx=tx):
+      updates, state = tx.update(g[0], compressors.drop_device_axis(state))
+      return updates, compressors.add_device_axis(state)
+
+    step = jax.jit(jax.shard_map(exchange, mesh=mesh, in_specs=(P(AXIS), specs),
+                                 out_specs=(P(), specs)))
+    init = jax.jit(jax.shard_map(lambda tx=tx: compressors.add_device_axis(
+        tx.init(jax.numpy.zeros((size,), np.float32))), mesh=mesh, in_specs=(),
+        out_specs=specs))
+    state = init()
+    out["bytes_per_device"][method] = compressors.wire_bytes(step, grads, state,
+                                                             mesh=mesh).total
+    out["seconds"][method] = fastest(lambda: step(grads, state), method)
+  Path(request["out"], f"worker{worker}.json").write_text(json.dumps(out))
+  multihost_utils.sync_global_devices("done")
+  jax.distributed.shutdown()
+  return out
+
+
+def _run_processes(processes: int, request: dict, prefix: list[str], timeout_s: float) -> dict:
+  """Runs one measurement over ``processes`` processes; the slowest process's time per method."""
+  with tempfile.TemporaryDirectory(prefix="bench_links") as tmp:
+    request = dict(request, out=tmp)
+    cmd = prefix + [sys.executable, "-m", "experiments.launch", f"--num_processes={processes}",
+                    "--module=experiments.bench_links", "--", "--child", json.dumps(request)]
+    log = Path(tmp, "log")
+    with open(log, "wb") as sink:
+      # Its own session, so that the launcher and the processes it started can be stopped
+      # together (by this group's id) when the run exceeds its time.
+      proc = subprocess.Popen(cmd, cwd=common.REPO_ROOT, env=common.cpu_env(1), stdout=sink,
+                              stderr=subprocess.STDOUT, start_new_session=True)
+      try:
+        code = proc.wait(timeout=timeout_s)
+      except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        return {"skipped": f"not finished within the {timeout_s:.0f} s limit (--timeout)"}
+    if code != 0:
+      tail = log.read_text(errors="replace").strip()
+      print(f"bench_links: {processes} processes failed with status {code}; the log ends:\n"
+            f"{tail[-4000:]}", file=sys.stderr)
+      return {"error": common.error_line(tail, code)}
+    results = [json.loads(Path(tmp, f"worker{i}.json").read_text()) for i in range(processes)]
+  slowest = lambda key: {m: max(r[key][m] for r in results) for m in request["methods"]}
+  return {"seconds": slowest("seconds"), "compute_seconds": slowest("compute_seconds"),
+          "bytes_per_device": results[0]["bytes_per_device"]}
+
+
+def link_times(processes: Sequence[int], elements: int, methods: Sequence[str] = METHODS, *,
+               rate_bits: float | None = 1e9, repeats: int = 5, timeout_s: float = 1800.0,
+               log=print) -> list[dict]:
+  """Rows of B4: one per (processes, method), with ``speedup`` = dense's time / this one's.
+
+  Args:
+    processes: process counts (2 to 8), one run each.
+    elements: float32 elements of the gradient.
+    methods: names of :data:`METHODS` (``dense``, the reference, is added when missing).
+    rate_bits: loopback rate in bits/s inside a private namespace; None for the plain loopback.
+    repeats: timed exchanges per method (the fastest counts).
+    timeout_s: limit for one run; its rows then say so (as does a run that fails).
+    log: progress printer.
+  """
+  # pylint: disable=import-outside-toplevel  # calibrate imports numpy only
+  from experiments import calibrate
+  methods = ["dense"] + [m for m in common.check_methods(methods, METHODS) if m != "dense"]
+  for p in processes:
+    if not isinstance(p, int) or not 2 <= p <= 8:
+      raise ValueError(f"--processes: {p!r}; allowed: ints from 2 to 8")
+  if rate_bits is not None:
+    ok, why = calibrate.netns_available()
+    if not ok:
+      return [{"processes": p, "method": m, "seconds": f"skipped: {why}"}
+              for p in processes for m in methods]
+  request = {"elements": elements, "methods": methods, "repeats": repeats}
+  rows = []
+  for p in processes:
+    if rate_bits is None:
+      result = _run_processes(p, request, [], timeout_s)
+    else:
+      with calibrate.rate_limited_namespace(rate_bits) as namespace:
+        result = _run_processes(p, request, ["ip", "netns", "exec", namespace], timeout_s)
+    for m in methods:
+      row = {"processes": p, "method": m, "elements": elements, "rate_bits": rate_bits}
+      if common.not_measured(result):
+        row["seconds"] = common.not_measured(result)
+      else:
+        seconds, wire = result["seconds"][m], result["bytes_per_device"][m]
+        row.update(seconds=seconds, compute_seconds=result["compute_seconds"][m],
+                   bytes_per_device=wire, speedup=result["seconds"]["dense"] / seconds,
+                   link_seconds=None if rate_bits is None else p * wire * 8 / rate_bits)
+        log(f"B4 {p} processes {m:6s} {seconds:8.3f} s, {wire / 1e6:8.2f} MB/device, "
+            f"{row['speedup']:.1f}x dense")
+      if m == "tasc":
+        row["goal"] = common.goal(row["speedup"] >= GOAL_SPEEDUP if "speedup" in row else None,
+                                  f">= {GOAL_SPEEDUP:g}x faster than dense")
+      rows.append(row)
+  return rows
+
+
+def report(args) -> common.Report:
+  """B4 as a :class:`experiments.bench_common.Report`."""
+  # pylint: disable=import-outside-toplevel
+  from experiments import calibrate
+  processes = args.processes or list(DEFAULT_PROCESSES)
+  elements = common.parse_size((args.sizes or ["resnet50"])[0])
+  methods = args.methods or list(METHODS)
+  rate_bits = calibrate.parse_rate(args.rate)
+  rows = link_times(processes, elements, methods, rate_bits=rate_bits,
+                    repeats=min(args.repeats, 5), timeout_s=args.timeout)
+  rate = "unshaped loopback" if rate_bits is None else f"{rate_bits / 1e9:g} Gbit/s loopback"
+  return common.Report(
+      name="links",
+      title=f"B4: one exchange of {elements:,} float32 between processes, {rate}",
+      columns=[("processes", "processes"), ("method", "method"), ("seconds", "seconds"),
+               ("speedup", "x faster than dense"), ("compute_seconds", "compute s"),
+               ("bytes_per_device", "bytes/device"), ("link_seconds", "link s"),
+               ("goal", "goal")],
+      rows=rows,
+      notes=[
+          "jax.distributed over gloo, one CPU device per process, in a private network "
+          "namespace whose loopback is shaped by tc tbf (experiments.calibrate); all processes "
+          "share the one loopback, and 2 CPU cores.",
+          "seconds: fastest exchange (encode, collectives, decode) of the slowest process; "
+          "compute: the same method without a collective (axis_name=None), all processes at "
+          "once; bytes/device from the compiled HLO; link: processes x bytes/device at the "
+          "rate (the time the shared loopback needs to carry them all).",
+      ],
+      settings={"processes": list(processes), "elements": elements, "methods": list(methods),
+                "rate_bits": rate_bits, "repeats": min(args.repeats, 5)})
+
+
+if __name__ == "__main__":
+  common.child_main(None, measure)

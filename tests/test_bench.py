@@ -1,0 +1,137 @@
+"""Smoke tests of the benchmarks' code paths on tiny sizes (experiments.bench*).
+
+The timings themselves are not tested (they depend on the machine); what is: every path runs in
+its child processes, the figures it reports are consistent (the reference method's ratio is 1),
+wire bytes match the closed forms of each exchange, state memory matches the state's layout,
+and the results files carry the table with its goal column.
+"""
+
+import json
+import math
+
+import pytest
+
+from experiments import bench
+from experiments import bench_bytes
+from experiments import bench_common
+from experiments import calibrate
+from experiments import bench_compression
+from experiments import bench_links
+from experiments import bench_step
+
+
+@pytest.mark.parametrize("text,elements", [
+    ("1m", 1_000_000), ("resnet50", 25_557_032), ("bert_base", 109_482_240), ("4096", 4096),
+    ("25.6m", 25_600_000), ("4k", 4000)])
+def test_parse_size(text, elements):
+  assert bench_common.parse_size(text) == elements
+
+
+@pytest.mark.parametrize("bad", ["", "-3", "big", "0"])
+def test_parse_size_rejects(bad):
+  with pytest.raises(ValueError, match="--sizes"):
+    bench_common.parse_size(bad)
+
+
+def test_unknown_method_is_named():
+  with pytest.raises(ValueError, match="'nope'.*allowed"):
+    bench_common.check_methods(["dense", "nope"])
+
+
+def test_compression_cli_writes_table_with_goal(tmp_path, capsys):
+  size = 65536
+  written = bench.main(["compression", "--sizes", str(size), "--methods", "topk", "tasc",
+                        "--repeats", "1", "--out", str(tmp_path)])
+  assert sorted(p.name for p in written) == ["compression.json", "compression.md"]
+  rows = json.loads((tmp_path / "compression.json").read_text())["rows"]
+  assert [r["method"] for r in rows] == ["topk", "tasc"]
+  for r in rows:
+    assert r["ratio"] > 0 and r["floor_seconds"] > 0 and r["elements"] == size
+  assert rows[0]["vs_topk"] == 1.0
+  # TASC's state: the f32 residual, one f32 curvature per 256-element block, count and key.
+  blocks = size // 256
+  assert rows[1]["state_bytes_per_param"] == pytest.approx((4 * size + 4 * blocks + 12) / size)
+  assert rows[0]["state_bytes_per_param"] == pytest.approx((4 * size + 12) / size)
+  markdown = (tmp_path / "compression.md").read_text()
+  assert "| goal |" in markdown and "time / floor" in markdown
+  assert capsys.readouterr().out.rstrip().endswith(markdown.rstrip().splitlines()[-1])
+
+
+def test_compression_goal_column():
+  row = {"method": "tasc", "size": bench_compression.GOAL_SIZE, "ratio": 2.0, "vs_topk": 30.0}
+  assert bench_compression._goal(row) == ("missed (<= 1.5x floor); "
+                                         "met (>= 10x cheaper than exact top-k)")
+  assert bench_compression._goal({"method": "tasc", "size": bench_compression.GOAL_SIZE,
+                                  "skipped": "slow"}).startswith("not measured")
+  assert bench_compression._goal({"method": "topk", "size": 5, "ratio": 1.0}) == ""
+
+
+# Small enough to compile in seconds, large enough for TASC's 1% of 256-element blocks.
+TINY_MODELS = {"resnet20": {"depth": 8, "width": 8},
+               "bert_tiny": {"hidden": 16, "num_layers": 1, "num_heads": 2, "intermediate": 32,
+                             "vocab_size": 1024, "max_length": 128}}
+
+
+@pytest.mark.parametrize("model", [
+    "bert_tiny",
+    # Batch-norm statistics per device; its convolutions compile for about a minute.
+    pytest.param("resnet20", marks=pytest.mark.slow)])
+def test_step_overhead_tiny(model):
+  rows = bench_step.step_overhead([model], ["tasc"], repeats=1, batch_size=8,
+                                  model_overrides=TINY_MODELS, log=lambda _: None)
+  assert [(r["model"], r["method"]) for r in rows] == [(model, "dense"), (model, "tasc")]
+  for r in rows:
+    assert r["seconds"] > 0 and r["batch_size"] == 8
+  assert rows[0]["ratio"] == 1.0
+  assert rows[1]["goal"].split()[0] in ("met", "missed")
+
+
+def test_bytes_match_closed_forms():
+  n, rows_count, cols = 4, 512, 64
+  d = rows_count * cols
+  rows = bench_bytes.bytes_vs_workers([n], [f"{rows_count}x{cols}"], group=2,
+                                      log=lambda _: None)
+  got = {r["method"]: r for r in rows}
+  assert not [r for r in rows if "error" in r], rows
+  all_reduce = lambda words: 2 * (n - 1) / n * 4 * words
+  k = round(0.01 * d)
+  blocks = d // 256
+  assert got["dense"]["bytes_per_device"] == all_reduce(d)
+  assert got["randomk"]["bytes_per_device"] == all_reduce(k)
+  assert got["topk"]["bytes_per_device"] == (n - 1) * k * (4 + 4)  # values and int32 indices
+  assert got["tasc"]["bytes_per_device"] == all_reduce(round(0.01 * blocks) * 256 + blocks)
+  rank = 4
+  assert got["powersgd"]["bytes_per_device"] == all_reduce(rank * (rows_count + cols))
+  # Hierarchical: the slow axis (2 nodes) carries TASC of one node's half of the gradient.
+  shard_blocks = d // 2 // 256
+  assert got["tasc_hierarchical"]["slow_axis_bytes"] == 2 * (2 - 1) / 2 * 4 * (
+      round(0.01 * shard_blocks) * 256 + shard_blocks)
+  assert got["dense"]["vs_dense"] == 1.0
+
+
+def test_bytes_hierarchical_needs_two_nodes():
+  rows = bench_bytes.bytes_vs_workers([2], ["32768"], ["dense", "tasc_hierarchical"],
+                                      log=lambda _: None)
+  assert "skipped" in rows[1] and "at least 16" in rows[1]["skipped"]
+
+
+def test_gradient_shapes_of_resnet50():
+  shapes = bench_bytes.gradient_shapes("resnet50")
+  assert sum(math.prod(s) for s in shapes.values()) == 25_557_032
+  with pytest.raises(ValueError, match="--sizes"):
+    bench_bytes.gradient_shapes("3x4x5")
+
+
+@pytest.mark.parametrize("rate_bits", [None, 1e9])
+def test_links_two_processes(rate_bits):
+  if rate_bits is not None and not calibrate.netns_available()[0]:
+    pytest.skip("no permission for network namespaces here")
+  size = 65536
+  rows = bench_links.link_times([2], size, rate_bits=rate_bits, repeats=1, timeout_s=300,
+                                log=lambda _: None)
+  got = {r["method"]: r for r in rows}
+  assert set(got) == {"dense", "topk", "tasc"}
+  assert got["dense"]["bytes_per_device"] == 4 * size  # 2 (n-1)/n of the buffer, n = 2
+  assert got["dense"]["speedup"] == 1.0
+  assert all(r["seconds"] > 0 for r in rows)
+  assert got["tasc"]["goal"].split()[0] in ("met", "missed")
