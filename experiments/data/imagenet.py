@@ -92,12 +92,8 @@ def _listing(data_dir, split, classes):
 
 
 def _open(path):
-  try:
-    with Image.open(path) as image:
-      return image.convert("RGB")
-  except (OSError, SyntaxError) as err:  # PIL's errors for unreadable and truncated images
-    raise ValueError(f"imagenet: cannot decode image {str(path)!r} ({err}); every file under "
-                     "train/<wnid>/ and val/<wnid>/ must be a readable JPEG") from err
+  with Image.open(path) as image:
+    return image.convert("RGB")
 
 
 def random_resized_crop_box(width: int, height: int, rng: np.random.Generator,
