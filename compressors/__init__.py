@@ -44,3 +44,5 @@ from compressors.topology import collective_cost
 from compressors.drift import replicas_agree
 from compressors.nonfinite import SkipNonFiniteState
 from compressors.nonfinite import skip_nonfinite
+from compressors.momentum import MomentumCorrectionState
+from compressors.momentum import momentum_correction

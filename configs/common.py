@@ -44,13 +44,14 @@ def base() -> ml_collections.ConfigDict:
       seed=0,                # shared randomness of randomised compressors
       threshold=1e-3,        # threshold: magnitude sent
       dgc_momentum=0.9,      # dgc: momentum correction
-      clip_norm=ml_collections.FieldReference(None, field_type=float),  # dgc: local clipping
+      clip_norm=ml_collections.FieldReference(None, field_type=float),  # dgc, momentum_correction: local clipping
       warmup_steps=0,        # dgc: density warm-up steps
       levels=16,             # qsgd: quantisation levels s
       rank=2,                # powersgd: rank
       block_size=256,        # tasc: structured block size
       sensitivity="hutchinson",  # tasc: block scores (hutchinson | fisher | none)
       support="global",      # tasc: blocks chosen from this step's (global) or last step's scores
+      momentum_correction=0.0,  # sparsifiers: DGC's local momentum (then plain SGD after); 0: off
       hessian_every=100,     # tasc: steps between curvature refreshes
       num_probes=4,          # tasc: Hutchinson probes per refresh
   ))

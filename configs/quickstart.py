@@ -10,8 +10,8 @@ diagonal, refreshed every 500 steps) times squared norm, all devices agree on th
 the blocks, and only those travel, in one all-reduce; error feedback keeps the rest.
 
 Expected: about 94-95% test accuracy after 50 epochs (750 steps), sending about 55x fewer bytes per
-step than a dense all-reduce (the curvature refresh's all-reduce included); both are printed at
-the end and logged in ``runs/quickstart/metrics.jsonl``. Runtime: about 1.5 minutes on 2 CPU cores.
+step than a dense all-reduce (the curvature refresh is each device's own and moves nothing); both
+are printed at the end and logged in ``runs/quickstart/metrics.jsonl``. Runtime: about 1.5 minutes on 2 CPU cores.
 
 Argument: ``smoke`` (2 steps of a tiny model, for tests).
 """

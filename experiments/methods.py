@@ -108,8 +108,18 @@ def communication(config, axis_name: str = AXIS_NAME) -> optax.GradientTransform
   """The per-worker transformation that exchanges gradients for ``config.method``."""
   method = check_method(config.method)
   c = config.compression
-  error_feedback = method.error_feedback if c.error_feedback is None else c.error_feedback
-  return method.build(_implementation(config.method), c, axis_name, error_feedback)
+  exchange = method.build(_implementation(config.method), c, axis_name,
+                            error_feedback(config))
+  if c.momentum_correction:
+    return compressors.momentum_correction(exchange, c.momentum_correction,
+                                           clip_norm=c.clip_norm, axis_name=axis_name)
+  return exchange
+
+
+def error_feedback(config) -> bool:
+  """Whether ``config.method`` runs with error feedback (its paper's default unless set)."""
+  c = config.compression
+  return check_method(config.method).error_feedback if c.error_feedback is None else c.error_feedback
 
 
 def uses_curvature(config) -> bool:

@@ -19,14 +19,15 @@ What lives where (``TrainState``):
 
 Curvature (TASC with ``sensitivity="hutchinson"``): every ``compression.hessian_every`` steps the
 step estimates the Hessian diagonal with ``compression.num_probes`` Hutchinson probes
-(``tasc.hutchinson_diagonal``, each device probing its own batch, averaged over devices) and
-passes it to the chain's update as ``curvature=``; TASC keeps an average of it in its state for
-the steps in between. Steps that refresh it are a second compiled variant of the step.
+(``tasc.hutchinson_diagonal``, each device probing its own batch and keeping its own estimate: TASC
+sums the block scores over devices anyway, so the refresh moves no bytes) and passes it to the
+chain's update as ``curvature=``; TASC keeps an average of it in its state for the steps in
+between. Steps that refresh it are a second compiled variant of the step.
 
 Bytes on the wire are read from the compiled steps with ``compressors.wire_bytes``; the dense
 baseline is the same step with ``method="dense"``, compiled but never run. With a curvature
-refresh every ``h`` steps, ``wire_bytes`` is the average per step over ``h`` steps, the refresh's
-all-reduce of the diagonal included. The reliability checks below move a few bytes more, reported
+refresh every ``h`` steps, ``wire_bytes`` is the average per step over ``h`` steps, whatever the
+refreshing variant moves included. The reliability checks below move a few bytes more, reported
 apart as ``guard_bytes`` (also read from compiled programs) so that ``wire_bytes`` and
 ``compression_ratio`` describe the gradient exchange alone.
 
@@ -183,7 +184,7 @@ def _build_program(model, task, tx, learning_rate, mesh, config, params_shape,
     if refresh:
       extra_args["curvature"] = tasc.hutchinson_diagonal(
           lambda p, b: loss_fn(p, b)[0], local_params, jax.random.fold_in(probe_key, state.step),
-          config.compression.num_probes, batch, axis_name=AXIS)
+          config.compression.num_probes, batch, axis_name=AXIS, average=False)
     updates, opt_state = tx.update(grads, compressors.drop_device_axis(state.opt_state),
                                    state.params, **extra_args)
     params = optax.apply_updates(state.params, updates)
@@ -295,6 +296,7 @@ def _dense_bytes(config, model, task, mesh, learning_rate, state, batch) -> floa
   if key not in _dense_bytes_cache:
     dense_config = ml_collections.ConfigDict(config.to_dict())
     dense_config.method = "dense"
+    dense_config.compression.momentum_correction = 0.0  # needs error feedback, which dense lacks
     dense_tx = methods.training_chain(dense_config, learning_rate)
     params = _abstract(state.params)
     program = _build_program(model, task, dense_tx, learning_rate, mesh, dense_config, params,

@@ -179,6 +179,7 @@ def hutchinson(
     *args: Any,
     axis_name: str | None = None,
     probe_batch_size: int = 1,
+    average: bool = True,
 ) -> HutchinsonEstimate:
   """Hessian diagonal, per-layer traces and total trace from Rademacher probes.
 
@@ -198,6 +199,9 @@ def hutchinson(
       one ``lax.pmean`` of the diagonal's size.
     probe_batch_size: probes vmapped together; peak memory grows with it (see the
       module docstring). Values above ``num_samples`` are clipped to it.
+    average: with ``axis_name``, False skips the ``pmean``: each worker keeps the
+      estimate of its own batch (no collective). TASC wants this: its block scores
+      are summed over workers anyway, so a local curvature costs no bytes.
 
   Returns:
     ``HutchinsonEstimate(diagonal, traces, total)``; the diagonal has the dtypes
@@ -230,7 +234,8 @@ def hutchinson(
   )
   if remainder:
     total_sum = optax.tree.add(total_sum, chunk_sum(keys[num_chunks * chunk :]))
-  diagonal = optax.tree.scale(1.0 / num_samples, _pmean_flat(total_sum, axis_name))
+  diagonal = optax.tree.scale(
+      1.0 / num_samples, _pmean_flat(total_sum, axis_name if average else None))
   traces = jax.tree.map(jnp.sum, diagonal)
   total = jax.tree.reduce(operator.add, traces)
   diagonal = jax.tree.map(lambda d, p: d.astype(jnp.result_type(p)), diagonal, params)
@@ -245,11 +250,12 @@ def hutchinson_diagonal(
     *args: Any,
     axis_name: str | None = None,
     probe_batch_size: int = 1,
+    average: bool = True,
 ) -> PyTree:
   """Hutchinson estimate of diag(H), a pytree like ``params``; see ``hutchinson``."""
   return hutchinson(
       loss_fn, params, key, num_samples, *args, axis_name=axis_name,
-      probe_batch_size=probe_batch_size
+      probe_batch_size=probe_batch_size, average=average
   ).diagonal
 
 

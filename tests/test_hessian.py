@@ -283,6 +283,29 @@ def test_sharded_hutchinson_equals_full_batch_and_sends_one_all_reduce():
   assert report.total == 2 * (NUM_DEVICES - 1) / NUM_DEVICES * collective.size_bytes  # ring
 
 
+def test_sharded_hutchinson_without_averaging_is_each_workers_own_and_moves_nothing():
+  """``average=False`` (what TASC's trainer uses): each worker's estimate of its own batch, with
+  the parameters varying per worker as in a training step, and no collective at all."""
+  params = mlp_params(1)
+  x, y = mlp_data(2, n=4 * NUM_DEVICES)
+  key = jax.random.key(9)
+
+  def local_estimates(p, k, xb, yb):
+    p = jax.lax.pcast(p, "data", to="varying")
+    diagonal = tasc.hutchinson_diagonal(mlp_loss, p, k, 16, xb, yb, axis_name="data",
+                                        average=False)
+    return jax.tree.map(lambda d: d[None], diagonal)
+
+  step = jax.jit(jax.shard_map(local_estimates, mesh=harness.mesh(NUM_DEVICES),
+                               in_specs=(P(), P(), P("data"), P("data")), out_specs=P("data")))
+  per_worker = step(params, key, x, y)
+  for w in range(NUM_DEVICES):
+    own = hutchinson(mlp_loss, params, key, 16, x[4 * w:4 * w + 4], y[4 * w:4 * w + 4])
+    assert_trees_close(jax.tree.map(lambda d: d[w], per_worker), own.diagonal, rtol=1e-10,
+                       atol=1e-14)
+  assert compressors.wire_bytes(step, params, key, x, y).total == 0
+
+
 def test_sharded_top_eigenvalue_equals_full_batch():
   params = mlp_params(1)
   x, y = mlp_data(2, n=4 * NUM_DEVICES)
