@@ -80,11 +80,17 @@ class Target:
 # ----------------------------------------------------------------------------- targets
 
 
+def _t1_workdir(options: Options) -> str:
+  """T1's runs (F4 reads the same): full settings in their own folder, never mixed with quick."""
+  return os.path.join(options.workdir, "t1_mnist1d_full" if options.full else "t1_mnist1d")
+
+
 def _t1(options: Options) -> report_lib.Report:
   from configs.paper import t1_mnist1d  # pylint: disable=import-outside-toplevel
   from experiments import reproduce_training  # pylint: disable=import-outside-toplevel
-  workdir = os.path.join(options.workdir, "t1_mnist1d")
-  search_dir = os.path.join(options.workdir, "t1_tasc_search")
+  workdir = _t1_workdir(options)
+  search_dir = os.path.join(options.workdir, "t1_tasc_search_full" if options.full
+                            else "t1_tasc_search")
   if not options.report_only:
     arg = ",".join(filter(None, [options.config_arg(), f"seeds={options.seeds}"]))
     reproduce_training.run_sweep_config(t1_mnist1d.get_config(arg), workdir)
@@ -96,7 +102,7 @@ def _t1(options: Options) -> report_lib.Report:
 def _f4(options: Options) -> report_lib.Report:
   from configs.paper import t1_mnist1d  # pylint: disable=import-outside-toplevel
   from experiments import reproduce_training  # pylint: disable=import-outside-toplevel
-  workdir = os.path.join(options.workdir, "t1_mnist1d")
+  workdir = _t1_workdir(options)
   if not options.report_only:
     arg = ",".join(filter(None, [options.config_arg(), f"seeds={options.seeds}", "subset=f4"]))
     reproduce_training.run_sweep_config(t1_mnist1d.get_config(arg), workdir)
@@ -122,14 +128,12 @@ def _t1_cifar10(options: Options) -> report_lib.Report:
 
 def _t2(options: Options) -> report_lib.Report:
   from configs.paper import t2  # pylint: disable=import-outside-toplevel
-  from configs.paper import t2_bert  # pylint: disable=import-outside-toplevel
   from experiments import reproduce_training  # pylint: disable=import-outside-toplevel
   settings = t2.get_config(options.config_arg())
+  mnist_dir, bert_dir = reproduce_training.t2_dirs(options.workdir, options.full)
   if not options.report_only:
-    reproduce_training.run_t2_mnist1d(settings.mnist1d,
-                                      os.path.join(options.workdir, "t2_mnist1d"))
-    reproduce_training.run_sweep_config(t2_bert.get_config(options.config_arg()),
-                                        os.path.join(options.workdir, "t2_bert"))
+    reproduce_training.run_t2_mnist1d(settings.mnist1d, mnist_dir)
+    reproduce_training.run_t2_bert(settings.bert, bert_dir, full=options.full)
   return reproduce_training.t2_report(options.workdir, settings, full=options.full)
 
 
@@ -157,10 +161,14 @@ def _f3(options: Options) -> report_lib.Report:
   from configs.paper import f3  # pylint: disable=import-outside-toplevel
   from experiments import reproduce_comm  # pylint: disable=import-outside-toplevel
   settings = f3.get_config(options.config_arg())
-  workdir = os.path.join(options.workdir, "f3")
+  # Full settings time a larger gradient under the same run names: their own folder.
+  workdir = os.path.join(options.workdir, "f3_full" if options.full else "f3")
   skipped = None
   if not options.report_only:
     skipped = reproduce_comm.run_f3(settings, workdir)
+    if skipped:
+      LOG.warning("f3: nothing measured: %s (needs root and `ip netns`); the report says so",
+                  skipped)
   return reproduce_comm.f3_report(settings, workdir, full=options.full, skipped=skipped)
 
 

@@ -1,11 +1,14 @@
 """F3 settings: measured exchange times over a rate-limited loopback, beside the model.
 
-  python -m experiments.reproduce --target=f3      # needs root and `ip netns`
+  python -m experiments.reproduce --target=f3              # needs root and `ip netns`
+  python -m experiments.reproduce --target=f3 --full       # own folder, runs/paper/f3_full
 
 For 2 and 4 processes at 1 and 10 Gbit/s: :func:`experiments.calibrate.calibrate` fits the
 loopback's alpha and beta, :func:`experiments.bench_links.link_times` times dense, top-k and TASC
-exchanges of one gradient, and the cost model predicts each. Quick (default): a 4M-element
-gradient (16 MB), about 10 minutes on 2 CPU cores; ``full``: ResNet-50's 25,557,032 elements.
+exchanges of one gradient, and the cost model predicts each. Without network namespaces (not
+root, no `ip`/`tc`) nothing runs and the report says why. Quick (default): a 4M-element gradient
+(16 MB), about 3 minutes on 2 busy CPU cores; ``full``: ResNet-50's 25,557,032 elements and 5
+repeats (estimated 10 minutes, not timed here).
 """
 
 import ml_collections
