@@ -81,8 +81,7 @@ def method_runs(workdir: str, method: str, seeds: int) -> list[report_lib.Run]:
   return [r for r in runs if r is not None and r.finished]
 
 
-def compression_rows(workdir: str, methods: Sequence[str], seeds: int,
-                     full: bool = True) -> list[dict]:
+def compression_rows(workdir: str, methods: Sequence[str], seeds: int) -> list[dict]:
   """T1's rows: test accuracy (mean ± std over seeds) and the compiled wire compression.
 
   The ratio is ``metrics.jsonl``'s last ``compression_ratio`` (dense bytes over this method's,
@@ -93,12 +92,11 @@ def compression_rows(workdir: str, methods: Sequence[str], seeds: int,
   failures = read_failures(workdir)
   rows = []
   for method in methods:
-    expected = t1_mnist1d.num_seeds(method, seeds, full)
-    runs = method_runs(workdir, method, expected)
+    runs = method_runs(workdir, method, seeds)
     accuracy = [r.results["test_accuracy"] for r in runs]
     ratios = [r.last("compression_ratio") for r in runs]
     wire = [r.last("wire_bytes") for r in runs]
-    failed = [failures[n] for n in (t1_mnist1d.run_name(method, s) for s in range(expected))
+    failed = [failures[n] for n in (t1_mnist1d.run_name(method, s) for s in range(seeds))
               if n in failures]
     rows.append({
         "method": method,
@@ -111,8 +109,7 @@ def compression_rows(workdir: str, methods: Sequence[str], seeds: int,
         "final_train_loss": float(np.mean([r.results["train_loss"] for r in runs]))
                             if runs else None,
         "status": ("failed: " + failed[0]) if failed else (
-            f"{len(runs)}/{expected} seeds done" + (" (1 seed by design: slow, see notes)"
-                                                    if expected < seeds else "")),
+            f"{len(runs)}/{seeds} seeds done"),
         "run_dirs": " ".join(report_lib.relative(r.path) for r in runs),
     })
   dense = next((r for r in rows if r["method"] == "dense" and r["seeds"]), None)
@@ -223,7 +220,7 @@ def plot_accuracy_vs_compression(rows: list[dict], title: str):
 def t1_report(workdir: str, *, seeds: int, full: bool, search_dir: str | None = None) -> Report:
   from configs.paper import mnist1d  # pylint: disable=import-outside-toplevel
   from configs.paper import t1_mnist1d  # pylint: disable=import-outside-toplevel
-  rows = compression_rows(workdir, list(t1_mnist1d.METHODS), seeds, full)
+  rows = compression_rows(workdir, list(t1_mnist1d.METHODS), seeds)
   steps = mnist1d.FULL_STEPS if full else mnist1d.QUICK_STEPS
   claims = t1_claims(rows, "MNIST-1D")
   sections = []
@@ -256,11 +253,7 @@ def t1_report(workdir: str, *, seeds: int, full: bool, search_dir: str | None = 
           "wire bytes TASC sends whole contiguous blocks instead of the largest entries, and its "
           "selection cannot be much finer than 256-512 elements before the block scores' "
           "all-reduce (1 float per block) eats the compression. The settings investigation "
-          "below is what we tried.",
-          "Random-k runs one seed in quick settings: its shared indices come from "
-          "jax.random.choice(replace=False), a permutation of the whole buffer twice per step "
-          "and device, about 2.5 s per step here (25 minutes per run; a request to the "
-          "compressors' owner is in /work/brief/REQUESTS.md)."],
+          "below is what we tried."],
       plot=plot_accuracy_vs_compression(rows, "T1: accuracy vs wire compression (MNIST-1D, "
                                               "8 workers)"))
 
@@ -401,7 +394,7 @@ def cifar10_available(data_dir: str) -> bool:
 def f4_report(workdir: str, *, seeds: int, full: bool) -> Report:
   from configs.paper import t1_mnist1d  # pylint: disable=import-outside-toplevel
   methods = list(t1_mnist1d.F4_METHODS)
-  rows = compression_rows(workdir, methods, seeds, full)
+  rows = compression_rows(workdir, methods, seeds)
   curves = {}
   for method in methods:
     series = [r.series("loss") for r in method_runs(workdir, method, seeds)]

@@ -4,8 +4,8 @@
 
 (or ``python -m experiments.reproduce --target=t1``, which also writes the table). One run per
 method and seed of ``configs/paper/mnist1d.py``; run ``<method>_s<seed>`` works in
-``workdir/<method>_s<seed>``. 19 methods x 3 seeds (random-k: 1 seed in quick settings, see
-``QUICK_SINGLE_SEED``), about 1-1.5 minutes each on 2 CPU cores (quick).
+``workdir/<method>_s<seed>``. 19 methods x 3 seeds, about 1-1.5 minutes each on 2 CPU cores
+(quick).
 
 Arguments: ``full`` (the config's full settings), ``seeds=N`` (default 3), ``subset=f4`` (only the
 runs of F4's loss curves: TASC with each sensitivity and top-k at 1% density, all with error
@@ -37,10 +37,6 @@ METHODS = {
     **{f"tasc_d{d}_{s}": dict(method="tasc", density=d, sensitivity=s)
        for d in (0.01, 0.001) for s in ("hutchinson", "fisher", "none")},
 }
-# Rows run with seed 0 only in quick settings: random-k draws its shared indices with
-# jax.random.choice(replace=False), a permutation of the whole 195K buffer (twice per step and
-# device), about 2.5 s per step on 2 CPU cores: 25 minutes per run.
-QUICK_SINGLE_SEED = ("randomk_d0.01",)
 F4_METHODS = ("tasc_d0.01_hutchinson", "tasc_d0.01_fisher", "tasc_d0.01_none", "topk_d0.01")
 
 
@@ -48,11 +44,6 @@ def config_arg(method: str) -> str:
   """``configs/paper/mnist1d.py``'s argument for ``method`` (a key of :data:`METHODS`)."""
   return ",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}"
                   for k, v in METHODS[method].items())
-
-
-def num_seeds(method: str, seeds: int, full: bool) -> int:
-  """Seeds ``method`` runs with when the sweep asks for ``seeds``."""
-  return 1 if method in QUICK_SINGLE_SEED and not full else seeds
 
 
 def run_name(method: str, seed: int) -> str:
@@ -70,7 +61,6 @@ def get_config(arg=None):
   full = ",full=true" if args["full"] else ""
   c = ml_collections.ConfigDict()
   c.runs = [{"name": run_name(m, seed), "config": f"{CONFIG}:{config_arg(m)},seed={seed}{full}"}
-            for seed in range(args["seeds"]) for m in methods
-            if seed < num_seeds(m, args["seeds"], args["full"])]
+            for seed in range(args["seeds"]) for m in methods]
   c.overrides = {}
   return c
