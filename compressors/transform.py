@@ -13,7 +13,7 @@ et al. 2019 "Error feedback fixes SignSGD and other gradient compression schemes
 so that ``sent + e' == a`` at every step: nothing that was not sent is lost.
 """
 
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from typing import Any, NamedTuple
 
 import jax
@@ -43,6 +43,26 @@ class CompressState(NamedTuple):
   residual: PyTree
   buffers: Any
   per_worker_fields = ("residual", "buffers")
+
+
+class ResidualAggregate(NamedTuple):
+  """A ``Compressor.aggregate`` that can also add the error-feedback residual itself.
+
+  :func:`compress` normally hands ``aggregate`` the buffer ``x = g + e`` and keeps
+  ``x - sent`` as the new residual: a full pass over the buffer. A sparsifier can instead keep
+  ``x`` with the sent entries replaced, in place (TASC zeroes the blocks it sends). Given as
+  ``compressor.aggregate``, this pair lets :func:`compress` call
+  ``with_residual(g, e, state, ctx) -> (Aggregate, kept)`` with the gradient buffer ``g`` and
+  the residual ``e`` (None without error feedback), ``kept`` being ``g + e - sent`` exactly
+  (the returned ``Aggregate.sent`` is not used). Where the residual cannot be handed over (the
+  hierarchical mode reduce-scatters ``g + e`` first), the plain ``aggregate(x, state, ctx)``
+  runs, as for any compressor.
+  """
+  aggregate: Callable[..., base.Aggregate]
+  with_residual: Callable[..., tuple[base.Aggregate, jax.Array | None]]
+
+  def __call__(self, x: jax.Array, state: Any, ctx: base.Context) -> base.Aggregate:
+    return self.aggregate(x, state, ctx)
 
 
 def compress(compressor: base.Compressor, *, axis_name: axes.AxisName,
@@ -178,11 +198,16 @@ def compress(compressor: base.Compressor, *, axis_name: axes.AxisName,
         raw_ctx = ctx._replace(num_workers=num_workers * group, size=g.size, shape=(g.size,))
         g, cstate = compressor.precondition(g, bstate.compressor, raw_ctx)
         bstate = bstate._replace(compressor=cstate)
-      x = g if e is None else g + e
-      if dense_axis is not None:
-        x = _reduce_scatter(x, dense_axis, group)
-      out = base.exchange(compressor, x, bstate, ctx)
-      mean, kept = out.mean, x - out.sent
+      if isinstance(compressor.aggregate, ResidualAggregate) and dense_axis is None:
+        out, kept = compressor.aggregate.with_residual(g, e, bstate.compressor, ctx)
+        out = out._replace(state=bstate._replace(compressor=out.state))
+      else:
+        x = g if e is None else g + e
+        if dense_axis is not None:
+          x = _reduce_scatter(x, dense_axis, group)
+        out = base.exchange(compressor, x, bstate, ctx)
+        kept = x - out.sent
+      mean = out.mean
       if dense_axis is not None:
         mean = _all_gather(mean / group, dense_axis, g.size)
         kept = _place_owned_shard(kept, dense_axis, g.size)

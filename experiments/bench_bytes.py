@@ -34,6 +34,7 @@ DEFAULT_SIZES = ("resnet50", "bert_base")
 METHODS = ("dense", "topk", "randomk", "powersgd", "onebit", "tasc", "tasc_hierarchical")
 NODE_SIZE = 8
 AXIS, SLOW, FAST = "data", "node", "local"
+TIMEOUT_S = 1800.0  # default limit for one child process, seconds
 
 
 def gradient_shapes(size: str) -> dict[str, tuple[int, ...]]:
@@ -133,7 +134,7 @@ def _wire_bytes(method: str, params: dict, n: int, group: int) -> dict:
 
 def bytes_vs_workers(workers: Sequence[int], sizes: Sequence[str],
                      methods: Sequence[str] = METHODS, *, group: int = NODE_SIZE,
-                     timeout_s: float = 1800.0, log=print) -> list[dict]:
+                     timeout_s: float = TIMEOUT_S, log=print) -> list[dict]:
   """Per-device wire bytes of one exchange for each worker count, gradient and method.
 
   Args:
@@ -182,7 +183,7 @@ def report(args) -> common.Report:
   workers = args.workers or list(DEFAULT_WORKERS)
   sizes = args.sizes or list(DEFAULT_SIZES)
   methods = args.methods or list(METHODS)
-  rows = bytes_vs_workers(workers, sizes, methods, timeout_s=args.timeout)
+  rows = bytes_vs_workers(workers, sizes, methods, timeout_s=args.timeout or TIMEOUT_S)
   table = []
   for size in sizes:
     for method in methods:

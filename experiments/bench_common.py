@@ -75,14 +75,14 @@ def communication(method: str, axis_name, **compression):
 # ----------------------------------------------------------------------------- child processes
 
 
-def cpu_env(num_devices: int = 1, extra_flags: str = "") -> dict[str, str]:
+def cpu_env(num_devices: int = 1) -> dict[str, str]:
   """Environment for a child that simulates ``num_devices`` CPU devices."""
   env = dict(os.environ, JAX_PLATFORMS="cpu",
              PYTHONPATH=os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]))
   flags = re.sub(r"--xla_force_host_platform_device_count=\S*", "", env.get("XLA_FLAGS", ""))
   if num_devices > 1:
     flags += f" --xla_force_host_platform_device_count={num_devices}"
-  env["XLA_FLAGS"] = f"{flags} {extra_flags}".strip()
+  env["XLA_FLAGS"] = flags.strip()
   return env
 
 
@@ -148,8 +148,9 @@ def fastest_interleaved(calls: dict[str, Callable[[], Callable[[], Any]]], repea
 
   Returns:
     name -> ``{"wall": fastest wall-clock seconds, "cpu": fastest process CPU seconds,
-    "median_wall": median wall-clock seconds}``. CPU time (all threads) does not count the
-    time the process waited for a core, so it is the steadier figure on a loaded machine.
+    "median_wall": median wall-clock seconds, "repeats": timed calls}``. CPU time (all
+    threads) does not count the time the process waited for a core, so it is the steadier
+    figure on a loaded machine.
   """
   import jax  # pylint: disable=import-outside-toplevel
   times = {name: [] for name in calls}

@@ -31,6 +31,7 @@ DEFAULT_PROCESSES = (2, 4)
 METHODS = ("dense", "topk", "tasc")
 GOAL_SPEEDUP = 20.0
 AXIS = "data"
+TIMEOUT_S = 1800.0  # default limit for one child process, seconds
 
 
 def measure(request: dict) -> dict:
@@ -129,8 +130,8 @@ def _run_processes(processes: int, request: dict, prefix: list[str], timeout_s: 
 
 
 def link_times(processes: Sequence[int], elements: int, methods: Sequence[str] = METHODS, *,
-               rate_bits: float | None = 1e9, repeats: int = 5, timeout_s: float = 1800.0,
-               log=print) -> list[dict]:
+               rate_bits: float | None = 1e9, repeats: int = 5,
+               timeout_s: float = TIMEOUT_S, log=print) -> list[dict]:
   """Rows of B4: one per (processes, method), with ``speedup`` = dense's time / this one's.
 
   Args:
@@ -188,7 +189,7 @@ def report(args) -> common.Report:
   methods = args.methods or list(METHODS)
   rate_bits = calibrate.parse_rate(args.rate)
   rows = link_times(processes, elements, methods, rate_bits=rate_bits,
-                    repeats=min(args.repeats, 5), timeout_s=args.timeout)
+                    repeats=min(args.repeats, 5), timeout_s=args.timeout or TIMEOUT_S)
   rate = "unshaped loopback" if rate_bits is None else f"{rate_bits / 1e9:g} Gbit/s loopback"
   return common.Report(
       name="links",

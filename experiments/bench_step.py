@@ -30,6 +30,7 @@ MODELS = {
                        vocab_size=8000), 64, "masked_lm"),
 }
 SEQUENCE_LENGTH, PREDICTIONS = 128, 20
+TIMEOUT_S = 3600.0  # default limit for one child process, seconds
 
 
 def random_batch(model: str, batch_size: int, vocab_size: int):
@@ -139,7 +140,7 @@ def measure(request: dict) -> dict:
 
 def step_overhead(models: Sequence[str], methods: Sequence[str], *, repeats: int = 10,
                   batch_size: int | None = None, model_overrides: dict | None = None,
-                  timeout_s: float = 3600.0, log=print) -> list[dict]:
+                  timeout_s: float = TIMEOUT_S, log=print) -> list[dict]:
   """Rows of B2: one per (model, method); ``ratio`` is the step time over dense's.
 
   Args:
@@ -177,7 +178,8 @@ def report(args) -> common.Report:
   """B2 as a :class:`experiments.bench_common.Report`."""
   models = args.models or list(MODELS)
   methods = args.methods or common.METHODS
-  rows = step_overhead(models, methods, repeats=args.repeats, timeout_s=args.timeout)
+  rows = step_overhead(models, methods, repeats=args.repeats,
+                       timeout_s=args.timeout or TIMEOUT_S)
   return common.Report(
       name="step",
       title=f"B2: training-step time with each method / dense ({NUM_DEVICES} simulated devices)",

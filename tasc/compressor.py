@@ -24,6 +24,15 @@ Bytes. Per worker, the all-reduce operands are ``K * block_size + num_blocks`` f
 the number of workers ``n`` (an all-reduce moves ``2 (n-1)/n`` of its operand per worker), where
 top-k's all-gather moves ``2 k (n-1)`` words.
 
+Memory traffic. The buffer is never padded or copied: the blocks are a free reshape of ``a``
+(:func:`tasc.scores.block_sums`), only the ``K`` chosen blocks are gathered, and error feedback
+keeps ``a`` with those blocks replaced, in place (``compress`` hands over ``g`` and ``e``:
+:class:`compressors.transform.ResidualAggregate`) rather than subtracting a dense ``sent``. The
+dense mean's zeros are filled once the blocks are chosen, so XLA writes them over the
+gradient's (donated) buffer instead of fresh memory. A step thus reads ``g`` and ``e`` and
+writes ``a`` once, reads ``a`` once more for the scores and writes the mean's zeros once: XLA's
+CPU backend has no multi-output fusion that would let the scores ride on the first pass.
+
 Curvature (``sensitivity``)
   ``"hutchinson"``: ``update(..., curvature=h)`` passes a fresh estimate (a pytree like the
   gradients, e.g. :func:`tasc.hutchinson_diagonal`); the state keeps an EMA of its block means of
@@ -169,24 +178,30 @@ def tasc_compressor(density: Density, *, block_size: int = 256,
   def precondition(g, state, ctx):
     """Fisher: the EMA of the block means of this worker's squared gradient."""
     del ctx
-    squared = g * g
     if dense_axis is not None:
-      squared = transform.owned_shard(
-          squared, dense_axis, axes.num_workers(dense_axis, caller="tasc (dense_axis)"))
-    fresh = scores.block_means(squared, block_size)
+      shards = axes.num_workers(dense_axis, caller="tasc (dense_axis)")
+      fresh = scores.block_means(transform.owned_shard(g * g, dense_axis, shards), block_size)
+    else:
+      fresh = scores.block_means(g, block_size, jnp.square)
     if fresh.shape != state.curvature.shape:
-      raise ValueError(f"tasc: the gradient buffer has {squared.size} elements but the state "
+      raise ValueError(f"tasc: the gradient buffer has {g.size} elements but the state "
                        f"holds {state.curvature.size} blocks; in hierarchical mode pass "
                        "dense_axis to tasc_compressor as to compressors.compress")
     return g, state._replace(curvature=_ema(state.curvature, fresh, curvature_decay))
 
-  def aggregate(x, state, ctx):
+  def exchange(g, e, state, ctx):
+    """One step on ``a = g + e`` (``e`` None: ``a = g``): ``(mean, sent, kept, state)``.
+
+    ``kept`` is ``a - sent``, built as ``a`` with the sent blocks replaced (in place: the
+    blocks sent are zero, those a density schedule holds back stay whole); the caller uses
+    ``sent`` or ``kept`` and jit drops the other.
+    """
+    x = g if e is None else g + e
     size = x.size
-    blocks = scores.to_blocks(x, block_size)
-    energies = scores.block_energies(blocks)
+    energies = scores.block_energies(x, block_size)
     curvature = state.curvature
     if sensitivity == "hutchinson" and "curvature" in ctx.extras:
-      fresh = scores.block_means(abs(ctx.extras["curvature"]), block_size)
+      fresh = scores.block_means(ctx.extras["curvature"], block_size, jnp.abs)
       curvature = _ema(curvature, fresh, curvature_decay)
     weights = (scores.curvature_weights(curvature, size, block_size, eps) if keeps_curvature
                else jnp.ones_like(energies))
@@ -194,34 +209,98 @@ def tasc_compressor(density: Density, *, block_size: int = 256,
     groups, capacity = layout(size)
     priority = _mean_over_workers(weights * energies, ctx) if support == "global" else state.scores
     indices, guaranteed = support_lib.select(priority, capacity, groups, min_blocks_per_leaf)
-    rows = blocks[indices]
+    blocks = _take_blocks(x, indices, block_size)
+    rows = blocks
     if dynamic:
       wanted = jnp.round(density(ctx.step) * energies.size).astype(jnp.int32)
       sending = jnp.clip(jnp.maximum(wanted, guaranteed), 1, capacity)
       rows = jnp.where(jnp.arange(capacity)[:, None] < sending, rows, 0)
-    sent_blocks = jnp.zeros_like(blocks).at[indices].set(rows)
 
     if support == "previous":
-      kept_scores = weights * scores.block_energies(blocks - sent_blocks)
-      payload = jnp.concatenate([rows.reshape(-1), kept_scores])
+      # The score of what error feedback keeps: only the selected blocks' energies change.
+      kept_energies = energies.at[indices].set(jnp.sum(jnp.square(blocks - rows), axis=1))
+      payload = jnp.concatenate([rows.reshape(-1), weights * kept_energies])
       mean_payload = _mean_over_workers(payload, ctx)
       mean_rows = mean_payload[:rows.size].reshape(rows.shape)
       next_scores = mean_payload[rows.size:].astype(state.scores.dtype)
     else:
       mean_rows, next_scores = _mean_over_workers(rows, ctx), ()
-    # Built from zeros that are not typed per worker, so shard_map sees a replicated mean.
-    mean = jnp.zeros(blocks.shape, mean_rows.dtype).at[indices].set(mean_rows)
-    mean = mean.reshape(-1)[:size]
-    return base.Aggregate(
-        mean=mean, sent=sent_blocks.reshape(-1)[:size],
-        state=TascState(curvature=curvature, scores=next_scores))
+    mean = _put_blocks(_zeros_after(indices, x.shape, x.dtype), indices, mean_rows, block_size)
+    sent = _put_blocks(jnp.zeros_like(x), indices, rows, block_size)
+    kept = _put_blocks(x, indices, blocks - rows, block_size)
+    return mean, sent, kept, TascState(curvature=curvature, scores=next_scores)
+
+  def aggregate(x, state, ctx):
+    mean, sent, _, new_state = exchange(x, None, state, ctx)
+    return base.Aggregate(mean=mean, sent=sent, state=new_state)
+
+  def add_residual(g, e, state, ctx):
+    mean, sent, kept, new_state = exchange(g, e, state, ctx)
+    return base.Aggregate(mean=mean, sent=sent, state=new_state), kept
 
   return base.Compressor(
       name="tasc", encode=None, decode=None, exchange="psum", init=init,
       precondition=precondition if sensitivity == "fisher" else None,
-      aggregate=aggregate,
+      aggregate=transform.ResidualAggregate(aggregate, add_residual),
       extra_args=("curvature",) if sensitivity == "hutchinson" else (),
       validate=validate)
+
+
+def _take_blocks(x: jax.Array, indices: jax.Array, block_size: int) -> jax.Array:
+  """Blocks ``indices`` of the flat buffer ``x`` as ``[len(indices), block_size]`` rows.
+
+  Reads only those blocks; the tail block (shorter when ``block_size`` does not divide
+  ``x.size``) comes zero-padded.
+  """
+  whole = x.size // block_size
+  if whole == 0:  # the buffer is one short block
+    return jnp.broadcast_to(jnp.pad(x, (0, block_size - x.size)), (indices.size, block_size))
+  # dynamic_slice clamps the tail block's start, so its row is replaced below.
+  rows = jax.vmap(lambda i: jax.lax.dynamic_slice(x, (i * block_size,), (block_size,)))(indices)
+  if x.size == whole * block_size:
+    return rows
+  tail = jnp.pad(x[whole * block_size:], (0, (whole + 1) * block_size - x.size))
+  return jnp.where((indices == whole)[:, None], tail, rows)
+
+
+def _put_blocks(x: jax.Array, indices: jax.Array, rows: jax.Array,
+                block_size: int) -> jax.Array:
+  """``x`` with blocks ``indices`` replaced by ``rows`` (the tail block's row cut to length).
+
+  A scatter of whole windows, which XLA does in place on ``x``'s buffer when ``x`` is not used
+  afterwards; the tail block, whose window would overrun the buffer, is dropped from it and
+  written by a second scatter of its own length (or by none when it is not selected).
+  """
+  size = x.size
+  whole = size // block_size
+  windows = jax.lax.ScatterDimensionNumbers(update_window_dims=(1,), inserted_window_dims=(),
+                                            scatter_dims_to_operand_dims=(0,))
+  out = x
+  if whole:
+    out = jax.lax.scatter(x, (indices * block_size)[:, None], rows.astype(x.dtype), windows,
+                          indices_are_sorted=False, unique_indices=True,
+                          mode=jax.lax.GatherScatterMode.FILL_OR_DROP)
+  tail = size - whole * block_size
+  if tail:
+    is_tail = indices == whole
+    start = jnp.where(jnp.any(is_tail), whole * block_size, size)  # out of bounds: dropped
+    row = rows[jnp.argmax(is_tail), :tail].astype(x.dtype)
+    out = jax.lax.scatter(out, start[None, None], row[None], windows, indices_are_sorted=True,
+                          unique_indices=True, mode=jax.lax.GatherScatterMode.FILL_OR_DROP)
+  return out
+
+
+def _zeros_after(indices: jax.Array, shape: tuple[int, ...], dtype) -> jax.Array:
+  """Zeros filled only once ``indices`` exist, so XLA can write them over a dead buffer.
+
+  A constant ``jnp.zeros`` may be filled at any time, even before the gradient it could
+  overwrite has been read; XLA then gives it fresh memory (on CPU, page faults on every call for
+  a large buffer) and copies the result into the donated output. A fill value that depends on
+  ``indices`` (0 at run time: block indices are never negative, which XLA cannot know) is filled
+  after them, hence after the last read of the gradient, straight into its donated buffer.
+  """
+  value = jnp.where(jnp.any(indices < 0), 1, 0).astype(dtype)
+  return jnp.broadcast_to(value, shape)
 
 
 def _mean_over_workers(x: jax.Array, ctx: base.Context) -> jax.Array:

@@ -1,8 +1,8 @@
 """Hessian-aware importance of gradient blocks: the score TASC ranks blocks by.
 
 A worker's buffer ``a = g + e`` (gradient plus error-feedback residual, ``f32[d]``) is cut into
-``num_blocks = ceil(d / B)`` blocks of ``B = block_size`` elements (the tail zero-padded). Block
-``b`` scores
+``num_blocks = ceil(d / B)`` blocks of ``B = block_size`` elements (the last one, the *tail*,
+shorter when ``B`` does not divide ``d``). Block ``b`` scores
 
   score_b = (eps * mean_i |h_i| + mean_{i in b} |h_i|) * ||a_b||^2,
 
@@ -40,6 +40,9 @@ gets that backwards.
   ``h`` is 0) the score is ``||a_b||^2``: OmniReduce's block-magnitude ranking (Fei et al. 2021).
 """
 
+import math
+from collections.abc import Callable
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -57,15 +60,49 @@ def block_counts(size: int, block_size: int) -> np.ndarray:
   return counts
 
 
-def to_blocks(x: jax.Array, block_size: int) -> jax.Array:
-  """``x`` (``f32[d]``) zero-padded and reshaped to ``[num_blocks, block_size]``."""
-  blocks = num_blocks(x.size, block_size)
-  return jnp.pad(x, (0, blocks * block_size - x.size)).reshape(blocks, block_size)
+def block_sums(x: jax.Array, block_size: int,
+               fn: Callable[[jax.Array], jax.Array] | None = None) -> jax.Array:
+  """Sum of ``fn(x)`` over each block of the flat buffer ``x``, reading ``x`` once, copying nothing.
+
+  The whole blocks are summed on a free reshape of ``x``: ``[d / q, q]`` with ``q`` the largest
+  divisor of both ``d`` and ``block_size``, whose rows tile the blocks; a windowed sum of
+  ``block_size / q`` rows gives one block each. The tail block (``d`` not a multiple of
+  ``block_size``) is summed on its own. Padding ``x`` to whole blocks instead would copy the
+  buffer. The optimisation barrier keeps ``fn`` on the 2-D view: XLA's CPU reduction fuses an
+  elementwise ``fn`` into the reduction there, but not across a reshape.
+
+  Args:
+    x: a flat (1-D) buffer of ``d`` elements.
+    block_size: ``B``.
+    fn: elementwise function applied first (e.g. ``jnp.square``); None sums ``x`` itself.
+
+  Returns:
+    ``[ceil(d / B)]`` block sums, in ``x``'s dtype.
+  """
+  fn = fn or (lambda v: v)
+  size = x.size
+  whole = size // block_size
+  sums = []
+  if whole:
+    rows = math.gcd(size, block_size)
+    view = jax.lax.optimization_barrier(x.reshape(size // rows, rows))
+    window = (block_size // rows, rows)
+    sums.append(jax.lax.reduce_window(fn(view), np.zeros((), x.dtype), jax.lax.add, window,
+                                      window, "VALID").reshape(whole))
+  if size > whole * block_size:
+    sums.append(jnp.sum(fn(x[whole * block_size:]), keepdims=True))
+  return sums[0] if len(sums) == 1 else jnp.concatenate(sums)
 
 
-def block_means(x: jax.Array, block_size: int) -> jax.Array:
-  """Mean of ``x`` over the valid elements of each block (``f32[num_blocks]``)."""
-  return jnp.sum(to_blocks(x, block_size), axis=1) / block_counts(x.size, block_size)
+def block_means(x: jax.Array, block_size: int,
+                fn: Callable[[jax.Array], jax.Array] | None = None) -> jax.Array:
+  """Mean of ``fn(x)`` over the valid elements of each block (``[num_blocks]``)."""
+  return block_sums(x, block_size, fn) / block_counts(x.size, block_size)
+
+
+def block_energies(x: jax.Array, block_size: int) -> jax.Array:
+  """``||x_b||^2`` of each block ``x_b`` of the flat buffer ``x``."""
+  return block_sums(x, block_size, jnp.square)
 
 
 def curvature_weights(block_curvature: jax.Array, size: int, block_size: int,
@@ -87,11 +124,6 @@ def curvature_weights(block_curvature: jax.Array, size: int, block_size: int,
   return jnp.where(mean > 0, block_curvature + eps * mean, jnp.ones_like(block_curvature))
 
 
-def block_energies(blocks: jax.Array) -> jax.Array:
-  """``||a_b||^2`` of each row of ``blocks`` (``[num_blocks, block_size]``)."""
-  return jnp.sum(blocks * blocks, axis=1)
-
-
 def block_scores(x: jax.Array, curvature: jax.Array | None = None, *, block_size: int = 256,
                  eps: float = 0.1) -> jax.Array:
   """TASC's importance of each block of ``x`` (see the module docstring for the formula).
@@ -108,12 +140,12 @@ def block_scores(x: jax.Array, curvature: jax.Array | None = None, *, block_size
     ``f32[ceil(d / B)]``: ``(eps * mean |h| + mean_{i in b} |h_i|) * ||x_b||^2``.
   """
   x = jnp.asarray(x)
-  energies = block_energies(to_blocks(x.reshape(-1), block_size))
+  energies = block_energies(x.reshape(-1), block_size)
   if curvature is None:
     return energies
   curvature = jnp.asarray(curvature)
   if curvature.shape != x.shape:
     raise ValueError(f"block_scores: curvature has shape {curvature.shape}, x has shape "
                      f"{x.shape}; they must match (one curvature value per element)")
-  block_curvature = block_means(abs(curvature.reshape(-1)), block_size)
+  block_curvature = block_means(curvature.reshape(-1), block_size, jnp.abs)
   return curvature_weights(block_curvature, x.size, block_size, eps) * energies

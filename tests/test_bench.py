@@ -48,6 +48,7 @@ def test_compression_cli_writes_table_with_goal(tmp_path, capsys):
   for r in rows:
     assert r["ratio"] > 0 and r["floor_seconds"] > 0 and r["elements"] == size
   assert rows[0]["vs_topk"] == 1.0
+  assert rows[1]["pass_bound_ratio"] > 0 and "pass_bound_ratio" not in rows[0]
   # TASC's state: the f32 residual, one f32 curvature per 256-element block, count and key.
   blocks = size // 256
   assert rows[1]["state_bytes_per_param"] == pytest.approx((4 * size + 4 * blocks + 12) / size)

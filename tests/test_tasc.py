@@ -1,6 +1,8 @@
 """TASC against a numpy reference of its algorithm, and its behaviour on 8 simulated workers."""
 
 import functools
+import math
+import re
 
 import jax
 import jax.numpy as jnp
@@ -308,6 +310,58 @@ def test_density_schedule_sends_fewer_blocks_over_a_fixed_capacity():
     sent = _selected_blocks(_fused(mean, 1)[0], 4).size
     assert sent == round(float(schedule(t)) * blocks), (t, sent)
   assert update.jitted[1]._cache_size() == 1  # one program for every density
+
+
+@pytest.mark.parametrize("size", [64, 72, 10, 67, 1000])  # whole blocks, tail, one short block,
+@pytest.mark.parametrize("fn", [None, jnp.square, jnp.abs])  # odd (no 2-D view wider than 1)
+def test_block_sums_without_padding_match_numpy(size, fn):
+  x = np.random.default_rng(size).normal(size=(size,)).astype(np.float32)
+  want = _blocks((x if fn is None else np.asarray(fn(x)))[None].astype(np.float64), 16)[0]
+  np.testing.assert_allclose(tasc.scores.block_sums(jnp.asarray(x), 16, fn), want.sum(-1),
+                             rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("size", [64, 72, 10, 67, 100])
+@pytest.mark.parametrize("tail_scale", [100.0, 0.01])  # the short tail block sent, or kept
+def test_local_step_sends_the_top_blocks_and_keeps_the_rest_exactly(size, tail_scale):
+  """One worker, no collective (as the compression benchmark runs it), buffers of any length."""
+  block, density = 16, 0.6
+  rng = np.random.default_rng(size)
+  g = rng.normal(size=(size,)) * rng.uniform(0.1, 3, size=(size,))
+  g[size - size % block:] *= tail_scale
+  g = g.astype(np.float32)
+  e = rng.normal(size=(size,)).astype(np.float32)
+  tx = tasc.tasc_compress(axis_name=None, density=density, block_size=block,
+                          sensitivity="none")
+  state = tx.init({"w": jnp.zeros((size,))})._replace(residual={"w": jnp.asarray(e)})
+  update = jax.jit(tx.update, donate_argnums=(0, 1))
+  mean, state = update({"w": jnp.asarray(g)}, state)
+  a = g + e  # float32, the single addition the step makes
+  blocks = -(-size // block)
+  chosen = np.argsort(-(_blocks(a[None].astype(np.float64), block)[0] ** 2).sum(-1),
+                      kind="stable")[:round(density * blocks)]
+  sent = np.zeros(blocks, bool)
+  sent[chosen] = True
+  sent = np.repeat(sent, block)[:size]
+  np.testing.assert_array_equal(np.asarray(mean["w"]), np.where(sent, a, 0))
+  np.testing.assert_array_equal(np.asarray(state.residual["w"]), np.where(sent, 0, a))
+
+
+def test_local_step_compiles_in_place_without_padding():
+  """The compiled step holds no padded or copied full-size buffer: its scratch memory is a
+  small fraction of one buffer (the gathered blocks and the block scores) and no pad, copy or
+  concatenate produces a full-size array. The old padded blocked view failed both."""
+  size, block = 256 * 100 + 40, 256  # a tail block; rows of 8 elements tile the whole blocks
+  tx = tasc.tasc_compress(axis_name=None, density=0.05, block_size=block)
+  params = {"w": jax.ShapeDtypeStruct((size,), jnp.float32)}
+  state = jax.eval_shape(tx.init, params)
+  compiled = jax.jit(tx.update, donate_argnums=(0, 1)).lower(params, state).compile()
+  assert compiled.memory_analysis().temp_size_in_bytes < size  # < 1/4 of one f32 buffer
+  hlo = compiled.as_text()
+  full_size = [m.group(0) for m in re.finditer(
+      r"= f32\[([\d,]+)\]\S* (pad|copy|concatenate)\(", hlo)
+               if math.prod(int(n) for n in m.group(1).split(",")) >= size]
+  assert not full_size, full_size
 
 
 def test_density_for_budget():
