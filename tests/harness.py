@@ -61,3 +61,19 @@ def per_worker_grads(key, num_workers: int, params) -> dict:
   keys = jax.random.split(key, len(leaves))
   return treedef.unflatten([jax.random.normal(k, (num_workers,) + jnp.shape(x))
                             for k, x in zip(keys, leaves)])
+
+
+def fused(tree, leading: int) -> np.ndarray:
+  """``[leading, D]``: each row's leaves concatenated in compress()'s fused layout (pytree
+  order)."""
+  return np.concatenate([np.asarray(x).reshape(leading, -1) for x in jax.tree.leaves(tree)],
+                        axis=1)
+
+
+def topk_reference(a: np.ndarray, k: int) -> np.ndarray:
+  """Each row of ``a`` keeping only its ``k`` largest magnitudes (ties to the lower index)."""
+  sent = np.zeros_like(a)
+  for i, row in enumerate(a):
+    idx = np.argsort(-np.abs(row), kind="stable")[:k]
+    sent[i, idx] = row[idx]
+  return sent

@@ -14,11 +14,6 @@ PARAMS = {"a": jnp.zeros((64, 32)), "b": jnp.zeros((32,))}
 D = 64 * 32 + 32
 
 
-def _fused(tree) -> np.ndarray:
-  """[n, D] per-worker buffers in compress()'s fused layout (leaves in pytree order)."""
-  return np.concatenate([np.asarray(x).reshape(N, -1) for x in jax.tree.leaves(tree)], axis=1)
-
-
 def _run(compressor, steps=1, seed=0, **kwargs):
   """Runs ``steps`` updates with fresh per-worker gradients; returns inputs, means, residuals."""
   tx = compressors.compress(compressor, axis_name="data", **kwargs)
@@ -27,18 +22,11 @@ def _run(compressor, steps=1, seed=0, **kwargs):
   for t in range(steps):
     g = harness.per_worker_grads(jax.random.PRNGKey(100 * seed + t), N, PARAMS)
     mean, state = update(PARAMS, state, g)
-    grads.append(_fused(g))
-    means.append(np.concatenate([np.asarray(x).reshape(-1) for x in jax.tree.leaves(mean)]))
-    residuals.append(_fused(state.residual) if kwargs.get("error_feedback", True) else None)
+    grads.append(harness.fused(g, N))
+    means.append(harness.fused(mean, 1)[0])
+    residuals.append(harness.fused(state.residual, N)
+                     if kwargs.get("error_feedback", True) else None)
   return grads, means, residuals, state
-
-
-def _topk_reference(a: np.ndarray, k: int) -> np.ndarray:
-  sent = np.zeros_like(a)
-  for i, row in enumerate(a):
-    idx = np.argsort(-np.abs(row), kind="stable")[:k]
-    sent[i, idx] = row[idx]
-  return sent
 
 
 @pytest.mark.parametrize("density", [0.01, 0.1])
@@ -48,7 +36,7 @@ def test_topk_matches_numpy_over_steps(density):
   e = np.zeros((N, D), np.float32)
   for g, mean, res in zip(grads, means, residuals):
     a = g + e
-    sent = _topk_reference(a, k)
+    sent = harness.topk_reference(a, k)
     np.testing.assert_allclose(mean, sent.sum(0) / N, rtol=1e-6, atol=1e-7)
     e = a - sent
     np.testing.assert_array_equal(res, e)  # exact: each entry is either kept whole or sent whole
@@ -123,7 +111,7 @@ def test_dgc_matches_numpy_momentum_correction_and_masking():
   for g, mean, res in zip(grads, means, residuals):
     u = momentum * u + g
     a = v + u
-    sent = _topk_reference(a, k)
+    sent = harness.topk_reference(a, k)
     np.testing.assert_allclose(mean, sent.sum(0) / N, rtol=1e-5, atol=1e-6)
     v = a - sent
     u = np.where(sent != 0, 0, u)
@@ -203,7 +191,7 @@ def test_per_leaf_mode_selects_within_each_leaf():
   sent = np.zeros_like(a)
   start = 0
   for size in (64 * 32, 32):
-    sent[:, start:start + size] = _topk_reference(a[:, start:start + size],
+    sent[:, start:start + size] = harness.topk_reference(a[:, start:start + size],
                                                   int(round(density * size)))
     start += size
   np.testing.assert_allclose(means[0], sent.sum(0) / N, rtol=1e-6, atol=1e-7)
@@ -213,7 +201,7 @@ def test_local_mode_without_axis_compresses_without_a_collective():
   tx = compressors.compress(compressors.topk(0.1), axis_name=None)
   x = {"w": jnp.arange(100.0) - 50}
   out, state = jax.jit(tx.update)(x, tx.init(x))
-  sent = _topk_reference(np.asarray(x["w"])[None], 10)[0]
+  sent = harness.topk_reference(np.asarray(x["w"])[None], 10)[0]
   np.testing.assert_array_equal(np.asarray(out["w"]), sent)
   np.testing.assert_array_equal(np.asarray(state.residual["w"]), np.asarray(x["w"]) - sent)
   assert compressors.wire_bytes(tx.update, x, state).total == 0

@@ -16,14 +16,6 @@ PARAMS = {"a": jnp.zeros((64, 32)), "b": jnp.zeros((32,))}
 D = 64 * 32 + 32
 
 
-def _fused(tree) -> np.ndarray:
-  return np.concatenate([np.asarray(x).reshape(N, -1) for x in jax.tree.leaves(tree)], axis=1)
-
-
-def _flat(tree) -> np.ndarray:
-  return np.concatenate([np.asarray(x).reshape(-1) for x in jax.tree.leaves(tree)])
-
-
 def _run(tx, steps):
   state, update = harness.shard_map_update(tx, harness.mesh(), PARAMS)
   grads, means, states = [], [], []
@@ -31,18 +23,10 @@ def _run(tx, steps):
     g = harness.per_worker_grads(jax.random.PRNGKey(t), N, PARAMS)
     mean, state = update(PARAMS, state, g)
     harness.assert_replicas_identical(mean)
-    grads.append(_fused(g))
-    means.append(_flat(mean))
+    grads.append(harness.fused(g, N))
+    means.append(harness.fused(mean, 1)[0])
     states.append(state)
   return grads, means, states
-
-
-def _topk_reference(a: np.ndarray, k: int) -> np.ndarray:
-  sent = np.zeros_like(a)
-  for i, row in enumerate(a):
-    idx = np.argsort(-np.abs(row), kind="stable")[:k]
-    sent[i, idx] = row[idx]
-  return sent
 
 
 @pytest.mark.parametrize("momentum", [0.0, 0.9])
@@ -57,12 +41,12 @@ def test_topk_with_momentum_correction_matches_numpy(momentum):
   for g, mean, state in zip(grads, means, states):
     u = momentum * u + g
     a = u + e
-    sent = _topk_reference(a, k)
+    sent = harness.topk_reference(a, k)
     np.testing.assert_allclose(mean, sent.sum(0) / N, rtol=1e-5, atol=1e-6)
     e = a - sent
     u = np.where(sent != 0, 0, u)  # factor masking
-    np.testing.assert_allclose(_fused(state.inner.residual), e, rtol=1e-6, atol=1e-6)
-    np.testing.assert_allclose(_fused(state.velocity), u, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(harness.fused(state.inner.residual, N), e, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(harness.fused(state.velocity, N), u, rtol=1e-6, atol=1e-6)
 
 
 def test_equals_dgc_with_exact_threshold():
@@ -98,8 +82,8 @@ def test_around_tasc_sparsifies_the_velocity_and_masks_sent_blocks():
     np.testing.assert_allclose(mean, sent.sum(0) / N, rtol=1e-5, atol=1e-6)
     e = a - sent
     u = np.where(mask, 0, u)
-    np.testing.assert_allclose(_fused(state.inner.residual), e, rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(_fused(state.velocity), u, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(harness.fused(state.inner.residual, N), e, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(harness.fused(state.velocity, N), u, rtol=1e-5, atol=1e-6)
 
 
 def test_local_clipping_scales_by_inverse_sqrt_workers():
@@ -123,7 +107,8 @@ def test_state_specs_mark_the_velocity_per_worker():
 
 @pytest.mark.parametrize("kwargs, message", [
     (dict(momentum=1.0), r"momentum=1.0; allowed: a number in \[0, 1\)"),
-    (dict(momentum=0.9, clip_norm=-1.0, axis_name="data"), r"clip_norm=-1.0; allowed: a number > 0"),
+    (dict(momentum=0.9, clip_norm=-1.0, axis_name="data"),
+     r"clip_norm=-1.0; allowed: a number > 0"),
     (dict(momentum=0.9, clip_norm=1.0), r"clip_norm=1.0 needs axis_name"),
 ])
 def test_bad_settings_are_named(kwargs, message):

@@ -21,12 +21,6 @@ PARAMS = {"a": jnp.zeros((12, 10)), "b": jnp.zeros((7,))}  # fused: b (7) then a
 D = 127
 
 
-def _fused(tree, leading=N) -> np.ndarray:
-  """Per-worker buffers ``[n, D]`` in compress()'s fused layout (leaves in pytree order)."""
-  return np.concatenate([np.asarray(x).reshape(leading, -1) for x in jax.tree.leaves(tree)],
-                        axis=1)
-
-
 def _unfused(flat: np.ndarray, like=PARAMS) -> dict:
   leaves, treedef = jax.tree.flatten(like)
   out, start = [], 0
@@ -148,10 +142,10 @@ def test_aggregate_matches_numpy_reference(sensitivity, support):
     use_h = sensitivity == "hutchinson" and t % 2 == 0
     mean, state = update(PARAMS, state, _unfused(g), _unfused(h) if use_h else None)
     want_mean, want_e, chosen = ref.step(g.astype(np.float64), h if use_h else None)
-    mean = _fused(mean, leading=1)[0]
+    mean = harness.fused(mean, 1)[0]
     np.testing.assert_array_equal(_selected_blocks(mean, block), chosen)
     np.testing.assert_allclose(mean, want_mean, rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(_fused(state.residual), want_e, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(harness.fused(state.residual, N), want_e, rtol=1e-5, atol=1e-6)
 
 
 def test_block_scores_formula():
@@ -270,12 +264,12 @@ def test_replicas_bit_identical_and_error_feedback_exact_over_twenty_steps(suppo
     mean, state = update(PARAMS, state, _unfused(g))
     harness.assert_replicas_identical(mean)
     a = g + e  # float32, the same single addition compress() makes
-    e = _fused(state.residual)
+    e = harness.fused(state.residual, N)
     sent = a - e
     # Exact: every element is either sent whole (residual 0) or kept whole (residual == a).
     assert np.all((e == 0) | (e == a))
     np.testing.assert_array_equal(sent + e, a)
-    np.testing.assert_allclose(_fused(mean, 1)[0], sent.mean(0), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(harness.fused(mean, 1)[0], sent.mean(0), rtol=1e-5, atol=1e-6)
   if support == "previous":
     harness.assert_replicas_identical(state.buffers.compressor.scores)
 
@@ -307,7 +301,7 @@ def test_density_schedule_sends_fewer_blocks_over_a_fixed_capacity():
   for t in range(3):
     g = harness.per_worker_grads(jax.random.PRNGKey(t), N, PARAMS)
     mean, state = update(PARAMS, state, g)
-    sent = _selected_blocks(_fused(mean, 1)[0], 4).size
+    sent = _selected_blocks(harness.fused(mean, 1)[0], 4).size
     assert sent == round(float(schedule(t)) * blocks), (t, sent)
   assert update.jitted[1]._cache_size() == 1  # one program for every density
 
