@@ -29,6 +29,7 @@ import numbers
 
 import jax
 import jax.numpy as jnp
+import optax
 
 from compressors import base
 from compressors import sparse
@@ -73,9 +74,7 @@ def dgc(density: float, *, momentum: float = 0.9, clip_norm: float | None = None
 
   def precondition(g, velocity, ctx):
     if clip_norm is not None:
-      limit = clip_norm / math.sqrt(ctx.num_workers)
-      norm = jnp.linalg.norm(g)
-      g = g * jnp.minimum(1.0, limit / jnp.maximum(norm, jnp.finfo(g.dtype).tiny))
+      g = clip_locally(g, clip_norm, ctx.num_workers)
     velocity = momentum * velocity + g
     return velocity, velocity
 
@@ -113,6 +112,16 @@ def dgc(density: float, *, momentum: float = 0.9, clip_norm: float | None = None
   return base.Compressor(name="dgc", encode=None, decode=None, exchange="all_gather",
                          init=init, precondition=precondition, aggregate=aggregate,
                          validate=validate)
+
+
+def clip_locally(grads, clip_norm: float, num_workers: int):
+  """DGC's local gradient clipping (Sec. 3.4): ``grads`` (an array or a pytree) scaled to a
+  global norm of at most ``clip_norm / sqrt(num_workers)``, so that the sum over the workers is
+  clipped at ``clip_norm`` as synchronous training would clip it."""
+  limit = clip_norm / math.sqrt(num_workers)
+  norm = optax.tree.norm(grads)
+  return jax.tree.map(
+      lambda g: g * jnp.minimum(1.0, limit / jnp.maximum(norm, jnp.finfo(g.dtype).tiny)), grads)
 
 
 def warmup_stages(density: float, initial_density: float) -> list[float]:

@@ -25,7 +25,6 @@ untouched and whose sent ones are zeroed; a quantizer sends every entry, so its 
 restart every step: use the optimizer's own momentum with quantizers instead.
 """
 
-import math
 import numbers
 from typing import Any, NamedTuple
 
@@ -34,6 +33,7 @@ import jax.numpy as jnp
 import optax
 
 from compressors import axes
+from compressors.dgc import clip_locally
 from compressors import transform
 
 PyTree = Any
@@ -84,8 +84,8 @@ def momentum_correction(inner: optax.GradientTransformation, momentum: float = 0
   """
   if isinstance(momentum, bool) or not isinstance(momentum, numbers.Real) or not 0 <= momentum < 1:
     raise ValueError(f"momentum_correction: momentum={momentum!r}; allowed: a number in [0, 1)")
-  if clip_norm is not None and (isinstance(clip_norm, bool) or not isinstance(clip_norm, numbers.Real)
-                                or not clip_norm > 0):
+  if clip_norm is not None and (isinstance(clip_norm, bool)
+                                or not isinstance(clip_norm, numbers.Real) or not clip_norm > 0):
     raise ValueError(f"momentum_correction: clip_norm={clip_norm!r}; allowed: a number > 0, or "
                      "None")
   if clip_norm is not None and axis_name is None:
@@ -101,10 +101,8 @@ def momentum_correction(inner: optax.GradientTransformation, momentum: float = 0
 
   def update_fn(updates, state, params=None, **extra_args):
     if clip_norm is not None:
-      limit = clip_norm / math.sqrt(axes.num_workers(axis_name, caller="momentum_correction"))
-      norm = optax.tree.norm(updates)
-      scale = jnp.minimum(1.0, limit / jnp.maximum(norm, jnp.finfo(jnp.float32).tiny))
-      updates = jax.tree.map(lambda g: g * scale.astype(g.dtype), updates)
+      updates = clip_locally(
+          updates, clip_norm, axes.num_workers(axis_name, caller="momentum_correction"))
     velocity = jax.tree.map(lambda u, g: momentum * u + g, state.velocity, updates)
     before = _residual(state.inner, "the wrapped transformation's state")
     mean, inner_state = inner.update(velocity, state.inner, params, **extra_args)
