@@ -121,3 +121,17 @@ def test_needs_error_feedback():
   inner = compressors.compress(compressors.topk(0.1), axis_name="data", error_feedback=False)
   with pytest.raises(ValueError, match=r"error_feedback=True"):
     compressors.momentum_correction(inner).init(PARAMS)
+
+
+def test_adds_no_bytes_to_the_sparsifier_on_the_wire():
+  """The velocity is local: the compiled step moves exactly top-k's all-gather of k values and
+  k indices from each worker, and nothing else."""
+  density = 0.02
+  k = int(round(density * D))
+  inner = compressors.compress(compressors.topk(density), axis_name="data")
+  grads = harness.per_worker_grads(jax.random.PRNGKey(0), N, PARAMS)
+  reports = []
+  for tx in (inner, compressors.momentum_correction(inner, 0.9, clip_norm=1.0, axis_name="data")):
+    state, update = harness.shard_map_update(tx, harness.mesh(), PARAMS)
+    reports.append(compressors.wire_bytes(update, PARAMS, state, grads))
+  assert reports[1].total == reports[0].total == (N - 1) / N * N * 2 * k * 4
