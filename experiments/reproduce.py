@@ -50,6 +50,8 @@ class Options:
     data_dir: CIFAR-10 folder for ``t1_cifar10`` ('' to skip it).
     report_only: regenerate outputs from existing runs, run nothing.
     seeds: seeds of T1 (and F4).
+    jobs: training runs at once, each in a process of its own (1: one after another, in this
+      process).
   """
   workdir: str = "runs/paper"
   out: str = "paper_figures"
@@ -57,6 +59,7 @@ class Options:
   data_dir: str = ""
   report_only: bool = False
   seeds: int = 3
+  jobs: int = 2
 
   def config_arg(self) -> str | None:
     return "full=true" if self.full else None
@@ -93,8 +96,10 @@ def _t1(options: Options) -> report_lib.Report:
                             else "t1_tasc_search")
   if not options.report_only:
     arg = ",".join(filter(None, [options.config_arg(), f"seeds={options.seeds}"]))
-    reproduce_training.run_sweep_config(t1_mnist1d.get_config(arg), workdir)
-    reproduce_training.run_tasc_search(search_dir, seeds=options.seeds, full=options.full)
+    reproduce_training.run_sweep_config(t1_mnist1d.get_config(arg), workdir,
+                                        jobs=options.jobs)
+    reproduce_training.run_tasc_search(search_dir, seeds=options.seeds, full=options.full,
+                                       jobs=options.jobs)
   return reproduce_training.t1_report(workdir, seeds=options.seeds, full=options.full,
                                       search_dir=search_dir)
 
@@ -105,7 +110,7 @@ def _f4(options: Options) -> report_lib.Report:
   workdir = _t1_workdir(options)
   if not options.report_only:
     arg = ",".join(filter(None, [options.config_arg(), f"seeds={options.seeds}", "subset=f4"]))
-    reproduce_training.run_sweep_config(t1_mnist1d.get_config(arg), workdir)
+    reproduce_training.run_sweep_config(t1_mnist1d.get_config(arg), workdir, jobs=options.jobs)
   return reproduce_training.f4_report(workdir, seeds=options.seeds, full=options.full)
 
 
@@ -118,7 +123,7 @@ def _t1_cifar10(options: Options) -> report_lib.Report:
     arg = ",".join(filter(None, [options.config_arg(), f"seeds={options.seeds}"]))
     sweep = t1_cifar10.get_config(arg)
     sweep.overrides.data_dir = options.data_dir
-    reproduce_training.run_sweep_config(sweep, workdir)
+    reproduce_training.run_sweep_config(sweep, workdir, jobs=options.jobs)
   return reproduce_training.t1_cifar10_report(
       workdir, seeds=options.seeds, full=options.full,
       skipped=None if available else (
@@ -133,7 +138,8 @@ def _t2(options: Options) -> report_lib.Report:
   mnist_dir, bert_dir = reproduce_training.t2_dirs(options.workdir, options.full)
   if not options.report_only:
     reproduce_training.run_t2_mnist1d(settings.mnist1d, mnist_dir)
-    reproduce_training.run_t2_bert(settings.bert, bert_dir, full=options.full)
+    reproduce_training.run_t2_bert(settings.bert, bert_dir, full=options.full,
+                                   jobs=options.jobs)
   return reproduce_training.t2_report(options.workdir, settings, full=options.full)
 
 
@@ -233,6 +239,8 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[list[str], Options]:
   parser.add_argument("--full", action="store_true", help="full settings instead of quick")
   parser.add_argument("--data_dir", default="", help="CIFAR-10 python batches, for t1_cifar10")
   parser.add_argument("--seeds", type=int, default=Options.seeds, help="seeds of T1 and F4")
+  parser.add_argument("--jobs", type=int, default=Options.jobs,
+                      help="training runs at once, each in its own process (1: in this one)")
   parser.add_argument("--report_only", action="store_true",
                       help="regenerate outputs from existing run directories; run nothing")
   args = parser.parse_args(argv)
@@ -242,8 +250,11 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[list[str], Options]:
     parser.error(str(e))
   if args.seeds < 1:
     parser.error(f"--seeds={args.seeds}; allowed: >= 1")
+  if args.jobs < 1:
+    parser.error(f"--jobs={args.jobs}; allowed: >= 1")
   return names, Options(workdir=args.workdir, out=args.out, full=args.full,
-                        data_dir=args.data_dir, report_only=args.report_only, seeds=args.seeds)
+                        data_dir=args.data_dir, report_only=args.report_only, seeds=args.seeds,
+                        jobs=args.jobs)
 
 
 def main(argv: Sequence[str] | None = None) -> list[Path]:

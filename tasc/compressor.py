@@ -223,11 +223,18 @@ def tasc_compressor(density: Density, *, block_size: int = 256,
       mean_payload = _mean_over_workers(payload, ctx)
       mean_rows = mean_payload[:rows.size].reshape(rows.shape)
       next_scores = mean_payload[rows.size:].astype(state.scores.dtype)
+      replicated_after_energies = next_scores
     else:
       mean_rows, next_scores = _mean_over_workers(rows, ctx), ()
-    mean = _put_blocks(_zeros_after(indices, x.shape, x.dtype), indices, mean_rows, block_size)
+      replicated_after_energies = indices
+    # The outputs overwrite dead buffers in place only if XLA writes them after the last read of
+    # ``a``, the block energies; with "previous" support the indices do not wait for them, so
+    # the residual's scatter is ordered explicitly. The mean's zeros wait for a value that is
+    # replicated, so that the mean is too.
+    mean = _put_blocks(_zeros_after(replicated_after_energies, x.shape, x.dtype), indices,
+                       mean_rows, block_size)
     sent = _put_blocks(jnp.zeros_like(x), indices, rows, block_size)
-    kept = _put_blocks(x, indices, blocks - rows, block_size)
+    kept = _put_blocks(x, _after(indices, energies), blocks - rows, block_size)
     return mean, sent, kept, TascState(curvature=curvature, scores=next_scores)
 
   def aggregate(x, state, ctx):
@@ -290,17 +297,26 @@ def _put_blocks(x: jax.Array, indices: jax.Array, rows: jax.Array,
   return out
 
 
-def _zeros_after(indices: jax.Array, shape: tuple[int, ...], dtype) -> jax.Array:
-  """Zeros filled only once ``indices`` exist, so XLA can write them over a dead buffer.
+def _after(value: jax.Array, last_read: jax.Array) -> jax.Array:
+  """``value``, computed by XLA only once ``last_read`` exists.
+
+  ``last_read`` is never negative (block energies or indices), so this adds 0 at run time;
+  XLA cannot know that, so whatever uses the result waits for ``last_read``. (An
+  ``optimization_barrier`` orders the same but keeps XLA from writing in place.)
+  """
+  return value + jnp.where(jnp.any(last_read < 0), 1, 0).astype(value.dtype)
+
+
+def _zeros_after(last_read: jax.Array, shape: tuple[int, ...], dtype) -> jax.Array:
+  """Zeros filled only once ``last_read`` exists, so XLA can write them over a dead buffer.
 
   A constant ``jnp.zeros`` may be filled at any time, even before the gradient it could
   overwrite has been read; XLA then gives it fresh memory (on CPU, page faults on every call for
-  a large buffer) and copies the result into the donated output. A fill value that depends on
-  ``indices`` (0 at run time: block indices are never negative, which XLA cannot know) is filled
-  after them, hence after the last read of the gradient, straight into its donated buffer.
+  a large buffer) and copies the result into the donated output. Zeros filled after
+  ``last_read`` (computed from every element of the gradient) go straight into its donated
+  buffer.
   """
-  value = jnp.where(jnp.any(indices < 0), 1, 0).astype(dtype)
-  return jnp.broadcast_to(value, shape)
+  return jnp.broadcast_to(_after(jnp.zeros((), dtype), last_read), shape)
 
 
 def _mean_over_workers(x: jax.Array, ctx: base.Context) -> jax.Array:

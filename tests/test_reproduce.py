@@ -6,6 +6,7 @@ import json
 import math
 import os
 
+import ml_collections
 import numpy as np
 import pytest
 
@@ -60,6 +61,30 @@ def test_parse_args():
     reproduce.parse_args(["--target=nope"])
   with pytest.raises(SystemExit):
     reproduce.parse_args(["--target=t1", "--seeds=0"])
+  assert reproduce.parse_args(["--target=t1", "--jobs=1"])[1].jobs == 1
+  with pytest.raises(SystemExit):
+    reproduce.parse_args(["--target=t1", "--jobs=0"])
+
+
+def test_sweep_runs_in_child_processes_and_records_their_failures(tmp_path):
+  """``jobs=2``: each run trains in a child process, with its overrides; a child that fails is
+  recorded with its error line, and the finished run is skipped the next time."""
+  sweep = ml_collections.ConfigDict({"overrides": {"log_every": 1}, "runs": [
+      {"name": "dense", "config": "configs/quickstart.py:smoke", "overrides": {"method": "dense"}},
+      {"name": "zip", "config": "configs/quickstart.py:smoke", "overrides": {"method": "zip"}}]})
+  failures = reproduce_training.run_sweep_config(sweep, str(tmp_path), jobs=2)
+  assert list(failures) == ["zip"] and "zip" in failures["zip"], failures
+  assert "Error" in failures["zip"].split(":")[0]
+  assert json.loads((tmp_path / reproduce_training.FAILURES_FILE).read_text()) == failures
+  run = reproduce_report.read_run(str(tmp_path / "dense"))
+  assert run.finished and run.config["method"] == "dense" and run.config["log_every"] == 1
+  assert (tmp_path / "logs" / "zip.log").exists()
+  results = tmp_path / "dense" / reproduce_report.RESULTS_FILE
+  written = results.stat().st_mtime_ns
+  assert list(reproduce_training.run_sweep_config(sweep, str(tmp_path), jobs=2)) == ["zip"]
+  assert results.stat().st_mtime_ns == written
+  with pytest.raises(ValueError, match="jobs=0"):
+    reproduce_training.run_sweep_config(sweep, str(tmp_path), jobs=0)
 
 
 # ----------------------------------------------------------------------------- configs
@@ -372,7 +397,7 @@ def test_run_t2_bert_runs_selection_then_the_chosen_rates(tmp_path, monkeypatch)
   bert = t2.get_config().bert
   sweeps = []
 
-  def fake_sweep(sweep, workdir):
+  def fake_sweep(sweep, workdir, jobs=1):
     names = [r["name"] for r in sweep.runs]
     sweeps.append(names)
     for name in names:  # every run finishes; the middle candidate has the lowest train loss

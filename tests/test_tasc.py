@@ -341,12 +341,14 @@ def test_local_step_sends_the_top_blocks_and_keeps_the_rest_exactly(size, tail_s
   np.testing.assert_array_equal(np.asarray(state.residual["w"]), np.where(sent, 0, a))
 
 
-def test_local_step_compiles_in_place_without_padding():
+@pytest.mark.parametrize("support", ["global", "previous"])
+def test_local_step_compiles_in_place_without_padding(support):
   """The compiled step holds no padded or copied full-size buffer: its scratch memory is a
   small fraction of one buffer (the gathered blocks and the block scores) and no pad, copy or
-  concatenate produces a full-size array. The old padded blocked view failed both."""
+  concatenate produces a full-size array. The old padded blocked view failed both, and
+  ``"previous"`` failed the first while its mean's zeros did not wait for the scores."""
   size, block = 256 * 100 + 40, 256  # a tail block; rows of 8 elements tile the whole blocks
-  tx = tasc.tasc_compress(axis_name=None, density=0.05, block_size=block)
+  tx = tasc.tasc_compress(axis_name=None, density=0.05, block_size=block, support=support)
   params = {"w": jax.ShapeDtypeStruct((size,), jnp.float32)}
   state = jax.eval_shape(tx.init, params)
   compiled = jax.jit(tx.update, donate_argnums=(0, 1)).lower(params, state).compile()
