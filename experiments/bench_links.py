@@ -219,7 +219,8 @@ def report(args) -> common.Report:
           "jax.distributed over gloo, one CPU device per process, in a private network "
           "namespace whose loopback is shaped by tc tbf (experiments.calibrate); all processes "
           "share the one loopback, and 2 CPU cores.",
-          "seconds: fastest exchange (encode, collectives, decode) of the slowest process; "
+          "seconds: fastest exchange (encode, collectives, decode; the gradient and the "
+          "compressor's state donated, as in a training step) of the slowest process; "
           "compute: the same method without a collective (axis_name=None), all processes at "
           "once; bytes/device from the compiled HLO; link: processes x bytes/device at the "
           "rate (the time the shared loopback needs to carry them all).",

@@ -417,9 +417,10 @@ def search_section(workdir: str, seeds: int) -> tuple[str, list[dict], str | Non
   rows = search_rows(workdir, seeds=seeds)
   selected = select_tasc_row(rows)
   text = [
-      "Recipes differ from the table's (LAMB lr 3e-3, 2 warm-up epochs): 'adam' is Adam lr "
-      "1e-3; '_lr3e-3' and '_warmup10' change one thing; 'lamb_full' is the table's own recipe "
-      "trained 5x longer on 5x the data (the config's full settings). Every row runs seed 0; the TASC row at "
+      "'lamb' is the table's recipe (LAMB lr 3e-3, 2 warm-up epochs); 'adam' is Adam lr 1e-3; "
+      "'_lr3e-3' and '_warmup10' change one thing; 'lamb_full' is the table's own recipe "
+      "trained 5x longer on 5x the data (the config's full settings). Every row runs seed 0; "
+      "the TASC row at "
       ">= 100x with the lowest final training loss (not test accuracy) is selected and runs "
       f"seeds 0..{seeds - 1}, as does the dense row of its recipe. Dense gets every recipe "
       "variant TASC gets, so TASC is not tuned more than dense.",
