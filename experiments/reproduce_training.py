@@ -846,10 +846,13 @@ def main(argv: Sequence[str]) -> None:
   import ml_collections  # pylint: disable=import-outside-toplevel
   from experiments import sweep as sweep_lib  # pylint: disable=import-outside-toplevel
   workdir, request = argv
-  configs = sweep_lib.run_configs(ml_collections.ConfigDict(json.loads(request)))
+  [(name, config)] = sweep_lib.run_configs(ml_collections.ConfigDict(json.loads(request))).items()
   from experiments import distributed  # pylint: disable=import-outside-toplevel
-  distributed.expose_cpu_devices(next(iter(configs.values())))
-  sweep_lib.run_sweep(configs, workdir)
+  distributed.expose_cpu_devices(config)
+  from experiments import train  # pylint: disable=import-outside-toplevel  # after the XLA flags
+  # Not sweep.run_sweep: its summary.csv would list this run alone, and the children would
+  # overwrite one another's; the parent writes the sweep's once they are done.
+  train.train_and_evaluate(config, os.path.join(workdir, name))
 
 
 if __name__ == "__main__":

@@ -79,6 +79,8 @@ def test_sweep_runs_in_child_processes_and_records_their_failures(tmp_path):
   run = reproduce_report.read_run(str(tmp_path / "dense"))
   assert run.finished and run.config["method"] == "dense" and run.config["log_every"] == 1
   assert (tmp_path / "logs" / "zip.log").exists()
+  with open(tmp_path / "summary.csv") as f:
+    assert [r["name"] for r in csv.DictReader(f)] == ["dense"]
   results = tmp_path / "dense" / reproduce_report.RESULTS_FILE
   written = results.stat().st_mtime_ns
   assert list(reproduce_training.run_sweep_config(sweep, str(tmp_path), jobs=2)) == ["zip"]
