@@ -72,7 +72,7 @@ def netns_available() -> tuple[bool, str]:
   try:
     with rate_limited_namespace(1e9, name=name):
       return True, ""
-  except (OSError, subprocess.CalledProcessError) as e:
+  except (OSError, subprocess.CalledProcessError, subprocess.TimeoutExpired) as e:
     detail = getattr(e, "stderr", b"") or b""
     return False, f"ip netns / tc not permitted here: {e} {detail.decode(errors='replace')}".strip()
 

@@ -1,6 +1,8 @@
 """Measured calibration: the least-squares fit, argument checks, and a real run on a loopback
 rate-limited to 1 Gbit/s (skipped where network namespaces are not permitted)."""
 
+import subprocess
+
 import numpy as np
 import pytest
 
@@ -45,6 +47,18 @@ def test_fit_rejects_degenerate_measurements():
 def test_calibrate_rejects_bad_arguments(kwargs, match):
   with pytest.raises(ValueError, match=match):
     calibrate.calibrate(**{"rate_bits": None} | kwargs)
+
+
+@pytest.mark.parametrize("error", [
+    OSError(2, "No such file or directory: 'ip'"),
+    subprocess.CalledProcessError(2, ["ip"], stderr=b"Operation not permitted"),
+    subprocess.TimeoutExpired(["ip"], 30)])
+def test_netns_available_says_why_not(monkeypatch, error):
+  def fail(*args, **kwargs):
+    raise error
+  monkeypatch.setattr(calibrate.subprocess, "run", fail)
+  available, why = calibrate.netns_available()
+  assert not available and str(error) in why
 
 
 @pytest.mark.slow
