@@ -66,27 +66,30 @@ def test_parse_args():
     reproduce.parse_args(["--target=t1", "--jobs=0"])
 
 
-def test_sweep_runs_in_child_processes_and_records_their_failures(tmp_path):
+def test_sweep_runs_in_child_processes_and_records_their_failures(tmp_path, monkeypatch):
   """``jobs=2``: each run trains in a child process, with its overrides; a child that fails is
-  recorded with its error line, and the finished run is skipped the next time."""
+  recorded with its error line, and the finished run is skipped the next time. The workdir is
+  relative to the caller's working directory, not to the repository the children start in."""
+  monkeypatch.chdir(tmp_path)
   sweep = ml_collections.ConfigDict({"overrides": {"log_every": 1}, "runs": [
       {"name": "dense", "config": "configs/quickstart.py:smoke", "overrides": {"method": "dense"}},
       {"name": "zip", "config": "configs/quickstart.py:smoke", "overrides": {"method": "zip"}}]})
-  failures = reproduce_training.run_sweep_config(sweep, str(tmp_path), jobs=2)
+  failures = reproduce_training.run_sweep_config(sweep, "sweep", jobs=2)
   assert list(failures) == ["zip"] and "zip" in failures["zip"], failures
   assert "Error" in failures["zip"].split(":")[0]
-  assert json.loads((tmp_path / reproduce_training.FAILURES_FILE).read_text()) == failures
-  run = reproduce_report.read_run(str(tmp_path / "dense"))
+  workdir = tmp_path / "sweep"
+  assert json.loads((workdir / reproduce_training.FAILURES_FILE).read_text()) == failures
+  run = reproduce_report.read_run(str(workdir / "dense"))
   assert run.finished and run.config["method"] == "dense" and run.config["log_every"] == 1
-  assert (tmp_path / "logs" / "zip.log").exists()
-  with open(tmp_path / "summary.csv") as f:
+  assert (workdir / "logs" / "zip.log").exists()
+  with open(workdir / "summary.csv") as f:
     assert [r["name"] for r in csv.DictReader(f)] == ["dense"]
-  results = tmp_path / "dense" / reproduce_report.RESULTS_FILE
+  results = workdir / "dense" / reproduce_report.RESULTS_FILE
   written = results.stat().st_mtime_ns
-  assert list(reproduce_training.run_sweep_config(sweep, str(tmp_path), jobs=2)) == ["zip"]
+  assert list(reproduce_training.run_sweep_config(sweep, "sweep", jobs=2)) == ["zip"]
   assert results.stat().st_mtime_ns == written
   with pytest.raises(ValueError, match="jobs=0"):
-    reproduce_training.run_sweep_config(sweep, str(tmp_path), jobs=0)
+    reproduce_training.run_sweep_config(sweep, "sweep", jobs=0)
 
 
 # ----------------------------------------------------------------------------- configs
