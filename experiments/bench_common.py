@@ -134,6 +134,13 @@ def child_main(argv: Sequence[str] | None, measure: Callable[[dict], Any]) -> bo
 # ----------------------------------------------------------------------------- timing
 
 
+def fresh_copies(tree):
+  """Copies of ``tree``'s arrays, computed and waited for: the arguments of one call that donates
+  them (as a training step donates its state), made before the clock starts."""
+  import jax  # pylint: disable=import-outside-toplevel
+  return jax.block_until_ready(jax.tree.map(jax.numpy.copy, tree))
+
+
 def fastest_interleaved(calls: dict[str, Callable[[], Callable[[], Any]]], repeats: int,
                         budget_s: float | None = None) -> dict[str, dict[str, float]]:
   """Times each call ``repeats`` times in alternation, after one warm-up call of each.

@@ -65,30 +65,28 @@ def measure(request: dict) -> dict:
     state = state._replace(residual={"w": residual})
   update = jax.jit(tx.update, donate_argnums=(0, 1))
   floor = jax.jit(lambda e, g: e + g, donate_argnums=(0, 1))
-  copy = jax.jit(lambda tree: jax.tree.map(jnp.copy, tree))
   temp_bytes = update.lower(grad, state).compile().memory_analysis().temp_size_in_bytes
 
-  def fresh(args):
-    """Copies of ``args`` for one call (the call donates them), ready before the clock starts."""
-    return jax.block_until_ready(copy(args))
-
   def prepare_update():
-    args = fresh((grad, state))
+    args = common.fresh_copies((grad, state))
     return lambda: update(*args)
 
   def prepare_floor():
-    args = fresh((residual, grad["w"]))
+    args = common.fresh_copies((residual, grad["w"]))
     return lambda: floor(*args)
+
+  def prepare_bound():
+    args = common.fresh_copies((grad["w"], residual))
+    return lambda: bound(*args)
 
   calls = {"floor": prepare_floor, method: prepare_update}
   if method == "tasc":
     bound = jax.jit(tasc_pass_bound, donate_argnums=(0, 1))
-    calls["pass_bound"] = lambda: (lambda args: lambda: bound(*args))(
-        fresh((grad["w"], residual)))
+    calls["pass_bound"] = prepare_bound
   times = common.fastest_interleaved(calls, request["repeats"], request["budget_s"])
   floor_t, method_t = times["floor"], times[method]
-  profile = (op_profile(update, lambda: fresh((grad, state))) if request.get("profile")
-             else None)
+  profile = (op_profile(update, lambda: common.fresh_copies((grad, state)))
+             if request.get("profile") else None)
   return {
       **({"profile": profile} if profile else {}),
       "method": method, "elements": elements, "shape": list(shape),

@@ -9,12 +9,12 @@ collectives (:mod:`experiments.distributed`). Each times one exchange of a 25,55
 (:mod:`experiments.methods`): ``dense`` (one f32 all-reduce), ``topk`` (exact top-k at density
 0.01, values and indices all-gathered), ``tasc`` (density 0.01: block scores, then the shared
 blocks, all-reduced) and ``tasc_previous`` (the same with ``support="previous"``: the scores
-ride in the payload's all-reduce, one collective instead of two). The time of an exchange is compute and communication together (what a
-training step waits for), with the gradient and the compressor's state donated as in a training
-step, so outputs are written in place; the figure is dense's time over each method's, measured in
-the same run. One loopback carries every process's traffic, so ``p`` processes share the rate (one
-switch port, not ``p`` NICs): the link needs ``p * bytes/device / rate`` for an exchange, which
-is what dense's measured times follow. The token bucket lets its first 512 KB pass unshaped.
+ride in the payload's all-reduce, one collective instead of two). The time of an exchange is
+compute and communication together (what a training step waits for), with the gradient and the
+compressor's state donated as in a training step, so outputs are written in place; the figure is
+dense's time over each method's, measured in the same run. One loopback carries every process's
+traffic, so ``p`` processes share the rate (one switch port, not ``p`` NICs): the link needs
+``p * bytes/device / rate`` for an exchange, which is what dense's measured times follow. The token bucket lets its first 512 KB pass unshaped.
 """
 
 import json
@@ -66,13 +66,11 @@ def measure(request: dict) -> dict:
   params = jax.ShapeDtypeStruct((size,), np.float32)
   out = {"worker": worker, "seconds": {}, "compute_seconds": {}, "bytes_per_device": {}}
 
-  copy = jax.jit(lambda tree: jax.tree.map(jax.numpy.copy, tree))
-
   def fastest(call, args, name):
     """Fastest of ``repeats`` calls of ``call(*args)``, which donates its arguments (as a
     training step donates the gradient and the compressor's state): each call gets fresh
     copies, made before the clock starts, and writes its outputs over them in place."""
-    fresh = lambda: jax.block_until_ready(copy(args))
+    fresh = lambda: common.fresh_copies(args)
     jax.block_until_ready(call(*fresh()))  # compile and warm up
     multihost_utils.sync_global_devices(f"{name} ready")
     jax.block_until_ready(call(*fresh()))  # drain the token bucket filled while waiting
