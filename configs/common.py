@@ -51,6 +51,7 @@ def base() -> ml_collections.ConfigDict:
       block_size=256,        # tasc: structured block size
       sensitivity="hutchinson",  # tasc: block scores (hutchinson | fisher | none)
       support="global",      # tasc: blocks chosen from this step's (global) or last step's scores
+      wire_dtype="float32",  # tasc: precision of scores and payload on the wire (float16 halves)
       momentum_correction=0.0,  # sparsifiers: DGC's local momentum (then plain SGD after); 0: off
       hessian_every=100,     # tasc: steps between curvature refreshes
       num_probes=4,          # tasc: Hutchinson probes per refresh

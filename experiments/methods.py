@@ -50,7 +50,7 @@ def _compressor(make: Callable[[Any, Any], Any]) -> Callable[..., Any]:
 
 def _tasc(implementation, c, axis_name, error_feedback):
   return implementation(axis_name=axis_name, density=c.density, block_size=c.block_size,
-                        sensitivity=c.sensitivity, support=c.support,
+                        sensitivity=c.sensitivity, support=c.support, wire_dtype=c.wire_dtype,
                         error_feedback=error_feedback, fuse=c.fuse, seed=c.seed)
 
 

@@ -51,8 +51,8 @@ def tasc_compress(*, axis_name: axes.AxisName,
                   curvature_decay: float = 0.9, eps: float = 0.1,
                   max_density: float | None = None, min_blocks_per_leaf: int = 0,
                   error_feedback: bool = True, fuse: bool = True, seed: int = 0,
-                  schedule: Any = "psum",
-                  topology: Any = None) -> optax.GradientTransformationExtraArgs:
+                  schedule: Any = "psum", topology: Any = None,
+                  wire_dtype: str = "float32") -> optax.GradientTransformationExtraArgs:
   """TASC: Hessian-aware structured sparsification over a block support shared by all workers.
 
   ``update(grads, state, params=None, *, curvature=None)`` runs per worker inside
@@ -88,6 +88,9 @@ def tasc_compress(*, axis_name: axes.AxisName,
       :class:`compressors.planner.Plan`; see :func:`compressors.compress`); with the same
       density on both axes the default ``"psum"`` becomes ``"hierarchical"``.
     topology: the workers' :class:`compressors.topology.Topology`, for ``schedule="auto"``.
+    wire_dtype: ``"float32"`` or ``"float16"``: the precision of the block scores and the
+      payload on the wire; float16 halves the bytes, error feedback keeps the rounding (needs
+      ``support="global"``; see :mod:`tasc.compressor`).
 
   Returns:
     An ``optax.GradientTransformationExtraArgs``; chain it before the optimizer, e.g.
@@ -104,7 +107,8 @@ def tasc_compress(*, axis_name: axes.AxisName,
     compressor = compressor_lib.tasc_compressor(
         rho, block_size=block_size, sensitivity=sensitivity, support=support,
         curvature_decay=curvature_decay, eps=eps, max_density=max_density,
-        min_blocks_per_leaf=min_blocks_per_leaf, leaf_sizes=leaf_sizes, dense_axis=dense_axis)
+        min_blocks_per_leaf=min_blocks_per_leaf, leaf_sizes=leaf_sizes, dense_axis=dense_axis,
+        wire_dtype=wire_dtype)
     return compressors.compress(compressor, axis_name=axis_name, dense_axis=dense_axis,
                                 error_feedback=error_feedback, fuse=fuse, seed=seed,
                                 schedule=schedule, topology=topology)

@@ -98,7 +98,7 @@ def test_sweep_runs_in_child_processes_and_records_their_failures(tmp_path, monk
 def test_t1_sweep_covers_every_method_and_seed():
   sweep = t1_mnist1d.get_config("full=true")
   names = [r["name"] for r in sweep.runs]
-  assert len(names) == len(set(names)) == 3 * len(t1_mnist1d.METHODS) == 57
+  assert len(names) == len(set(names)) == 3 * len(t1_mnist1d.METHODS) == 60
   assert names[:len(t1_mnist1d.METHODS)] == [f"{m}_s0" for m in t1_mnist1d.METHODS]  # seed-major
   quick = [r["name"] for r in t1_mnist1d.get_config("full=false").runs]
   assert quick == names  # the same runs; full settings only change their configs

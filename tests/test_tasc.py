@@ -89,8 +89,9 @@ def _weights(c: np.ndarray, d: int, b: int, eps: float) -> np.ndarray:
 class Reference:
   """TASC on ``n`` workers in float64 numpy, straight from the module docstrings."""
 
-  def __init__(self, d, *, density, block_size, sensitivity, support, decay=0.9, eps=0.1):
-    self.d, self.b, self.sens, self.support = d, block_size, sensitivity, support
+  def __init__(self, d, *, density, block_size, sensitivity, support, decay=0.9, eps=0.1,
+               wire="float32"):
+    self.d, self.b, self.sens, self.support, self.wire = d, block_size, sensitivity, support, wire
     self.nb = -(-d // block_size)
     self.k = int(round(density * self.nb))
     self.decay, self.eps = decay, eps
@@ -109,7 +110,10 @@ class Reference:
     energy = (blocks ** 2).sum(-1)
     w = np.ones_like(energy) if self.sens == "none" else _weights(self.c, self.d, self.b,
                                                                   self.eps)
-    priority = (w * energy).mean(0) if self.support == "global" else self.prev
+    scores = w * energy
+    if self.wire == "float16":  # each worker's scores over its largest, rounded to float16
+      scores = (scores / scores.max(-1, keepdims=True)).astype(np.float16).astype(np.float64)
+    priority = scores.mean(0) if self.support == "global" else self.prev
     chosen = np.argsort(-priority, kind="stable")[:self.k]
     mask = np.zeros(self.nb, bool)
     mask[chosen] = True
@@ -249,6 +253,30 @@ def test_tasc_reaches_lower_loss_than_magnitude_at_equal_density():
   assert curves["tasc"][-1] < 0.95 * curves["top-k"][-1]
 
 
+def test_float16_wire_matches_numpy_reference_to_float16_precision():
+  density, block = 0.3, 8
+  tx = tasc.tasc_compress(axis_name="data", density=density, block_size=block,
+                          sensitivity="hutchinson", wire_dtype="float16")
+  state, update = _runner(tx, harness.mesh(), PARAMS, check_vma=True)
+  ref = Reference(D, density=density, block_size=block, sensitivity="hutchinson",
+                  support="global", wire="float16")
+  rng = np.random.default_rng(1)
+  for t in range(4):
+    g = rng.normal(size=(N, D)).astype(np.float32) * rng.uniform(0.1, 3, size=(1, D))
+    h = (rng.normal(size=(N, D)) * np.linspace(0.01, 5, D)).astype(np.float32)
+    use_h = t % 2 == 0
+    mean, state = update(PARAMS, state, _unfused(g), _unfused(h) if use_h else None)
+    want_mean, want_e, chosen = ref.step(g.astype(np.float64), h if use_h else None)
+    mean = harness.fused(mean, 1)[0]
+    np.testing.assert_array_equal(_selected_blocks(mean, block), chosen)
+    # float16 keeps 11 significant bits of values scaled to about 1/n of its range.
+    scale = np.abs(g).max()
+    np.testing.assert_allclose(mean, want_mean, rtol=2e-3, atol=1e-3 * scale)
+    residual = harness.fused(state.residual, N)
+    np.testing.assert_allclose(residual, want_e, rtol=0, atol=1e-3 * scale)
+    ref.e = residual.astype(np.float64)  # follow the device's rounding from here
+
+
 # ----------------------------------------------------------------------------- invariants
 
 
@@ -272,6 +300,32 @@ def test_replicas_bit_identical_and_error_feedback_exact_over_twenty_steps(suppo
     np.testing.assert_allclose(harness.fused(mean, 1)[0], sent.mean(0), rtol=1e-5, atol=1e-6)
   if support == "previous":
     harness.assert_replicas_identical(state.buffers.compressor.scores)
+
+
+def test_float16_wire_keeps_its_rounding_exactly_and_never_overflows():
+  """Values over 13 octaves (1e-7 to 1e6), where an unscaled float16 sum would overflow."""
+  tx = tasc.tasc_compress(axis_name="data", density=0.3, block_size=8, sensitivity="none",
+                          wire_dtype="float16")
+  state, update = _runner(tx, harness.mesh(), PARAMS, check_vma=True)
+  e = np.zeros((N, D), np.float32)
+  rng = np.random.default_rng(0)
+  rounded = 0
+  for _ in range(10):
+    g = (rng.normal(size=(N, D)) * 10.0 ** rng.uniform(-7, 6, size=(1, D))).astype(np.float32)
+    mean, state = update(PARAMS, state, _unfused(g))
+    harness.assert_replicas_identical(mean)
+    mean = harness.fused(mean, 1)[0]
+    assert np.all(np.isfinite(mean))
+    a = g + e
+    e = harness.fused(state.residual, N)
+    sent = a - e
+    np.testing.assert_array_equal(sent + e, a)  # what float16 dropped is kept, exactly
+    selected = np.abs(_blocks(mean, 8)).sum(-1) > 0
+    rounded += np.count_nonzero((e != 0) & np.repeat(selected, 8)[:D])
+    # The all-reduce adds float16s: each partial sum keeps 11 significant bits.
+    np.testing.assert_array_less(np.abs(mean - sent.mean(0)),
+                                 2.0 ** -10 * np.abs(sent).sum(0) / N + 1e-6 * np.abs(sent).max())
+  assert rounded > 0  # the rounding error is real, and it is what error feedback kept
 
 
 def test_min_blocks_per_leaf_keeps_every_leaf_moving():
@@ -445,6 +499,10 @@ BAD = [
     (dict(support="local"), ValueError,
      r"support='local' is unknown; allowed: \('global', 'previous'\)"),
     (dict(curvature_decay=1.0), ValueError, r"curvature_decay=1.0 is outside \[0, 1\)"),
+    (dict(wire_dtype="int8"), ValueError,
+     r"wire_dtype='int8' is unknown; allowed: \('float32', 'float16'\)"),
+    (dict(wire_dtype=jnp.float16, support="previous"), ValueError,
+     r"wire_dtype='float16' needs support='global' \(got support='previous'\)"),
     (dict(eps=-1.0), ValueError, r"eps=-1.0 is outside \[0, inf\)"),
     (dict(density=lambda step: 0.1), ValueError, r"max_density is required"),
     (dict(density={"data": 0.1, "model": 0.5}), ValueError, r"names axis 'model'"),

@@ -20,7 +20,8 @@ Settings: quick (default) 600 steps (38 epochs), about a minute per run on 2 CPU
 
 Arguments (``key=value`` joined by commas): ``method`` (see ``configs/common.py``), ``density``
 (topk/randomk/dgc/tasc), ``ef`` (``true``/``false``/``default``: the method's own), ``sensitivity``
-(tasc: ``hutchinson``/``fisher``/``none``), ``block`` (tasc block size), ``optimizer``
+(tasc: ``hutchinson``/``fisher``/``none``), ``block`` (tasc block size), ``wire`` (tasc's
+wire precision, ``float32``/``float16``), ``optimizer``
 (``lamb``/``adam``/``momentum``/``sgd``), ``lr`` (0: the optimizer's default above), ``warmup``
 (epochs), ``mc`` (DGC's momentum correction around the compressor, e.g. 0.9, with
 ``optimizer=sgd``), ``clip`` (its local clipping norm), ``hevery`` (steps between TASC's Hutchinson
@@ -60,7 +61,8 @@ _METHOD_SETTINGS = {
 
 def get_config(arg=None):
   args = common.parse_args(arg, method="dense", density=0.01, ef="default",
-                           sensitivity="hutchinson", block=256, optimizer="lamb", lr=0.0, mc=0.0,
+                           sensitivity="hutchinson", block=256, wire="float32", optimizer="lamb",
+                           lr=0.0, mc=0.0,
                            hevery=0, clip=0.0,
                            warmup=2.0, seed=0, full=False)
   if args["ef"] not in ("default", "true", "false"):
@@ -78,6 +80,7 @@ def get_config(arg=None):
   c.compression.sensitivity = args["sensitivity"]
   if args["method"] == "tasc":
     c.compression.block_size = args["block"]
+    c.compression.wire_dtype = args["wire"]
   if args["ef"] != "default":
     c.compression.error_feedback = args["ef"] == "true"
   c.compression.momentum_correction = args["mc"]

@@ -4,7 +4,7 @@
 
 (or ``python -m experiments.reproduce --target=t1``, which also writes the table). One run per
 method and seed of ``configs/paper/mnist1d.py``; run ``<method>_s<seed>`` works in
-``workdir/<method>_s<seed>``. 19 methods x 3 seeds, about 1-1.5 minutes each on 2 CPU cores
+``workdir/<method>_s<seed>``. 20 methods x 3 seeds, about 1-1.5 minutes each on 2 CPU cores
 (quick).
 
 Arguments: ``full`` (the config's full settings), ``seeds=N`` (default 3), ``subset=f4`` (only the
@@ -36,6 +36,10 @@ METHODS = {
     "powersgd_r2": dict(method="powersgd"),
     **{f"tasc_d{d}_{s}": dict(method="tasc", density=d, sensitivity=s)
        for d in (0.01, 0.001) for s in ("hutchinson", "fisher", "none")},
+    # float16 on the wire halves the bytes of scores and payload, so 1.6% of the blocks go at
+    # 102x, where float32 allows 0.5% (configs/paper/t1_tasc_search.py).
+    "tasc_d0.016_hutchinson_f16": dict(method="tasc", density=0.016, sensitivity="hutchinson",
+                                       wire="float16"),
 }
 F4_METHODS = ("tasc_d0.01_hutchinson", "tasc_d0.01_fisher", "tasc_d0.01_none", "topk_d0.01")
 
