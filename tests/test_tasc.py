@@ -110,18 +110,21 @@ class Reference:
     energy = (blocks ** 2).sum(-1)
     w = np.ones_like(energy) if self.sens == "none" else _weights(self.c, self.d, self.b,
                                                                   self.eps)
-    scores = w * energy
-    if self.wire == "float16":  # each worker's scores over its largest, rounded to float16
-      scores = (scores / scores.max(-1, keepdims=True)).astype(np.float16).astype(np.float64)
-    priority = scores.mean(0) if self.support == "global" else self.prev
+    priority = self._wire(w * energy).mean(0) if self.support == "global" else self.prev
     chosen = np.argsort(-priority, kind="stable")[:self.k]
     mask = np.zeros(self.nb, bool)
     mask[chosen] = True
     sent = np.where(mask[None, :, None], blocks, 0.0)
-    self.prev = (w * ((blocks - sent) ** 2).sum(-1)).mean(0)
+    self.prev = self._wire(w * ((blocks - sent) ** 2).sum(-1)).mean(0)
     sent = sent.reshape(N, -1)[:, :self.d]
     self.e = a - sent
     return sent.mean(0), self.e, np.sort(chosen)
+
+  def _wire(self, scores):
+    """The scores as they travel: float16 ones are each worker's over its largest."""
+    if self.wire == "float32":
+      return scores
+    return (scores / scores.max(-1, keepdims=True)).astype(np.float16).astype(np.float64)
 
 
 def _selected_blocks(mean: np.ndarray, b: int) -> np.ndarray:
@@ -253,13 +256,14 @@ def test_tasc_reaches_lower_loss_than_magnitude_at_equal_density():
   assert curves["tasc"][-1] < 0.95 * curves["top-k"][-1]
 
 
-def test_float16_wire_matches_numpy_reference_to_float16_precision():
+@pytest.mark.parametrize("support", ["global", "previous"])
+def test_float16_wire_matches_numpy_reference_to_float16_precision(support):
   density, block = 0.3, 8
   tx = tasc.tasc_compress(axis_name="data", density=density, block_size=block,
-                          sensitivity="hutchinson", wire_dtype="float16")
+                          sensitivity="hutchinson", support=support, wire_dtype="float16")
   state, update = _runner(tx, harness.mesh(), PARAMS, check_vma=True)
   ref = Reference(D, density=density, block_size=block, sensitivity="hutchinson",
-                  support="global", wire="float16")
+                  support=support, wire="float16")
   rng = np.random.default_rng(1)
   for t in range(4):
     g = rng.normal(size=(N, D)).astype(np.float32) * rng.uniform(0.1, 3, size=(1, D))
@@ -302,10 +306,15 @@ def test_replicas_bit_identical_and_error_feedback_exact_over_twenty_steps(suppo
     harness.assert_replicas_identical(state.buffers.compressor.scores)
 
 
-def test_float16_wire_keeps_its_rounding_exactly_and_never_overflows():
-  """Values over 13 octaves (1e-7 to 1e6), where an unscaled float16 sum would overflow."""
+@pytest.mark.parametrize("support", ["global", "previous"])
+def test_float16_wire_keeps_its_rounding_exactly_and_never_overflows(support):
+  """Values over 13 octaves (1e-7 to 1e6), where an unscaled float16 sum would overflow.
+
+  With ``"previous"`` the first step's scale (1) clips the largest values, and the next
+  steps' scales come from the bounds: error feedback keeps what was clipped.
+  """
   tx = tasc.tasc_compress(axis_name="data", density=0.3, block_size=8, sensitivity="none",
-                          wire_dtype="float16")
+                          support=support, wire_dtype="float16")
   state, update = _runner(tx, harness.mesh(), PARAMS, check_vma=True)
   e = np.zeros((N, D), np.float32)
   rng = np.random.default_rng(0)
@@ -326,6 +335,10 @@ def test_float16_wire_keeps_its_rounding_exactly_and_never_overflows():
     np.testing.assert_array_less(np.abs(mean - sent.mean(0)),
                                  2.0 ** -10 * np.abs(sent).sum(0) / N + 1e-6 * np.abs(sent).max())
   assert rounded > 0  # the rounding error is real, and it is what error feedback kept
+  if support == "previous":
+    scale = np.asarray(state.buffers.compressor.scale)
+    harness.assert_replicas_identical(state.buffers.compressor.scale)
+    np.testing.assert_array_equal(np.exp2(np.round(np.log2(scale))), scale)  # a power of two
 
 
 def test_min_blocks_per_leaf_keeps_every_leaf_moving():
@@ -501,8 +514,8 @@ BAD = [
     (dict(curvature_decay=1.0), ValueError, r"curvature_decay=1.0 is outside \[0, 1\)"),
     (dict(wire_dtype="int8"), ValueError,
      r"wire_dtype='int8' is unknown; allowed: \('float32', 'float16'\)"),
-    (dict(wire_dtype=jnp.float16, support="previous"), ValueError,
-     r"wire_dtype='float16' needs support='global' \(got support='previous'\)"),
+    (dict(wire_dtype=jnp.bfloat16), ValueError,
+     r"wire_dtype='bfloat16' is unknown; allowed: \('float32', 'float16'\)"),
     (dict(eps=-1.0), ValueError, r"eps=-1.0 is outside \[0, inf\)"),
     (dict(density=lambda step: 0.1), ValueError, r"max_density is required"),
     (dict(density={"data": 0.1, "model": 0.5}), ValueError, r"names axis 'model'"),

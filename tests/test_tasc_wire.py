@@ -53,8 +53,10 @@ if n == 8:
   out["dense"] = wire(compressors.compress(compressors.none(), axis_name="data"), flat, "data")
   out["previous"] = wire(tasc.tasc_compress(axis_name="data", density=DENSITY, block_size=BLOCK,
                                             support="previous"), flat, "data")
-  out["float16"] = wire(tasc.tasc_compress(axis_name="data", density=DENSITY, block_size=BLOCK,
-                                           wire_dtype="float16"), flat, "data")
+  for support in ("global", "previous"):
+    out[f"float16_{support}"] = wire(tasc.tasc_compress(
+        axis_name="data", density=DENSITY, block_size=BLOCK, support=support,
+        wire_dtype="float16"), flat, "data")
   two = jax.sharding.Mesh(np.array(jax.devices()).reshape(2, 4), ("slow", "fast"))
   both = ("slow", "fast")
   out["two_level_flat"] = wire(tasc.tasc_compress(axis_name=both, density=DENSITY,
@@ -97,12 +99,18 @@ def test_previous_support_rides_the_scores_in_the_payloads_all_reduce(figures):
   assert previous["total"] == figures[8]["tasc"]["total"]
 
 
-def test_float16_wire_halves_the_bytes_plus_one_float_for_the_scale(figures):
-  half = figures[8]["float16"]
+@pytest.mark.parametrize("support", ["global", "previous"])
+def test_float16_wire_halves_the_bytes_plus_one_number_for_the_scale(figures, support):
+  half = figures[8][f"float16_{support}"]
   # Scores and payload as float16 (XLA's CPU backend keeps float16 all-reduces narrow), and
-  # the payload's shared scale as one float32.
-  assert half["operands_by_axis"]["data"] == 2 * (1000 * 256 + 100_000) + 4
-  assert set(half["kinds"]) == {"all-reduce"}
+  # each worker's bound for the shared scale: a float32 of its own ("global"), or one more
+  # float16 in the payload ("previous", still one all-reduce).
+  if support == "global":
+    assert half["operands_by_axis"]["data"] == 2 * (1000 * 256 + 100_000) + 4
+    assert half["kinds"] == ["all-reduce"] * 3
+  else:
+    assert half["operands_by_axis"]["data"] == 2 * (1000 * 256 + 100_000 + 1)
+    assert half["kinds"] == ["all-reduce"]
   assert half["total"] == pytest.approx(figures[8]["tasc"]["total"] / 2, rel=1e-4)
 
 
