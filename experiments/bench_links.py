@@ -8,8 +8,10 @@ collectives (:mod:`experiments.distributed`). Each times one exchange of a 25,55
 (ResNet-50) float32 gradient with each method, as the runner builds it
 (:mod:`experiments.methods`): ``dense`` (one f32 all-reduce), ``topk`` (exact top-k at density
 0.01, values and indices all-gathered), ``tasc`` (density 0.01: block scores, then the shared
-blocks, all-reduced) and ``tasc_previous`` (the same with ``support="previous"``: the scores
-ride in the payload's all-reduce, one collective instead of two). The time of an exchange is
+blocks, all-reduced), ``tasc_previous`` (the same with ``support="previous"``: the scores
+ride in the payload's all-reduce, one collective instead of two), and both again with
+``wire_dtype="float16"`` (``tasc_f16``, ``tasc_previous_f16``: scores and payload at half the
+bytes, error feedback keeping the rounding). The time of an exchange is
 compute and communication together (what a training step waits for), with the gradient and the
 compressor's state donated as in a training step, so outputs are written in place; the figure is
 dense's time over each method's, measured in the same run. One loopback carries every process's
@@ -31,11 +33,13 @@ from pathlib import Path
 from experiments import bench_common as common
 
 DEFAULT_PROCESSES = (2, 4)
-METHODS = ("dense", "topk", "tasc", "tasc_previous")
+METHODS = ("dense", "topk", "tasc", "tasc_previous", "tasc_f16", "tasc_previous_f16")
 # Rows that are a runner method with other settings: name -> (method, compression overrides).
 # TASC's "previous" support ranks the blocks by the scores that rode in the last step's payload,
 # so an exchange is one all-reduce instead of two (the same bytes, one latency less).
-VARIANTS = {"tasc_previous": ("tasc", {"support": "previous"})}
+VARIANTS = {"tasc_previous": ("tasc", {"support": "previous"}),
+            "tasc_f16": ("tasc", {"wire_dtype": "float16"}),
+            "tasc_previous_f16": ("tasc", {"support": "previous", "wire_dtype": "float16"})}
 GOAL_SPEEDUP = 20.0
 AXIS = "data"
 TIMEOUT_S = 1800.0  # default limit for one child process, seconds
