@@ -23,7 +23,7 @@ Support
 Bytes. Per worker, the all-reduce operands are ``K * block_size + num_blocks`` floats whatever
 the number of workers ``n`` (an all-reduce moves ``2 (n-1)/n`` of its operand per worker), where
 top-k's all-gather moves ``2 k (n-1)`` words; with ``wire_dtype="float16"`` they are half as many
-bytes, plus one float32 (the payload's scale).
+bytes, plus one number per worker for the payload's scale.
 
 Memory traffic. The buffer is never padded or copied: the blocks are a free reshape of ``a``
 (:func:`tasc.scores.block_sums`), only the ``K`` chosen blocks are gathered, and error feedback
