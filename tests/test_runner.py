@@ -130,11 +130,14 @@ def test_sweep_runs_every_method_and_writes_a_summary(sweep_dir):
     num_params = json.load(f)["num_params"]
   k = round(density * num_params)
   assert float(table["topk"]["wire_bytes"]) == (n - 1) / n * n * 2 * k * 4
-  # TASC all-reduces K blocks and the num_blocks block scores per step (tasc/compressor.py); the
-  # curvature refresh is each worker's own estimate and moves nothing.
+  # TASC all-reduces K blocks and the num_blocks block scores per step (tasc/compressor.py), in
+  # float16 as the quickstart sends them, and each worker's float32 bound for the payload's
+  # scale; the curvature refresh is each worker's own estimate and moves nothing.
   c = configs["tasc"].compression
+  assert c.wire_dtype == "float16"
   num_blocks = -(-num_params // c.block_size)
-  per_step = 2 * (n - 1) / n * 4 * (round(c.density * num_blocks) * c.block_size + num_blocks)
+  operands = 2 * (round(c.density * num_blocks) * c.block_size + num_blocks) + 4
+  per_step = 2 * (n - 1) / n * operands
   assert float(table["tasc"]["wire_bytes"]) == pytest.approx(per_step, rel=1e-12)
   # A finished sweep skips every run: nothing is trained or rewritten.
   before = {n: os.path.getmtime(os.path.join(workdir, n, logs.METRICS_FILE)) for n in table}
