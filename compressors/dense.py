@@ -39,7 +39,7 @@ def cast(dtype, *, exchange: str | None = None) -> base.Compressor:
   Returns:
     A :class:`compressors.base.Compressor`; with error feedback, the rounding error is kept.
   """
-  name = jnp.dtype(dtype).name if _is_dtype(dtype) else repr(dtype)
+  name = dtype_name(dtype) or repr(dtype)
   if name not in _CASTS:
     raise ValueError(f"cast: dtype={name} is not supported; allowed: {sorted(_CASTS)}")
   narrow = _CASTS[name]
@@ -61,9 +61,10 @@ def cast(dtype, *, exchange: str | None = None) -> base.Compressor:
   return base.Compressor(name=f"cast_{name}", encode=encode, decode=decode, exchange=exchange)
 
 
-def _is_dtype(dtype) -> bool:
+def dtype_name(dtype) -> str | None:
+  """``dtype``'s numpy name (``jnp.float16`` and ``"float16"`` give ``"float16"``); None when
+  ``dtype`` names no dtype."""
   try:
-    jnp.dtype(dtype)
+    return jnp.dtype(dtype).name
   except TypeError:
-    return False
-  return True
+    return None

@@ -168,7 +168,7 @@ def tasc_compressor(density: Density, *, block_size: int = 256,
   _check_int(block_size, "block_size", 1)
   _check_choice(sensitivity, "sensitivity", SENSITIVITIES)
   _check_choice(support, "support", SUPPORTS)
-  wire_dtype = _dtype_name(wire_dtype)
+  wire_dtype = dense.dtype_name(wire_dtype) or wire_dtype
   _check_choice(wire_dtype, "wire_dtype", WIRE_DTYPES)
   narrow = wire_dtype == "float16"
   _check_real(curvature_decay, "curvature_decay", 0.0, 1.0, "[0, 1)")
@@ -392,6 +392,11 @@ def _float16_scores(local_scores: jax.Array) -> jax.Array:
   return (local_scores / jnp.where(peak > 0, peak, 1.0)).astype(jnp.float16)
 
 
+def _largest_bound(energies: jax.Array) -> jax.Array:
+  """A bound on this worker's largest ``|a_i|``: no element exceeds its block's norm."""
+  return jnp.sqrt(jnp.max(energies))
+
+
 def _float16_scores_and_scale(local_scores: jax.Array, energies: jax.Array,
                               ctx: base.Context) -> tuple[jax.Array, jax.Array]:
   """``support="global"``: the float16 scores' mean over workers and this step's payload scale.
@@ -400,8 +405,7 @@ def _float16_scores_and_scale(local_scores: jax.Array, energies: jax.Array,
   payload so that its sum over workers is at most half of float16's largest value.
   """
   priority = _mean_over_workers(_float16_scores(local_scores), ctx).astype(jnp.float32)
-  # No element of a block exceeds the block's norm, so this bounds the worker's largest |a_i|.
-  total_bound = ctx.num_workers * _mean_over_workers(jnp.sqrt(jnp.max(energies))[None], ctx)[0]
+  total_bound = ctx.num_workers * _mean_over_workers(_largest_bound(energies)[None], ctx)[0]
   exponent = jnp.floor(jnp.log2(_FLOAT16_TARGET / jnp.where(total_bound > 0, total_bound, 1.0)))
   return priority, _power_of_two(exponent)
 
@@ -410,7 +414,7 @@ def _float16_bound(energies: jax.Array, to_wire: jax.Array, num_workers: int) ->
   """``support="previous"``: this worker's bound on its largest ``|a_i|`` at the scale
   ``to_wire``, over ``num_workers`` and clipped so that the sum stays finite, as ``f16[1]``."""
   limit = float(jnp.finfo(jnp.float16).max) / num_workers
-  bound = jnp.sqrt(jnp.max(energies)) * to_wire / num_workers
+  bound = _largest_bound(energies) * to_wire / num_workers
   return jnp.minimum(bound, limit).astype(jnp.float16)[None]
 
 
@@ -451,14 +455,6 @@ def _to_float16(rows: jax.Array, to_wire: jax.Array,
 def _ema(average: jax.Array, fresh: jax.Array, decay: float) -> jax.Array:
   """``decay * average + (1 - decay) * fresh``, kept in the state's float32."""
   return (decay * average + (1.0 - decay) * fresh).astype(average.dtype)
-
-
-def _dtype_name(dtype) -> str:
-  """``dtype``'s name (``jnp.float16`` -> ``"float16"``); anything else as given, to be reported."""
-  try:
-    return jnp.dtype(dtype).name
-  except TypeError:
-    return dtype
 
 
 def _check_int(value, field: str, minimum: int) -> None:

@@ -89,8 +89,8 @@ def tasc_compress(*, axis_name: axes.AxisName,
       density on both axes the default ``"psum"`` becomes ``"hierarchical"``.
     topology: the workers' :class:`compressors.topology.Topology`, for ``schedule="auto"``.
     wire_dtype: ``"float32"`` or ``"float16"``: the precision of the block scores and the
-      payload on the wire; float16 halves the bytes, error feedback keeps the rounding (needs
-      ``support="global"``; see :mod:`tasc.compressor`).
+      payload on the wire; float16 halves the bytes, error feedback keeps the rounding (see
+      :mod:`tasc.compressor`).
 
   Returns:
     An ``optax.GradientTransformationExtraArgs``; chain it before the optimizer, e.g.
