@@ -21,6 +21,7 @@ from compressors.per_worker import add_device_axis
 from compressors.per_worker import drop_device_axis
 from compressors.per_worker import state_specs
 from compressors.randomk import randomk
+from compressors.randomk import uniform_subset
 from compressors.threshold import threshold
 from compressors.topk import topk
 from compressors.transform import CompressState

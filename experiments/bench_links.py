@@ -209,7 +209,7 @@ def report(args) -> common.Report:
   methods = args.methods or list(METHODS)
   rate_bits = calibrate.parse_rate(args.rate)
   rows = link_times(processes, elements, methods, rate_bits=rate_bits,
-                    repeats=min(args.repeats, 5), timeout_s=args.timeout or TIMEOUT_S)
+                    repeats=args.repeats, timeout_s=args.timeout or TIMEOUT_S)
   rate = "unshaped loopback" if rate_bits is None else f"{rate_bits / 1e9:g} Gbit/s loopback"
   return common.Report(
       name="links",
@@ -230,7 +230,7 @@ def report(args) -> common.Report:
           "rate (the time the shared loopback needs to carry them all).",
       ],
       settings={"processes": list(processes), "elements": elements, "methods": list(methods),
-                "rate_bits": rate_bits, "repeats": min(args.repeats, 5)})
+                "rate_bits": rate_bits, "repeats": args.repeats})
 
 
 if __name__ == "__main__":

@@ -1,13 +1,19 @@
 """Each compressor's aggregate against a numpy reference of its algorithm, on 8 workers."""
 
+import importlib
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
 
+import scipy.stats
+
 import compressors
 from tests import harness
+
+randomk_module = importlib.import_module("compressors.randomk")
 
 N = 8
 PARAMS = {"a": jnp.zeros((64, 32)), "b": jnp.zeros((32,))}
@@ -49,8 +55,7 @@ def test_randomk_matches_numpy_with_shared_indices():
   e = np.zeros((N, D), np.float32)
   for step, (g, mean, res) in enumerate(zip(grads, means, residuals)):
     key = jax.random.fold_in(jax.random.fold_in(jax.random.PRNGKey(0), step), 0)
-    draws = np.asarray(jax.random.uniform(key, (D,)))
-    idx = np.argsort(-draws, kind="stable")[:k]  # the k largest draws: a uniform k-subset
+    idx = _uniform_subset_reference(key, D, k)
     a = g + e
     sent = np.zeros_like(a)
     sent[:, idx] = a[:, idx]
@@ -58,6 +63,51 @@ def test_randomk_matches_numpy_with_shared_indices():
     assert np.count_nonzero(mean) == k  # one support shared by every worker
     e = a - sent
     np.testing.assert_array_equal(res, e)
+
+
+def _uniform_subset_reference(key, size, k):
+  """numpy: the first k distinct of randomk's draws with replacement, in draw order; or, on its
+  slow path, the k largest of its uniforms."""
+  draws_for = randomk_module._draws_for(size, k)
+  key, fallback_key = jax.random.split(key)
+  if draws_for is not None:
+    drawn = np.asarray(jax.random.randint(key, (draws_for,), 0, size, dtype=jnp.int32))
+    first = [int(i) for n, i in enumerate(drawn) if i not in drawn[:n]][:k]
+    if len(first) == k:
+      return np.array(first)
+  uniforms = np.asarray(jax.random.uniform(fallback_key, (size,)))
+  return np.argsort(-uniforms, kind="stable")[:k]
+
+
+@pytest.mark.parametrize("size,k,draws", [
+    (2080, 104, "planned"), (2080, 1, "planned"), (30, 3, "planned"),  # first distinct draws
+    (10, 3, "planned"), (7, 7, "planned"),  # the k largest uniforms: rejection would cost more
+    (10, 3, 3)])  # 3 draws: often a repeat, then the k largest uniforms at run time
+def test_uniform_subset_matches_numpy(size, k, draws, monkeypatch):
+  if draws != "planned":
+    monkeypatch.setattr(randomk_module, "_draws_for", lambda size, k: draws)
+  sample = jax.jit(lambda key: compressors.uniform_subset(key, size, k))  # traced afresh
+  for seed in range(4):
+    key = jax.random.PRNGKey(seed)
+    idx = np.asarray(sample(key))
+    assert idx.dtype == np.int32 and len(set(idx.tolist())) == k
+    np.testing.assert_array_equal(idx, _uniform_subset_reference(key, size, k))
+
+
+@pytest.mark.parametrize("draws", [40, 2, None])
+def test_uniform_subset_is_uniform_over_subsets(draws, monkeypatch):
+  """Every 2-subset of 6 indices equally likely (chi-square): from 40 draws (the first two
+  distinct), from 2 (a repeat 1 time in 6, completed by the k largest uniforms at run time) and
+  from the k largest uniforms alone. Keeping the k smallest distinct draws fails this."""
+  size, k, trials = 6, 2, 30_000
+  monkeypatch.setattr(randomk_module, "_draws_for", lambda size, k: draws)
+  sample = jax.jit(jax.vmap(lambda key: compressors.uniform_subset(key, size, k)))
+  subsets = np.sort(np.asarray(sample(jax.random.split(jax.random.PRNGKey(0), trials))), axis=1)
+  codes = subsets[:, 0] * size + subsets[:, 1]
+  counts = np.array([np.sum(codes == a * size + b) for a in range(size)
+                     for b in range(a + 1, size)])
+  assert counts.sum() == trials  # all distinct
+  assert scipy.stats.chisquare(counts).pvalue > 1e-3, counts
 
 
 def test_randomk_rescale_is_unbiased_in_expectation():
