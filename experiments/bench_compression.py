@@ -192,7 +192,8 @@ def compression_cost(sizes: Sequence[int], methods: Sequence[str], *, repeats: i
                                   timeout_s=timeout_s))
       log(f"B1 {size:>11,} {method:10s} " + (
           common.not_measured(row) or
-          f"ratio {row['ratio']:.2f} (floor {row['floor_seconds'] * 1e3:.1f} ms)"))
+          f"ratio {row['ratio']:.2f}, compress {row['compress_ratio']:.2f} "
+          f"(floor {row['floor_seconds'] * 1e3:.1f} ms)"))
       rows.append(row)
     reference = next((r for r in rows if r["size"] == size and r["method"] == "topk"
                       and "ratio" in r), None)
