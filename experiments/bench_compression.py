@@ -8,11 +8,13 @@ the memory traffic every error-feedback compressor must do at least. Both donate
 as a training step donates its state, so outputs are written in place rather than into freshly
 mapped memory (whose page faults would otherwise dominate on CPU).
 
-*Compress* is the same ``update`` with its output, the decoded mean, unused: XLA drops what only
-the mean needs, and what is left is a worker's work before the collective (error feedback, the
-encoding, the new residual and state). TASC's goal is on it: its compression is the block
-scores, the selection, the gather and the residual update; the decode (the dense mean written
-from the all-reduced blocks) comes after the collective.
+*Compress*, for the methods with error feedback, is the same ``update`` with its output, the
+decoded mean, unused: XLA drops what only the mean needs, and what is left is a worker's work
+before the collective (error feedback, the encoding, the new residual and state). Without error
+feedback the encoding reaches nothing but the mean, so it cannot be timed apart. TASC's goal is
+on compress: its compression is the block scores, the selection, the gather and the residual
+update; the decode (the dense mean written from the all-reduced blocks) comes after the
+collective.
 
 The gradient is one flat leaf ``f32[d]`` (the fused buffer of tensor fusion), except for
 PowerSGD, which compresses matrices: one ``(d // 1024) x 1024`` leaf, with its own floor.
@@ -82,14 +84,15 @@ def measure(request: dict) -> dict:
       return lambda: jitted(*copies)
     return fresh
 
-  calls = {"floor": prepare(floor, (residual, grad["w"])), method: prepare(update, (grad, state)),
-           "compress": prepare(compress, (grad, state))}
+  calls = {"floor": prepare(floor, (residual, grad["w"])), method: prepare(update, (grad, state))}
+  if getattr(state, "residual", ()):
+    calls["compress"] = prepare(compress, (grad, state))
   if method == "tasc":
     for name, decode in (("pass_bound", True), ("compress_pass_bound", False)):
       bound = jax.jit(functools.partial(tasc_pass_bound, decode=decode), donate_argnums=(0, 1))
       calls[name] = prepare(bound, (grad["w"], residual))
   times = common.fastest_interleaved(calls, request["repeats"], request["budget_s"])
-  floor_t, method_t, compress_t = times["floor"], times[method], times["compress"]
+  floor_t, method_t = times["floor"], times[method]
   profile = (op_profile(update, lambda: common.fresh_copies((grad, state)))
              if request.get("profile") else None)
   return {
@@ -99,7 +102,9 @@ def measure(request: dict) -> dict:
       "seconds": method_t["wall"], "floor_seconds": floor_t["wall"],
       "median_seconds": method_t["median_wall"], "floor_median_seconds": floor_t["median_wall"],
       "ratio": method_t["wall"] / floor_t["wall"], "cpu_ratio": method_t["cpu"] / floor_t["cpu"],
-      "compress_seconds": compress_t["wall"], "compress_ratio": compress_t["wall"] / floor_t["wall"],
+      **({"compress_seconds": times["compress"]["wall"],
+          "compress_ratio": times["compress"]["wall"] / floor_t["wall"]}
+         if "compress" in times else {}),
       "floor_gbytes_per_s": 3 * 4 * elements / floor_t["wall"] / 1e9,
       "state_bytes_per_param": state_bytes / elements,
       "temp_bytes_per_param": temp_bytes / elements,
@@ -178,8 +183,9 @@ def compression_cost(sizes: Sequence[int], methods: Sequence[str], *, repeats: i
 
   Returns:
     Dicts with ``size``, ``method``, ``ratio`` (compress + decode, to the floor), ``cpu_ratio``,
-    ``compress_ratio`` (compress alone), ``vs_topk`` and ``compress_vs_topk`` (how many times
-    cheaper than exact top-k on the same size, for each), memory per parameter; or
+    ``compress_ratio`` (compress alone, methods with error feedback), ``vs_topk`` and
+    ``compress_vs_topk`` (how many times cheaper than exact top-k on the same size, for each),
+    memory per parameter; or
     ``skipped``/``error`` with the reason.
   """
   rows = []
@@ -192,15 +198,17 @@ def compression_cost(sizes: Sequence[int], methods: Sequence[str], *, repeats: i
                                   timeout_s=timeout_s))
       log(f"B1 {size:>11,} {method:10s} " + (
           common.not_measured(row) or
-          f"ratio {row['ratio']:.2f}, compress {row['compress_ratio']:.2f} "
-          f"(floor {row['floor_seconds'] * 1e3:.1f} ms)"))
+          f"ratio {row['ratio']:.2f}" + (f", compress {row['compress_ratio']:.2f}"
+                                          if "compress_ratio" in row else "")
+          + f" (floor {row['floor_seconds'] * 1e3:.1f} ms)"))
       rows.append(row)
     reference = next((r for r in rows if r["size"] == size and r["method"] == "topk"
                       and "ratio" in r), None)
     for r in rows:
       if r["size"] == size and reference is not None and "ratio" in r:
         r["vs_topk"] = reference["ratio"] / r["ratio"]
-        r["compress_vs_topk"] = reference["compress_ratio"] / r["compress_ratio"]
+        if "compress_ratio" in r and "compress_ratio" in reference:
+          r["compress_vs_topk"] = reference["compress_ratio"] / r["compress_ratio"]
   for r in rows:
     r["goal"] = _goal(r)
   return rows
@@ -212,7 +220,7 @@ def _goal(row: dict) -> str:
   if "ratio" not in row:
     return common.goal(None, common.not_measured(row))
   # The goal is on compression (scores, selection, gather, residual update), the decode aside.
-  floor_ok = row["compress_ratio"] <= GOAL_FLOOR_RATIO
+  floor_ok = row.get("compress_ratio", math.inf) <= GOAL_FLOOR_RATIO
   parts = [common.goal(floor_ok, f"compress <= {GOAL_FLOOR_RATIO}x floor")]
   speedup = row.get("compress_vs_topk")
   parts.append(common.goal(None if speedup is None else speedup >= GOAL_TOPK_SPEEDUP,
@@ -258,9 +266,9 @@ def report(args) -> common.Report:
           "in the same process, alternating with the method; both donate their inputs.",
           "time: fastest of several alternated calls after a warm-up (wall clock); CPU time: "
           "the same with process CPU time (steadier on a loaded machine).",
-          "compress: the same update with the decoded mean unused, so that XLA drops the "
-          "decode: a worker's work before the collective (error feedback, encoding, the new "
-          "residual and state). TASC's goal is on it.",
+          "compress (methods with error feedback): the same update with the decoded mean "
+          "unused, so that XLA drops the decode: a worker's work before the collective (error "
+          "feedback, encoding, the new residual and state). TASC's goal is on it.",
           "methods as experiments.methods builds them (density 0.01, TASC blocks of 256 with "
           "Hutchinson scores from the state's curvature EMA, PowerSGD rank 4 on a "
           f"(d/{POWERSGD_COLUMNS}) x {POWERSGD_COLUMNS} matrix); topk is exact lax.top_k.",

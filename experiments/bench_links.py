@@ -11,8 +11,9 @@ collectives (:mod:`experiments.distributed`). Each times one exchange of a 25,55
 blocks, all-reduced), ``tasc_previous`` (the same with ``support="previous"``: the scores
 ride in the payload's all-reduce, one collective instead of two), and both again with
 ``wire_dtype="float16"`` (``tasc_f16``, ``tasc_previous_f16``: scores and payload at half the
-bytes, error feedback keeping the rounding; gloo sums float16 on the CPU slowly enough that this
-costs more time than the halved bytes save, even on an unshaped loopback). The time of an
+bytes, error feedback keeping the rounding; gloo sums float16 on the CPU slowly, so whether the
+halved bytes save time varies from run to run: with one all-reduce they mostly do, with two they
+mostly do not). The time of an
 exchange is compute and communication together (what a training step waits for), with the
 gradient and the compressor's state donated as in a training step, so outputs are written in
 place; the figure is dense's time over each method's, measured in the same run. One loopback

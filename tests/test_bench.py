@@ -41,15 +41,16 @@ def test_unknown_method_is_named():
 def test_compression_cli_writes_table_with_goal(tmp_path, capsys):
   size = 65536
   written = bench.main(["compression", "--sizes", str(size), "--methods", "topk", "tasc",
-                        "--repeats", "1", "--out", str(tmp_path)])
+                        "signsgd", "--repeats", "1", "--out", str(tmp_path)])
   assert sorted(p.name for p in written) == ["compression.json", "compression.md"]
   rows = json.loads((tmp_path / "compression.json").read_text())["rows"]
-  assert [r["method"] for r in rows] == ["topk", "tasc"]
+  assert [r["method"] for r in rows] == ["topk", "tasc", "signsgd"]
   for r in rows:
     assert r["ratio"] > 0 and r["floor_seconds"] > 0 and r["elements"] == size
   assert rows[0]["vs_topk"] == rows[0]["compress_vs_topk"] == 1.0
-  for r in rows:
+  for r in rows[:2]:  # error feedback: compression timed apart
     assert r["compress_ratio"] > 0 and r["compress_seconds"] > 0
+  assert "compress_ratio" not in rows[2] and "compress_vs_topk" not in rows[2]
   for bound in ("pass_bound_ratio", "compress_pass_bound_ratio"):
     assert rows[1][bound] > 0 and bound not in rows[0]
   # TASC's state: the f32 residual, one f32 curvature per 256-element block, count and key.
