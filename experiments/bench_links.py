@@ -13,13 +13,12 @@ ride in the payload's all-reduce, one collective instead of two), and both again
 ``wire_dtype="float16"`` (``tasc_f16``, ``tasc_previous_f16``: scores and payload at half the
 bytes, error feedback keeping the rounding; gloo sums float16 on the CPU slowly, so whether the
 halved bytes save time varies from run to run: with one all-reduce they mostly do, with two they
-mostly do not). The time of an
-exchange is compute and communication together (what a training step waits for), with the
-gradient and the compressor's state donated as in a training step, so outputs are written in
-place; the figure is dense's time over each method's, measured in the same run. One loopback
-carries every process's traffic, so ``p`` processes share the rate (one switch port, not ``p``
-NICs): the link needs ``p * bytes/device / rate`` for an exchange, which is what dense's
-measured times follow. The token bucket lets its first 512 KB pass unshaped.
+mostly do not). The time of an exchange is compute and communication together (what a training
+step waits for), with the gradient and the compressor's state donated as in a training step, so
+outputs are written in place; the figure is dense's time over each method's, measured in the
+same run. One loopback carries every process's traffic, so ``p`` processes share the rate (one
+switch port, not ``p`` NICs): the link needs ``p * bytes/device / rate`` for an exchange, which
+is what dense's measured times follow. The token bucket lets its first 512 KB pass unshaped.
 """
 
 import json
