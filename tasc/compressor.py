@@ -31,8 +31,9 @@ keeps ``a`` with those blocks replaced, in place (``compress`` hands over ``g`` 
 :class:`compressors.transform.ResidualAggregate`) rather than subtracting a dense ``sent``. The
 dense mean's zeros are filled once the blocks are chosen, so XLA writes them over the
 gradient's (donated) buffer instead of fresh memory. A step thus reads ``g`` and ``e`` and
-writes ``a`` once, reads ``a`` once more for the scores and writes the mean's zeros once: XLA's
-CPU backend has no multi-output fusion that would let the scores ride on the first pass.
+writes ``a`` once, with the block energies taken in the same pass (:mod:`tasc.fused`: a CPU
+kernel, as XLA's CPU backend cannot fuse the reduction into the sum; elsewhere one more read of
+``a``), and writes the mean's zeros once.
 
 Wire precision (``wire_dtype``)
   ``"float16"`` halves both all-reduces, so that at a given budget of bytes the blocks can be
@@ -85,6 +86,7 @@ from compressors import base
 from compressors import dense
 from compressors import sparse
 from compressors import transform
+from tasc import fused
 from tasc import scores
 from tasc import support as support_lib
 
@@ -229,9 +231,11 @@ def tasc_compressor(density: Density, *, block_size: int = 256,
     blocks sent are zero, those a density schedule holds back stay whole); the caller uses
     ``sent`` or ``kept`` and jit drops the other.
     """
-    x = g if e is None else g + e
+    if e is None:
+      x, energies = g, scores.block_energies(g, block_size)
+    else:
+      x, energies = fused.residual_and_energies(g, e, block_size)
     size = x.size
-    energies = scores.block_energies(x, block_size)
     curvature = state.curvature
     if sensitivity == "hutchinson" and "curvature" in ctx.extras:
       fresh = scores.block_means(ctx.extras["curvature"], block_size, jnp.abs)

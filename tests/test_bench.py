@@ -51,8 +51,8 @@ def test_compression_cli_writes_table_with_goal(tmp_path, capsys):
   for r in rows[:2]:  # error feedback: compression timed apart
     assert r["compress_ratio"] > 0 and r["compress_seconds"] > 0
   assert "compress_ratio" not in rows[2] and "compress_vs_topk" not in rows[2]
-  for bound in ("pass_bound_ratio", "compress_pass_bound_ratio"):
-    assert rows[1][bound] > 0 and bound not in rows[0]
+  assert rows[1]["pass_bound_ratio"] > 0 and "pass_bound_ratio" not in rows[0]
+  assert rows[1]["one_pass_kernel"] is True and "one_pass_kernel" not in rows[0]
   # TASC's state: the f32 residual, one f32 curvature per 256-element block, count and key.
   blocks = size // 256
   assert rows[1]["state_bytes_per_param"] == pytest.approx((4 * size + 4 * blocks + 12) / size)

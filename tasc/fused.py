@@ -1,0 +1,113 @@
+"""A worker's buffer ``a = g + e`` and its block energies ``||a_b||^2`` in one pass over memory.
+
+TASC's compression needs both: ``a`` is what is sent and what error feedback keeps, the block
+energies are its scores. As JAX they take two passes on CPU: XLA's CPU backend has no
+multi-output fusion, so it writes the sum and reads it again for the reduction, and compression
+costs the memory-bandwidth floor (``g + e``: two reads, one write) plus one more full read. On
+CPU a small C++ kernel (``residual_energies.cc``, an XLA FFI custom call) makes one pass: each
+element is summed, written over the residual's buffer and squared while in a register.
+
+Both versions give the same ``a`` bit for bit; the energies differ by float rounding (the kernel
+sums each block in 16 interleaved partial sums, XLA in its own order), which can only swap
+blocks whose scores tie to rounding. The kernel serves runs whose default backend is the CPU;
+elsewhere, for other dtypes, or where it cannot be built, the XLA version runs.
+
+The kernel is compiled the first time it is needed, with ``$CXX`` (else ``c++``) against the
+XLA FFI headers that ship with jaxlib, into ``$XDG_CACHE_HOME/tasc-jax`` (else
+``~/.cache/tasc-jax``), keyed by the source, the compiler and jaxlib's version; it takes a few
+seconds once. A failure is reported once, as a warning, and the XLA version is used.
+"""
+
+import ctypes
+import functools
+import hashlib
+import os
+import pathlib
+import subprocess
+import warnings
+
+import jax
+import jax.numpy as jnp
+import jaxlib
+import numpy as np
+
+from tasc import scores
+
+SOURCE = pathlib.Path(__file__).with_name("residual_energies.cc")
+_TARGET = "tasc_residual_energies"
+_SYMBOL = "TascResidualEnergies"
+
+
+def residual_and_energies(g: jax.Array, e: jax.Array,
+                          block_size: int) -> tuple[jax.Array, jax.Array]:
+  """``(a, energies)``: ``a = g + e`` and ``||a_b||^2`` of each block of ``block_size``.
+
+  On CPU, one pass that writes ``a`` over ``e``'s buffer (in place when ``e`` is dead after
+  the call, as a donated residual is); otherwise XLA's ``g + e`` and
+  :func:`tasc.scores.block_energies`.
+
+  Args:
+    g: a flat buffer (the gradient).
+    e: the residual, shaped and typed like ``g``.
+    block_size: ``B``; the last block is shorter when ``B`` does not divide the size.
+
+  Returns:
+    ``a`` shaped like ``g``, and ``[ceil(size / B)]`` block energies in ``g``'s dtype.
+  """
+  if g.ndim != 1 or g.shape != e.shape or g.dtype != e.dtype:
+    raise ValueError(f"residual_and_energies: g {jax.typeof(g).str_short()} and e "
+                     f"{jax.typeof(e).str_short()} must be flat buffers of one shape and dtype")
+  two_passes = functools.partial(_two_passes, block_size=block_size)
+  if g.dtype != jnp.float32 or jax.default_backend() != "cpu" or not kernel_available():
+    return two_passes(g, e)
+  one_pass = functools.partial(_one_pass, block_size=block_size)
+  return jax.lax.platform_dependent(g, e, cpu=one_pass, default=two_passes)
+
+
+@functools.cache
+def kernel_available() -> bool:
+  """Whether the one-pass CPU kernel is built and registered with XLA (builds it once)."""
+  try:
+    library = ctypes.cdll.LoadLibrary(str(_build()))
+  except (OSError, subprocess.CalledProcessError) as error:
+    detail = getattr(error, "stderr", "") or ""
+    warnings.warn(f"tasc: the one-pass CPU kernel ({SOURCE.name}) could not be built: {error} "
+                  f"{detail[-2000:]}; block energies take a second pass over the buffer "
+                  "(same results, slower compression)", RuntimeWarning, stacklevel=2)
+    return False
+  jax.ffi.register_ffi_target(_TARGET, jax.ffi.pycapsule(getattr(library, _SYMBOL)),
+                              platform="cpu")
+  return True
+
+
+def _build() -> pathlib.Path:
+  """The kernel's shared library, compiled into the cache folder unless already there."""
+  compiler = os.environ.get("CXX", "c++")
+  source = SOURCE.read_bytes()
+  key = hashlib.sha256(b"\0".join([source, compiler.encode(), jaxlib.__version__.encode()]))
+  cache = pathlib.Path(os.environ.get("XDG_CACHE_HOME") or pathlib.Path.home() / ".cache")
+  library = cache / "tasc-jax" / f"residual_energies-{key.hexdigest()[:16]}.so"
+  if not library.exists():
+    library.parent.mkdir(parents=True, exist_ok=True)
+    # Another process may build the same library at the same time: each writes its own file
+    # and renames it into place, which is atomic.
+    partial = library.with_name(f"{library.name}.{os.getpid()}.tmp")
+    subprocess.run([compiler, "-O3", "-std=c++17", "-shared", "-fPIC", "-w",
+                    f"-I{jax.ffi.include_dir()}", str(SOURCE), "-o", str(partial)],
+                   check=True, capture_output=True, text=True)
+    os.replace(partial, library)
+  return library
+
+
+def _one_pass(g: jax.Array, e: jax.Array, *, block_size: int) -> tuple[jax.Array, jax.Array]:
+  # The results carry the inputs' types, varying manual axes included, as inside shard_map.
+  buffer = jax.typeof(e)
+  energies = buffer.update(shape=(scores.num_blocks(g.size, block_size),))
+  call = jax.ffi.ffi_call(_TARGET, (buffer, energies), input_output_aliases={1: 0},
+                          vmap_method="sequential")
+  return call(g, e, block_size=np.int64(block_size))
+
+
+def _two_passes(g: jax.Array, e: jax.Array, *, block_size: int) -> tuple[jax.Array, jax.Array]:
+  a = g + e
+  return a, scores.block_energies(a, block_size)

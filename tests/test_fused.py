@@ -1,0 +1,145 @@
+"""TASC's one-pass CPU kernel (``a = g + e`` and block energies) against a float64 reference."""
+
+import functools
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from tasc import fused
+from tests import harness
+
+
+def _reference(g: np.ndarray, e: np.ndarray, block_size: int) -> tuple[np.ndarray, np.ndarray]:
+  """``a`` in float32 (one rounding, as the step makes it) and its block energies in float64."""
+  a = g + e
+  padded = np.zeros(-(-a.size // block_size) * block_size)
+  padded[:a.size] = a
+  return a, (padded.reshape(-1, block_size) ** 2).sum(axis=1)
+
+
+def _buffers(size: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+  rng = np.random.default_rng(seed)
+  g = (rng.normal(size=size) * rng.uniform(0.1, 10, size=size)).astype(np.float32)
+  return g, rng.normal(size=size).astype(np.float32)
+
+
+def _compiled(fn, *args, **jit_kwargs) -> str:
+  return jax.jit(fn, **jit_kwargs).lower(*args).compile().as_text()
+
+
+@pytest.mark.parametrize("size,block_size", [
+    (1, 256),  # one block, shorter than a block
+    (255, 256),
+    (256 * 5, 256),
+    (256 * 5 + 7, 256),  # a tail block of 7
+    (1000, 100),  # blocks that the 16 lanes do not divide
+    (70_001, 3),  # blocks shorter than the lanes, a tail of 2
+    (300_000, 256),  # several chunks of work, shared with the thread pool
+])
+def test_kernel_matches_the_reference(size, block_size):
+  assert fused.kernel_available()
+  g, e = _buffers(size, seed=size)
+  fn = functools.partial(fused.residual_and_energies, block_size=block_size)
+  assert fused._TARGET in _compiled(fn, g, e)
+  a, energies = jax.jit(fn)(g, e)
+  want_a, want_energies = _reference(g, e, block_size)
+  np.testing.assert_array_equal(np.asarray(a), want_a)
+  assert energies.dtype == jnp.float32
+  # float32 sums of at most 16 + 16 terms each: a few ulps.
+  np.testing.assert_allclose(np.asarray(energies), want_energies, rtol=4e-6)
+
+
+def test_kernel_agrees_with_the_two_pass_version():
+  g, e = _buffers(50_000)
+  one = jax.jit(functools.partial(fused.residual_and_energies, block_size=64))(g, e)
+  two = jax.jit(functools.partial(fused._two_passes, block_size=64))(g, e)
+  np.testing.assert_array_equal(np.asarray(one[0]), np.asarray(two[0]))
+  np.testing.assert_allclose(np.asarray(one[1]), np.asarray(two[1]), rtol=4e-6)
+
+
+def test_kernel_writes_over_the_donated_residual():
+  """In place: the sum lands in the residual's buffer and no full-size copy is made."""
+  size = 100_000
+  g, e = (jnp.asarray(x) for x in _buffers(size))
+  fn = functools.partial(fused.residual_and_energies, block_size=256)
+  hlo = _compiled(fn, g, e, donate_argnums=1)
+  assert not re.search(rf"f32\[{size}\]\S* copy\(", hlo)
+  where = e.unsafe_buffer_pointer()
+  a, _ = jax.jit(fn, donate_argnums=1)(g, e)
+  assert a.unsafe_buffer_pointer() == where
+
+
+def test_kernel_runs_per_worker_under_shard_map():
+  workers, size, block_size = 8, 4_000, 128
+  g, e = _buffers(workers * size)
+  mesh = harness.mesh(workers)
+
+  @jax.jit
+  @functools.partial(jax.shard_map, mesh=mesh, in_specs=P("data"), out_specs=P("data"))
+  def per_worker(g, e):
+    return fused.residual_and_energies(g, e, block_size)
+
+  sharding = jax.sharding.NamedSharding(mesh, P("data"))
+  a, energies = per_worker(jax.device_put(g, sharding), jax.device_put(e, sharding))
+  for w in range(workers):
+    rows = slice(w * size, (w + 1) * size)
+    want_a, want_energies = _reference(g[rows], e[rows], block_size)
+    np.testing.assert_array_equal(np.asarray(a)[rows], want_a)
+    blocks = -(-size // block_size)
+    np.testing.assert_allclose(np.asarray(energies)[w * blocks:(w + 1) * blocks], want_energies,
+                               rtol=4e-6)
+
+
+def test_kernel_under_vmap():
+  g, e = _buffers(3 * 1000)
+  a, energies = jax.vmap(functools.partial(fused.residual_and_energies, block_size=100))(
+      g.reshape(3, 1000), e.reshape(3, 1000))
+  for row in range(3):
+    want_a, want_energies = _reference(g.reshape(3, -1)[row], e.reshape(3, -1)[row], 100)
+    np.testing.assert_array_equal(np.asarray(a[row]), want_a)
+    np.testing.assert_allclose(np.asarray(energies[row]), want_energies, rtol=4e-6)
+
+
+def test_other_dtypes_take_two_passes():
+  g, e = (jnp.asarray(x, jnp.bfloat16) for x in _buffers(1000))
+  fn = functools.partial(fused.residual_and_energies, block_size=100)
+  assert fused._TARGET not in _compiled(fn, g, e)
+  a, energies = jax.jit(fn)(g, e)
+  assert a.dtype == energies.dtype == jnp.bfloat16
+  np.testing.assert_array_equal(np.asarray(a), np.asarray(g + e))
+
+
+def test_mismatched_buffers_are_refused():
+  with pytest.raises(ValueError, match=r"g float32\[10\] and e float32\[11\] must be flat buffers"):
+    fused.residual_and_energies(jnp.zeros(10), jnp.zeros(11), 4)
+
+
+def test_kernel_is_built_once_into_the_cache(tmp_path, monkeypatch):
+  monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+  library = fused._build()
+  assert library.parent == tmp_path / "tasc-jax" and library.suffix == ".so"
+  built = library.stat().st_mtime_ns
+  assert fused._build() == library and library.stat().st_mtime_ns == built
+  assert [p.name for p in library.parent.iterdir()] == [library.name]  # no partial file left
+
+
+def test_without_a_compiler_the_xla_version_runs_with_a_warning(tmp_path, monkeypatch):
+  monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # nothing built there yet
+  monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
+  fused.kernel_available.cache_clear()
+  try:
+    with pytest.warns(RuntimeWarning, match="could not be built.*second pass"):
+      assert not fused.kernel_available()
+    g, e = _buffers(1000)
+    fn = functools.partial(fused.residual_and_energies, block_size=100)
+    assert fused._TARGET not in _compiled(fn, g, e)
+    a, energies = jax.jit(fn)(g, e)
+  finally:
+    fused.kernel_available.cache_clear()
+  want_a, want_energies = _reference(g, e, 100)
+  np.testing.assert_array_equal(np.asarray(a), want_a)
+  np.testing.assert_allclose(np.asarray(energies), want_energies, rtol=4e-6)
