@@ -73,6 +73,12 @@ class Context(NamedTuple):
       :mod:`compressors.collectives`, or ``"auto"`` (the fastest on ``topology`` by the cost
       model, chosen per payload size at trace time).
     topology: the :class:`compressors.topology.Topology` ``"auto"`` plans for, else None.
+    owns_buffers: whether the gradient and residual buffers may be overwritten in place at no
+      cost: True when the step made them (several leaves concatenated into one buffer) or when
+      each is a flat leaf compressed locally (``axis_name`` None: the jit's own argument).
+      Under an axis, per-worker state reaches the step through a reshape
+      (:func:`compressors.drop_device_axis`), and XLA's CPU backend copies a jit argument
+      before an in-place custom call that reaches it through a reshape.
   """
   axis_name: axes.AxisName
   num_workers: int
@@ -85,6 +91,7 @@ class Context(NamedTuple):
   extras: dict[str, jax.Array]
   schedule: str = "psum"
   topology: Any = None
+  owns_buffers: bool = False
 
 
 class Aggregate(NamedTuple):

@@ -179,6 +179,9 @@ def compress(compressor: base.Compressor, *, axis_name: axes.AxisName,
     if topology is not None and topology.num_devices != num_workers:
       raise ValueError(f"compress: topology {topology.name!r} has {topology.num_devices} devices "
                        f"but axis_name={axis_name!r} has {num_workers} workers; they must match")
+    # Buffers this step made, or flat arguments of a local step (see base.Context).
+    owns_buffers = (fuse and len(grads) > 1) or (axis_name is None and
+                                                  all(g.ndim == 1 for g in grads))
     for i, (g, e, bstate) in enumerate(zip(grad_buffers, residual_buffers, buffer_states)):
       size = -(-g.size // group)
       if compressor.validate is not None:
@@ -192,7 +195,7 @@ def compress(compressor: base.Compressor, *, axis_name: axes.AxisName,
                          worker_index=worker, step=state.count, shared_key=shared_key,
                          private_key=jax.random.fold_in(shared_key, device + 1),
                          extras=extras_i, schedule=schedule_of_buffer(i, len(grad_buffers)),
-                         topology=topology)
+                         topology=topology, owns_buffers=owns_buffers)
       if compressor.precondition is not None:
         # On the raw local gradient, before any sum: every device is a worker here.
         raw_ctx = ctx._replace(num_workers=num_workers * group, size=g.size, shape=(g.size,))

@@ -32,8 +32,9 @@ keeps ``a`` with those blocks replaced, in place (``compress`` hands over ``g`` 
 dense mean's zeros are filled once the blocks are chosen, so XLA writes them over the
 gradient's (donated) buffer instead of fresh memory. A step thus reads ``g`` and ``e`` and
 writes ``a`` once, with the block energies taken in the same pass (:mod:`tasc.fused`: a CPU
-kernel, as XLA's CPU backend cannot fuse the reduction into the sum; elsewhere one more read of
-``a``), and writes the mean's zeros once.
+kernel, as XLA's CPU backend cannot fuse the reduction into the sum, used where it can write
+over ``e`` in place, ``Context.owns_buffers``; elsewhere one more read of ``a``), and writes the
+mean's zeros once.
 
 Wire precision (``wire_dtype``)
   ``"float16"`` halves both all-reduces, so that at a given budget of bytes the blocks can be
@@ -234,7 +235,7 @@ def tasc_compressor(density: Density, *, block_size: int = 256,
     if e is None:
       x, energies = g, scores.block_energies(g, block_size)
     else:
-      x, energies = fused.residual_and_energies(g, e, block_size)
+      x, energies = fused.residual_and_energies(g, e, block_size, one_pass=ctx.owns_buffers)
     size = x.size
     curvature = state.curvature
     if sensitivity == "hutchinson" and "curvature" in ctx.extras:

@@ -38,18 +38,22 @@ _TARGET = "tasc_residual_energies"
 _SYMBOL = "TascResidualEnergies"
 
 
-def residual_and_energies(g: jax.Array, e: jax.Array,
-                          block_size: int) -> tuple[jax.Array, jax.Array]:
+def residual_and_energies(g: jax.Array, e: jax.Array, block_size: int, *,
+                          one_pass: bool = True) -> tuple[jax.Array, jax.Array]:
   """``(a, energies)``: ``a = g + e`` and ``||a_b||^2`` of each block of ``block_size``.
 
-  On CPU, one pass that writes ``a`` over ``e``'s buffer (in place when ``e`` is dead after
-  the call, as a donated residual is); otherwise XLA's ``g + e`` and
+  On CPU, one pass that writes ``a`` over ``e``'s buffer; otherwise XLA's ``g + e`` and
   :func:`tasc.scores.block_energies`.
 
   Args:
     g: a flat buffer (the gradient).
     e: the residual, shaped and typed like ``g``.
     block_size: ``B``; the last block is shorter when ``B`` does not divide the size.
+    one_pass: False takes XLA's two passes. The kernel writes over ``e``, which costs nothing
+      when ``e`` is a buffer the step made or a flat argument of the jit, but when ``e`` is an
+      argument seen through a reshape (per-worker state under ``shard_map``, see
+      :func:`compressors.drop_device_axis`) XLA's CPU backend copies it in and out: there the
+      two passes, which XLA fuses in place, are cheaper.
 
   Returns:
     ``a`` shaped like ``g``, and ``[ceil(size / B)]`` block energies in ``g``'s dtype.
@@ -58,7 +62,8 @@ def residual_and_energies(g: jax.Array, e: jax.Array,
     raise ValueError(f"residual_and_energies: g {jax.typeof(g).str_short()} and e "
                      f"{jax.typeof(e).str_short()} must be flat buffers of one shape and dtype")
   two_passes = functools.partial(_two_passes, block_size=block_size)
-  if g.dtype != jnp.float32 or jax.default_backend() != "cpu" or not kernel_available():
+  if (not one_pass or g.dtype != jnp.float32 or jax.default_backend() != "cpu"
+      or not kernel_available()):
     return two_passes(g, e)
   one_pass = functools.partial(_one_pass, block_size=block_size)
   return jax.lax.platform_dependent(g, e, cpu=one_pass, default=two_passes)

@@ -427,6 +427,36 @@ def test_local_step_compiles_in_place_without_padding(support):
   assert not full_size, full_size
 
 
+@pytest.mark.parametrize("leaves,axis,one_pass", [
+    ([(5000,)], None, True),  # the jit's own flat argument
+    ([(50, 100)], None, False),  # a reshape of the argument: XLA would copy it in and out
+    ([(5000,)], "data", False),  # per-worker state, reshaped by drop_device_axis
+    ([(50, 100), (700,)], "data", True),  # leaves concatenated: buffers the step made
+])
+def test_one_pass_kernel_only_where_it_writes_in_place(leaves, axis, one_pass):
+  """TASC takes g + e and the block energies in one pass (tasc.fused) on buffers it may
+  overwrite, and the kernel then writes over them with no copy."""
+  params = {f"w{i}": jnp.zeros(shape) for i, shape in enumerate(leaves)}
+  tx = tasc.tasc_compress(axis_name=axis, density=0.05, block_size=64)
+  if axis is None:
+    state = jax.eval_shape(tx.init, params)
+    hlo = jax.jit(tx.update, donate_argnums=(0, 1)).lower(params, state).compile().as_text()
+  else:
+    mesh = harness.mesh()
+    specs = compressors.state_specs(tx, params, mesh, axis)
+    state = jax.eval_shape(jax.shard_map(lambda p: compressors.add_device_axis(tx.init(p)),
+                                         mesh=mesh, in_specs=P(), out_specs=specs), params)
+    step = jax.jit(jax.shard_map(
+        lambda g, s: tx.update(jax.tree.map(lambda x: x[0], g), compressors.drop_device_axis(s)),
+        mesh=mesh, in_specs=(P(axis), specs), out_specs=(P(), specs)), donate_argnums=(0, 1))
+    grads = {k: jax.ShapeDtypeStruct((N,) + v.shape, v.dtype) for k, v in params.items()}
+    hlo = step.lower(grads, state).compile().as_text()
+  calls = re.findall(r"custom-call\(([^)]*)\), custom_call_target=\"tasc_residual_energies\"", hlo)
+  assert len(calls) == int(one_pass)
+  for operand in calls[0].split(", ") if calls else ():  # not a copy of an argument
+    assert not re.match(r"%(bitcast_)?copy", operand), calls
+
+
 def test_density_for_budget():
   d, block = 25_600_000, 256
   density = tasc.density_for_budget(d, 1_424_000, block_size=block)
