@@ -11,10 +11,10 @@ mapped memory (whose page faults would otherwise dominate on CPU).
 *Compress*, for the methods with error feedback, is the same ``update`` with its output, the
 decoded mean, unused: XLA drops what only the mean needs, and what is left is a worker's work
 before the collective (error feedback, the encoding, the new residual and state); only its
-state is donated. Without error feedback the encoding reaches nothing but the mean, so it cannot be timed apart. TASC's goal is
-on compress: its compression is the block scores, the selection, the gather and the residual
-update; the decode (the dense mean written from the all-reduced blocks) comes after the
-collective.
+state is donated. Without error feedback the encoding reaches nothing but the mean, so it
+cannot be timed apart. TASC's goal is on compress: its compression is the block scores, the
+selection, the gather and the residual update; the decode (the dense mean written from the
+all-reduced blocks) comes after the collective.
 
 The gradient is one flat leaf ``f32[d]`` (the fused buffer of tensor fusion), except for
 PowerSGD, which compresses matrices: one ``(d // 1024) x 1024`` leaf, with its own floor.
