@@ -65,8 +65,8 @@ def residual_and_energies(g: jax.Array, e: jax.Array, block_size: int, *,
   if (not one_pass or g.dtype != jnp.float32 or jax.default_backend() != "cpu"
       or not kernel_available()):
     return two_passes(g, e)
-  one_pass = functools.partial(_one_pass, block_size=block_size)
-  return jax.lax.platform_dependent(g, e, cpu=one_pass, default=two_passes)
+  kernel = functools.partial(_one_pass, block_size=block_size)
+  return jax.lax.platform_dependent(g, e, cpu=kernel, default=two_passes)
 
 
 @functools.cache
