@@ -11,7 +11,8 @@ any moment ends as if it had never stopped), and refuses a workdir another confi
 
 On CPU the runner makes the host platform expose ``config.num_devices / num_processes`` devices
 before JAX's first computation (:func:`experiments.distributed.expose_cpu_devices`); on
-accelerators the real devices are used.
+accelerators the real devices are used, and workers the config asks for beyond them are simulated
+on them (``config.workers_per_device`` asks for simulated workers anywhere).
 """
 
 from absl import app
@@ -21,6 +22,7 @@ import jax
 from ml_collections import config_flags
 
 from experiments import distributed
+from experiments import logs
 from experiments import train
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file.",
@@ -28,14 +30,6 @@ _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config fil
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for logs and checkpoints.",
                                required=True)
 flags.mark_flags_as_required(["config"])
-
-
-def summary(results: dict) -> str:
-  """The final line printed by the runner: accuracy and bytes per step against dense."""
-  return (f"test accuracy {results['test_accuracy']:.4f} (test loss {results['test_loss']:.4f}) "
-          f"after {results['step']} steps; bytes per device per step "
-          f"{results['wire_bytes']:,.0f} vs dense {results['dense_bytes']:,.0f} "
-          f"({results['compression_ratio']:.1f}x fewer)")
 
 
 def main(argv):
@@ -55,7 +49,7 @@ def main(argv):
                     jax.process_index(), jax.process_count())
     raise
   if jax.process_index() == 0:
-    print(summary(results), flush=True)
+    print(logs.summary(results), flush=True)
 
 
 if __name__ == "__main__":

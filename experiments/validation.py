@@ -38,8 +38,15 @@ def _bool(name, value):
     raise TypeError(f"config.{name}={value!r} must be True or False")
 
 
-def check_config(config, num_devices: int) -> None:
-  """Validates ``config`` for a mesh of ``num_devices`` devices.
+def check_workers(config) -> None:
+  """``config.num_devices`` (None: every device) and ``config.workers_per_device``."""
+  if config.num_devices is not None:
+    _int("num_devices", config.num_devices, 1)
+  _int("workers_per_device", config.workers_per_device, 1)
+
+
+def check_config(config, num_workers: int) -> None:
+  """Validates ``config`` for ``num_workers`` workers (devices x workers per device).
 
   Builds the communication transformation (not compiled), so a compressor's own checks of its
   settings run here too.
@@ -57,9 +64,9 @@ def check_config(config, num_devices: int) -> None:
   _number("schedule.warmup_epochs", config.schedule.warmup_epochs, 0)
   for name in ("batch_size", "eval_batch_size"):
     _int(name, config[name], 1)
-    if config[name] % num_devices:
+    if config[name] % num_workers:
       raise ValueError(f"config.{name}={config[name]} must be divisible by the "
-                       f"{num_devices} devices of the mesh")
+                       f"{num_workers} workers (config.num_devices x workers_per_device)")
   _int("num_steps", config.num_steps, 0)
   _number("num_epochs", config.num_epochs, 0)
   if (config.num_steps > 0) == (config.num_epochs > 0):
@@ -72,6 +79,7 @@ def check_config(config, num_devices: int) -> None:
   _bool("skip_nonfinite", config.skip_nonfinite)
   distributed.heartbeat_timeout(config)
   _int("seed", config.seed, 0)
+  check_workers(config)
   c = config.compression
   if c.momentum_correction and config.optimizer.name in ("momentum", "nesterov"):
     raise ValueError(f"config.optimizer.name={config.optimizer.name!r} with "

@@ -203,7 +203,7 @@ _CONFIGS = [
      lambda t: _run(_digits(**{"optimizer.learning_rate": -0.1}), t), ValueError,
      r"config.optimizer.learning_rate=-0.1 must be a number >= 0"),
     ("batch-not-divisible", lambda t: _run(_digits(batch_size=100), t), ValueError,
-     r"config.batch_size=100 must be divisible by the 8 devices"),
+     r"config.batch_size=100 must be divisible by the 8 workers"),
     ("no-training-length", lambda t: _run(_digits(num_steps=0), t), ValueError,
      r"exactly one of config.num_steps=0 and config.num_epochs=0.0 must be > 0"),
     ("too-many-devices", lambda t: _run(_digits(num_devices=16), t), ValueError,
