@@ -72,6 +72,7 @@ from experiments import distributed
 from experiments import logs
 from experiments import methods
 from experiments import models
+from experiments import provenance
 from experiments import tasks
 from experiments import validation
 
@@ -396,6 +397,12 @@ def _skipped_steps(state: TrainState) -> int:
   return int(jax.device_get(state.opt_state.skipped))
 
 
+def _provenance(mesh: Mesh) -> dict[str, Any]:
+  """Where this run's results come from (:func:`experiments.provenance.record`)."""
+  return provenance.record(devices=list(mesh.devices.flat), num_workers=mesh.size,
+                           process_count=jax.process_count())
+
+
 def total_steps(config, steps_per_epoch: int) -> int:
   """Training steps of the run: ``num_steps``, or ``num_epochs`` epochs."""
   if config.num_steps:
@@ -416,7 +423,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     ``wire_bytes`` and ``dense_bytes`` (per device per step, gradient exchange),
     ``compression_ratio``, ``guard_bytes`` (per device per step, reliability checks),
     ``skipped_steps`` (non-finite steps skipped), ``examples_per_sec``, ``num_params``,
-    ``wall_seconds``.
+    ``wall_seconds``, ``provenance`` (:func:`experiments.provenance.record`; ``config.json``
+    holds the one of the run's last start).
 
   Raises:
     ValueError, TypeError, FileNotFoundError: bad config values, unknown names, missing or
@@ -451,7 +459,8 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> tuple[dict[str, An
   validation.check_resume(config, workdir, restored)
   if is_main:
     os.makedirs(workdir, exist_ok=True)
-    logs.write_json(os.path.join(workdir, validation.CONFIG_FILE), config.to_dict())
+    logs.write_json(os.path.join(workdir, validation.CONFIG_FILE),
+                    {**config.to_dict(), provenance.KEY: _provenance(mesh)})
 
   init_variables = _variables_initializer(model, task, {k: v[0] for k, v in first_batch.items()},
                                           mesh.size)
@@ -529,7 +538,7 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> tuple[dict[str, An
   results = {"step": steps, "train_loss": train_loss, "examples_per_sec": examples_per_sec,
              "skipped_steps": _skipped_steps(state), "num_params": num_params,
              "wall_seconds": time.time() - started,
-             **final_eval, **communication}
+             **final_eval, **communication, provenance.KEY: _provenance(mesh)}
   if is_main:
     logs.write_json(os.path.join(workdir, RESULTS_FILE), results)
   return results, state

@@ -9,6 +9,7 @@ from experiments import data
 from experiments import distributed
 from experiments import methods
 from experiments import models
+from experiments import provenance
 
 CONFIG_FILE = "config.json"
 # Fields that may change when a run resumes: they decide what is logged, checked and kept, where
@@ -93,8 +94,9 @@ def check_workdir(workdir) -> None:
 def check_resume(config, workdir: str, checkpoint_step: int | None) -> None:
   """Refuses to resume from checkpoints that another config wrote.
 
-  The run's config is stored in ``workdir/config.json`` when it starts. If ``workdir`` holds a
-  checkpoint, the stored config must equal ``config`` except in :data:`RESUMABLE_CHANGES`.
+  The run's config is stored in ``workdir/config.json`` when it starts, beside its provenance
+  (``provenance.KEY``, not compared). If ``workdir`` holds a checkpoint, the stored config must
+  equal ``config`` except in :data:`RESUMABLE_CHANGES`.
 
   Args:
     config: the config about to run.
@@ -116,6 +118,7 @@ def check_resume(config, workdir: str, checkpoint_step: int | None) -> None:
                      f"config {path} cannot be read ({e}), so it cannot be told whether the "
                      "checkpoint belongs to this config; use another workdir") from None
   current = _flatten(json.loads(json.dumps(config.to_dict())))
+  stored.pop(provenance.KEY, None)
   stored = _flatten(stored)
   differing = sorted(k for k in set(current) | set(stored)
                      if current.get(k, _ABSENT) != stored.get(k, _ABSENT)

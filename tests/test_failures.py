@@ -28,7 +28,7 @@ from experiments import train
 from experiments import validation
 from experiments.data import fake
 from tests import harness
-from tests.test_runner import fast_compiles  # pylint: disable=unused-import  # autouse fixture
+from tests.test_runner import fast_compiles  # noqa: F401  (an autouse fixture)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -197,7 +197,8 @@ def report(args) -> common.Report:
           "steps after a warm-up, on 2 shared CPU cores simulating 8 devices.",
       ],
       settings={"models": models, "methods": ["dense"] + [m for m in methods if m != "dense"],
-                "repeats": args.repeats, "devices": NUM_DEVICES})
+                "repeats": args.repeats, "devices": NUM_DEVICES},
+      num_workers=NUM_DEVICES)
 
 
 if __name__ == "__main__":

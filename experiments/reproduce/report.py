@@ -11,13 +11,10 @@ directories are read (:func:`read_run`) and, for results computed outside the ru
 
 import csv
 import dataclasses
-import datetime
 import io
 import json
 import math
 import os
-import platform
-import subprocess
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -27,6 +24,7 @@ from matplotlib import figure
 import numpy as np
 
 from experiments import logs
+from experiments import provenance
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 RESULTS_FILE = "results.json"  # what experiments.train writes when a run has finished
@@ -61,38 +59,20 @@ class Provenance:
   """Where a report came from.
 
   Attributes:
-    command: the command line that produced it.
-    commit: ``git rev-parse HEAD`` (plus a note if the tree had uncommitted changes), or a note.
+    record: :func:`experiments.provenance.record` of the reproducing process (the command, the
+      commit, the versions, the devices).
     settings: ``"quick"`` or ``"full"``.
-    date: UTC time of writing.
-    machine: platform and CPU count.
   """
-  command: str
-  commit: str
+  record: dict
   settings: str
-  date: str
-  machine: str
 
+  @property
+  def command(self) -> str:
+    return self.record["command"]
 
-def provenance(command: str, settings: str) -> Provenance:
-  """The provenance of outputs written now by ``command``."""
-  return Provenance(command=command, commit=git_commit(), settings=settings,
-                    date=datetime.datetime.now(datetime.timezone.utc).strftime(
-                        "%Y-%m-%d %H:%M UTC"),
-                    machine=f"{platform.platform()}, {os.cpu_count()} CPUs")
-
-
-def git_commit(repo: Path = REPO_ROOT) -> str:
-  """``git rev-parse HEAD`` of ``repo``, noting uncommitted changes; ``unknown (...)`` if there is
-  no commit to name."""
-  try:
-    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True,
-                          text=True, timeout=30, check=True).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo,
-                           capture_output=True, text=True, timeout=30, check=True).stdout.strip()
-  except (OSError, subprocess.SubprocessError):
-    return "unknown (not a git checkout, or git is missing)"
-  return f"{head} (with uncommitted changes)" if dirty else head
+  @property
+  def commit(self) -> str:
+    return provenance.commit_text(self.record)
 
 
 @dataclasses.dataclass
@@ -149,7 +129,7 @@ def claims_table(claims: Sequence[Claim]) -> str:
 
 def _header_lines(report: Report, prov: Provenance) -> list[str]:
   return [f"Command: `{prov.command}`", f"Commit: `{prov.commit}`",
-          f"Settings: {prov.settings}; written {prov.date} on {prov.machine}",
+          f"Settings: {prov.settings}; written {provenance.describe(prov.record)}",
           "Configs: " + (", ".join(f"`{c}`" for c in report.configs) or "-")]
 
 
@@ -202,7 +182,7 @@ def _write_png(report: Report, prov: Provenance, path: Path) -> None:
   report.plot(fig)
   claims = "; ".join(f"{c.claim} [{c.source}]" for c in report.claims)
   footer = (f"{prov.command}  |  commit {prov.commit[:12]}  |  {prov.settings} settings  |  "
-            f"{prov.date}\nPublished: {claims or 'n/a'}")
+            f"{prov.record['date']}\nPublished: {claims or 'n/a'}")
   fig.text(0.005, 0.005, footer, fontsize=6, va="bottom", wrap=True)
   fig.savefig(path, dpi=110)
 
@@ -262,12 +242,15 @@ def read_run(run_dir: str | os.PathLike) -> Run | None:
 def write_run(run_dir: str | os.PathLike, config: dict, records: Sequence[dict],
               results: dict) -> None:
   """Leaves a run directory as the runner does, for results computed outside it (models,
-  compile-only measurements): ``config.json``, ``metrics.jsonl`` and, last, ``results.json``."""
+  compile-only measurements): ``config.json``, ``metrics.jsonl`` and, last, ``results.json``,
+  the two JSON files with the provenance of this process (no devices named: the measurements ran
+  in processes of their own)."""
   os.makedirs(run_dir, exist_ok=True)
-  logs.write_json(os.path.join(run_dir, CONFIG_FILE), config)
+  origin = {provenance.KEY: provenance.record()}
+  logs.write_json(os.path.join(run_dir, CONFIG_FILE), {**config, **origin})
   with open(os.path.join(run_dir, logs.METRICS_FILE), "w") as f:
     f.writelines(json.dumps(r) + "\n" for r in records)
-  logs.write_json(os.path.join(run_dir, RESULTS_FILE), results)
+  logs.write_json(os.path.join(run_dir, RESULTS_FILE), {**results, **origin})
 
 
 def mean_std(values: Sequence[float]) -> tuple[float, float]:
