@@ -12,11 +12,12 @@ from experiments import models
 from experiments import provenance
 
 CONFIG_FILE = "config.json"
-# Fields that may change when a run resumes: they decide what is logged, checked and kept, where
-# the data is and how processes meet, never the trajectory of the training state.
+# Fields that may change when a run resumes: they decide what is logged, checked and kept, when a
+# run counts as diverged, where the data is and how processes meet, never the trajectory of the
+# training state.
 RESUMABLE_CHANGES = ("data_dir", "log_every", "eval_every", "checkpoint_every",
-                     "keep_checkpoints", "check_replicas_every", "distributed",
-                     "data.decode_threads")
+                     "keep_checkpoints", "check_replicas_every", "max_skipped_fraction",
+                     "distributed", "data.decode_threads")
 
 
 def _int(name, value, minimum):
@@ -27,6 +28,11 @@ def _int(name, value, minimum):
 def _number(name, value, minimum):
   if isinstance(value, bool) or not isinstance(value, numbers.Real) or value < minimum:
     raise ValueError(f"config.{name}={value!r} must be a number >= {minimum}")
+
+
+def _fraction(name, value):
+  if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 <= value <= 1:
+    raise ValueError(f"config.{name}={value!r} must be a number in [0, 1]")
 
 
 def _choice(name, value, allowed):
@@ -71,6 +77,7 @@ def check_config(config, num_devices: int) -> None:
   _int("keep_checkpoints", config.keep_checkpoints, 1)
   _int("check_replicas_every", config.check_replicas_every, 0)
   _bool("skip_nonfinite", config.skip_nonfinite)
+  _fraction("max_skipped_fraction", config.max_skipped_fraction)
   distributed.heartbeat_timeout(config)
   _int("seed", config.seed, 0)
   c = config.compression
@@ -80,6 +87,22 @@ def check_config(config, num_devices: int) -> None:
                      "momentum twice; allowed: 'sgd' (or momentum_correction=0)")
   methods.communication(config)
   methods.step_inputs(config)
+
+
+def check_config_file(spec: str, what: str = "--config") -> None:
+  """A one-line error naming the path for a config file that does not exist.
+
+  Args:
+    spec: ``path/to/config.py[:arg]``, as the command line or a sweep config gives it.
+    what: where ``spec`` comes from, for the message.
+
+  Raises:
+    FileNotFoundError: there is no file at the path.
+  """
+  path = spec.partition(":")[0]
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"{what}={spec!r}: config file {path!r} does not exist (paths are "
+                            f"relative to the working directory {os.getcwd()!r})")
 
 
 def check_workdir(workdir) -> None:
