@@ -23,6 +23,9 @@ Fields (all overridable on the command line, e.g. ``--config.batch_size=256``):
                                   the heartbeat timeout after which a dead process stops the job
   skip_nonfinite                  skip, on every device at once, a step whose gradient is not
                                   finite on any device (compressors.skip_nonfinite)
+  max_skipped_fraction            a run that skipped more than this fraction of its steps, or
+                                  whose final train or test loss is not finite, counts as
+                                  diverged: results.json says why and the runner exits 1
   check_replicas_every            steps between checks that every device holds bit-identical
                                   parameters (0 = never); a mismatch stops the run
   seed
@@ -95,6 +98,7 @@ def base() -> ml_collections.ConfigDict:
       process_id=ml_collections.FieldReference(None, field_type=int),
       heartbeat_timeout_seconds=DEFAULT_HEARTBEAT_TIMEOUT_SECONDS))
   c.skip_nonfinite = True
+  c.max_skipped_fraction = 0.1
   c.check_replicas_every = 0
   c.seed = 0
   return c

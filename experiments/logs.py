@@ -73,9 +73,11 @@ class MetricsWriter:
 
 
 def summary(results: dict) -> str:
-  """The final line printed by the runner: accuracy and bytes per step against dense."""
+  """The final line printed by the runner: accuracy, skipped steps and bytes per step against
+  dense."""
   accuracy = (f"test accuracy {results['test_accuracy']:.4f} (test loss "
-              f"{results['test_loss']:.4f}) after {results['step']} steps")
+              f"{results['test_loss']:.4g}) after {results['step']} steps, "
+              f"{results['skipped_steps']} skipped (non-finite gradient)")
   if not results["dense_bytes"]:
     return f"{accuracy}; one worker: no bytes travel"
   return (f"{accuracy}; bytes per worker per step {results['wire_bytes']:,.0f} vs dense "

@@ -53,6 +53,12 @@ Failures (see README, "Failure behaviour"):
 * Replica drift: every ``config.check_replicas_every`` steps a separate small program compares a
   checksum of every device's copy of the parameters (``compressors.replicas_agree``); a mismatch
   raises :class:`ReplicaDriftError` naming the step, before that step is checkpointed.
+* Divergence: a run whose final training or test loss is not finite, or that skipped more than
+  ``config.max_skipped_fraction`` of its steps, finishes (its ``results.json`` says
+  ``"diverged": true`` and why, in ``divergence``); ``experiments.run`` then exits non-zero.
+* Signals: a first SIGINT or SIGTERM stops the run at the next step boundary, after a
+  checkpoint of that step, with :class:`experiments.interrupt.Interrupted` (every process of a
+  multi-process run at the same step); restarting with the same workdir resumes from it.
 * Crashes: the state is the whole position of the run (the data position is the step), and
   checkpoints are written atomically, so a killed run restarted with the same workdir ends bit
   for bit as an uninterrupted one. A workdir whose checkpoints another config wrote is refused
@@ -83,9 +89,11 @@ import compressors
 from experiments import checkpoint
 from experiments import data
 from experiments import distributed
+from experiments import interrupt
 from experiments import logs
 from experiments import methods
 from experiments import models
+from experiments import provenance
 from experiments import tasks
 from experiments import validation
 
@@ -504,6 +512,33 @@ def _skipped_steps(state: TrainState) -> int:
   return int(jax.device_get(state.opt_state.skipped))
 
 
+def _provenance(workers: compressors.Workers) -> dict[str, Any]:
+  """Where this run's results come from (:func:`experiments.provenance.record`)."""
+  return provenance.record(devices=list(workers.mesh.devices.flat), num_workers=workers.count,
+                           process_count=jax.process_count())
+
+
+def divergence(config, steps: int, skipped: int, losses: dict[str, float | None]) -> str | None:
+  """Why a finished run counts as diverged, or None if it does not.
+
+  Args:
+    config: the run's config (``max_skipped_fraction``).
+    steps: the run's training steps.
+    skipped: steps skipped for a non-finite gradient.
+    losses: the final losses by name (``train_loss``, ``test_loss``); None where unknown.
+
+  Returns:
+    One line naming every reason: a final loss that is not finite, more than
+    ``config.max_skipped_fraction`` of the steps skipped.
+  """
+  reasons = [f"the final {name.replace('_', ' ')} is {value}" for name, value in losses.items()
+             if value is not None and not np.isfinite(value)]
+  if skipped > config.max_skipped_fraction * steps:
+    reasons.append(f"{skipped} of its {steps} steps were skipped for a non-finite gradient (more "
+                   f"than config.max_skipped_fraction={config.max_skipped_fraction})")
+  return "; ".join(reasons) or None
+
+
 def total_steps(config, steps_per_epoch: int) -> int:
   """Training steps of the run: ``num_steps``, or ``num_epochs`` epochs."""
   if config.num_steps:
@@ -524,13 +559,17 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     ``wire_bytes`` and ``dense_bytes`` (per device per step, gradient exchange),
     ``compression_ratio``, ``guard_bytes`` (per device per step, reliability checks),
     ``skipped_steps`` (non-finite steps skipped), ``examples_per_sec``, ``num_params``,
-    ``wall_seconds``.
+    ``wall_seconds``, ``diverged`` and ``divergence`` (why, or None: :func:`divergence`),
+    ``provenance`` (:func:`experiments.provenance.record`; ``config.json`` holds the one of the
+    run's last start).
 
   Raises:
     ValueError, TypeError, FileNotFoundError: bad config values, unknown names, missing or
       unreadable data, or a workdir holding another config's checkpoints, before anything is
       compiled.
     ReplicaDriftError: the devices' parameters stopped being bit-identical.
+    experiments.interrupt.Interrupted: a SIGINT or SIGTERM stopped the run at a step boundary,
+      checkpointed (a BaseException, as KeyboardInterrupt).
   """
   return train(config, workdir)[0]
 
@@ -538,7 +577,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
 def train(config: ml_collections.ConfigDict, workdir: str) -> tuple[dict[str, Any], TrainState]:
   """:func:`train_and_evaluate`, also returning the final :class:`TrainState`."""
   started = time.time()
-  distributed.initialize(config)
+  distributed.initialize(config)  # before the stop request: it asks JAX's preemption service
+  with interrupt.StopRequest() as stop:
+    return _train(config, workdir, stop, started)
+
+
+def _train(config, workdir, stop: interrupt.StopRequest, started: float):
+  """:func:`train` once the processes have joined; stops where ``stop`` says."""
   workers = make_workers(config)
   mesh = workers.mesh
   validation.check_config(config, workers.count)
@@ -558,7 +603,8 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> tuple[dict[str, An
   validation.check_resume(config, workdir, restored)
   if is_main:
     os.makedirs(workdir, exist_ok=True)
-    logs.write_json(os.path.join(workdir, validation.CONFIG_FILE), config.to_dict())
+    logs.write_json(os.path.join(workdir, validation.CONFIG_FILE),
+                    {**config.to_dict(), provenance.KEY: _provenance(workers)})
 
   init_variables = _variables_initializer(model, task, {k: v[0] for k, v in first_batch.items()},
                                           workers.count)
@@ -587,7 +633,18 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> tuple[dict[str, An
   batches = _prefetch(lambda s: _to_global(_train_batch(dataset, config, s), workers),
                       range(start, steps))
   on_cpu = mesh.devices.flat[0].platform == "cpu"
-  for step in range(start, steps):
+  for step in range(start, steps + 1):  # every step boundary, where a signal stops the run
+    if stop.should_stop():
+      progress.close()
+      if step > start:  # else the latest checkpoint (none at step 0) already holds this position
+        if config.check_replicas_every and step % config.check_replicas_every:
+          _check_replicas(program, state.params, step)
+        checkpointer.save(step, state)
+      checkpointer.close()
+      writer.close()
+      raise interrupt.Interrupted(step, stop.stopping_signal(), workdir)
+    if step == steps:
+      break
     with_inputs = step_inputs is not None and step % step_inputs.every == 0
     state, metrics = program.train_steps[with_inputs](state, next(batches))
     if on_cpu:
@@ -622,11 +679,18 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> tuple[dict[str, An
   checkpointer.save(steps, state)
   checkpointer.close()
   writer.close()
+  if start == steps:  # resumed after the last step: the training loss it logged then
+    train_loss = next((r["loss"] for r in reversed(logs.read_metrics(workdir)) if "loss" in r),
+                      None)
+  skipped = _skipped_steps(state)
+  reason = divergence(config, steps, skipped,
+                      {"train_loss": train_loss, "test_loss": final_eval["test_loss"]})
   results = {"step": steps, "train_loss": train_loss, "examples_per_sec": examples_per_sec,
-             "skipped_steps": _skipped_steps(state), "num_params": num_params,
+             "skipped_steps": skipped, "num_params": num_params,
              "wall_seconds": time.time() - started, "num_workers": workers.count,
-             "workers_per_device": workers.per_device,
-             **final_eval, **communication}
+             "workers_per_device": workers.per_device, "diverged": reason is not None,
+             "divergence": reason, **final_eval, **communication,
+             provenance.KEY: _provenance(workers)}
   if is_main:
     logs.write_json(os.path.join(workdir, RESULTS_FILE), results)
   return results, state

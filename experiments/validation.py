@@ -9,13 +9,15 @@ from experiments import data
 from experiments import distributed
 from experiments import methods
 from experiments import models
+from experiments import provenance
 
 CONFIG_FILE = "config.json"
-# Fields that may change when a run resumes: they decide what is logged, checked and kept, where
-# the data is and how processes meet, never the trajectory of the training state.
+# Fields that may change when a run resumes: they decide what is logged, checked and kept, when a
+# run counts as diverged, where the data is and how processes meet, never the trajectory of the
+# training state.
 RESUMABLE_CHANGES = ("data_dir", "log_every", "eval_every", "checkpoint_every",
-                     "keep_checkpoints", "check_replicas_every", "distributed",
-                     "data.decode_threads")
+                     "keep_checkpoints", "check_replicas_every", "max_skipped_fraction",
+                     "distributed", "data.decode_threads")
 
 
 def _int(name, value, minimum):
@@ -26,6 +28,11 @@ def _int(name, value, minimum):
 def _number(name, value, minimum):
   if isinstance(value, bool) or not isinstance(value, numbers.Real) or value < minimum:
     raise ValueError(f"config.{name}={value!r} must be a number >= {minimum}")
+
+
+def _fraction(name, value):
+  if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 <= value <= 1:
+    raise ValueError(f"config.{name}={value!r} must be a number in [0, 1]")
 
 
 def _choice(name, value, allowed):
@@ -77,6 +84,7 @@ def check_config(config, num_workers: int) -> None:
   _int("keep_checkpoints", config.keep_checkpoints, 1)
   _int("check_replicas_every", config.check_replicas_every, 0)
   _bool("skip_nonfinite", config.skip_nonfinite)
+  _fraction("max_skipped_fraction", config.max_skipped_fraction)
   distributed.heartbeat_timeout(config)
   _int("seed", config.seed, 0)
   check_workers(config)
@@ -87,6 +95,22 @@ def check_config(config, num_workers: int) -> None:
                      "momentum twice; allowed: 'sgd' (or momentum_correction=0)")
   methods.communication(config)
   methods.step_inputs(config)
+
+
+def check_config_file(spec: str, what: str = "--config") -> None:
+  """A one-line error naming the path for a config file that does not exist.
+
+  Args:
+    spec: ``path/to/config.py[:arg]``, as the command line or a sweep config gives it.
+    what: where ``spec`` comes from, for the message.
+
+  Raises:
+    FileNotFoundError: there is no file at the path.
+  """
+  path = spec.partition(":")[0]
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"{what}={spec!r}: config file {path!r} does not exist (paths are "
+                            f"relative to the working directory {os.getcwd()!r})")
 
 
 def check_workdir(workdir) -> None:
@@ -101,8 +125,9 @@ def check_workdir(workdir) -> None:
 def check_resume(config, workdir: str, checkpoint_step: int | None) -> None:
   """Refuses to resume from checkpoints that another config wrote.
 
-  The run's config is stored in ``workdir/config.json`` when it starts. If ``workdir`` holds a
-  checkpoint, the stored config must equal ``config`` except in :data:`RESUMABLE_CHANGES`.
+  The run's config is stored in ``workdir/config.json`` when it starts, beside its provenance
+  (``provenance.KEY``, not compared). If ``workdir`` holds a checkpoint, the stored config must
+  equal ``config`` except in :data:`RESUMABLE_CHANGES`.
 
   Args:
     config: the config about to run.
@@ -124,6 +149,7 @@ def check_resume(config, workdir: str, checkpoint_step: int | None) -> None:
                      f"config {path} cannot be read ({e}), so it cannot be told whether the "
                      "checkpoint belongs to this config; use another workdir") from None
   current = _flatten(json.loads(json.dumps(config.to_dict())))
+  stored.pop(provenance.KEY, None)
   stored = _flatten(stored)
   differing = sorted(k for k in set(current) | set(stored)
                      if current.get(k, _ABSENT) != stored.get(k, _ABSENT)

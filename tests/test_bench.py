@@ -14,6 +14,7 @@ import sys
 import pytest
 
 from compressors import registry
+from experiments import provenance
 from experiments.bench import __main__ as bench
 from experiments.bench import bytes as bench_bytes
 from experiments.bench import calibrate
@@ -87,6 +88,11 @@ def test_compression_cli_writes_table_with_goal(tmp_path, capsys):
   assert rows[0]["state_bytes_per_param"] == pytest.approx((4 * size + 12) / size)
   markdown = (tmp_path / "compression.md").read_text()
   assert "| goal |" in markdown and "| compress / floor |" in markdown
+  origin = json.loads((tmp_path / "compression.json").read_text())[provenance.KEY]
+  assert len(origin["commit"]) == 40 and origin["device_kinds"] == ["cpu"]
+  assert (origin["num_workers"], origin["process_count"]) == (1, 1)
+  assert f"Command: `{origin['command']}`" in markdown
+  assert f"Commit: `{provenance.commit_text(origin)}`" in markdown
   assert capsys.readouterr().out.rstrip().endswith(markdown.rstrip().splitlines()[-1])
 
 

@@ -22,6 +22,7 @@ from experiments import checkpoint
 from experiments import data
 from experiments import logs
 from experiments import models
+from experiments import provenance
 from experiments import sweep
 from experiments import train
 from experiments.data import fake
@@ -97,7 +98,13 @@ def test_smoke_variants_train_end_to_end(module, data, arg, data_dirs, tmp_path)
     assert r["compression_ratio"] == pytest.approx(r["dense_bytes"] / r["wire_bytes"])
   assert eval_records[0]["test_accuracy"] == results["test_accuracy"]
   with open(tmp_path / "config.json") as f:
-    assert json.load(f)["model"] == json.loads(json.dumps(config.model.to_dict()))
+    stored = json.load(f)
+  assert stored["model"] == json.loads(json.dumps(config.model.to_dict()))
+  with open(tmp_path / train.RESULTS_FILE) as f:
+    origin = json.load(f)[provenance.KEY]
+  for rec in (stored[provenance.KEY], origin):  # where the run comes from
+    assert len(rec["commit"]) == 40 and rec["jax"] == jax.__version__ and rec["jaxlib"]
+    assert rec["device_kinds"] == ["cpu"] and (rec["num_workers"], rec["process_count"]) == (8, 1)
   assert os.listdir(tmp_path / "tensorboard")
   assert checkpoint.Checkpointer(str(tmp_path), keep=2).latest_step() == 2
 

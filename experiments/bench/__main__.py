@@ -76,9 +76,9 @@ def main(argv: Sequence[str] | None = None) -> list[Path]:
   names = list(BENCHMARKS) if args.name == "all" else [args.name]
   written = []
   for name in names:
-    result = BENCHMARKS[name](args)
-    written += result.write(args.out)
-    print(result.markdown(), flush=True)
+    paths = BENCHMARKS[name](args).write(args.out)
+    written += paths
+    print(paths[1].read_text(), flush=True)
   print("wrote " + ", ".join(str(p) for p in written), file=sys.stderr)
   return written
 

@@ -31,6 +31,7 @@ import jaxlib
 from compressors import registry
 from configs import common as config_common
 from experiments import methods
+from experiments import provenance
 import tasc  # noqa: F401  (registers the method "tasc")
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -259,6 +260,8 @@ class Report:
     notes: lines printed under the table (method, sizes, what each ratio means).
     settings: how it was run (in the JSON).
     data: the measurements behind the table, when it summarises them (in the JSON).
+    num_workers: the simulated devices of a measurement, or the counts the benchmark swept.
+    process_count: the processes of a measurement, or the counts the benchmark swept.
   """
   name: str
   title: str
@@ -267,9 +270,16 @@ class Report:
   notes: list[str] = dataclasses.field(default_factory=list)
   settings: dict = dataclasses.field(default_factory=dict)
   data: list = dataclasses.field(default_factory=list)
+  num_workers: int | list[int] = 1
+  process_count: int | list[int] = 1
 
-  def markdown(self) -> str:
+  def markdown(self, origin: dict) -> str:
+    """The table under its title and provenance (``origin``, a
+    :func:`experiments.provenance.record`), then the notes."""
     lines = [f"## {self.title}", "",
+             f"Command: `{origin['command']}`  ",
+             f"Commit: `{provenance.commit_text(origin)}`  ",
+             f"Written {provenance.describe(origin)}", "",
              "| " + " | ".join(h for _, h in self.columns) + " |",
              "|" + "|".join("---" for _ in self.columns) + "|"]
     for row in self.rows:
@@ -279,14 +289,22 @@ class Report:
     return "\n".join(lines) + "\n"
 
   def write(self, out: Path) -> list[Path]:
-    """Writes ``<out>/<name>.json`` and ``<out>/<name>.md``; returns their paths."""
+    """Writes ``<out>/<name>.json`` and ``<out>/<name>.md``, each with the provenance of this
+    process (its children's device where the settings name one, :func:`measured_on`); returns
+    their paths."""
+    origin = provenance.record(devices=jax.devices("cpu")[:1], num_workers=self.num_workers,
+                               process_count=self.process_count)
+    if "device" in self.settings:  # the children measured on another platform (--platform)
+      origin.update(device_platforms=[self.settings["platform"]],
+                    device_kinds=[self.settings["device"]])
+    load = os.getloadavg() if hasattr(os, "getloadavg") else None
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / f"{self.name}.json", out / f"{self.name}.md"]
     paths[0].write_text(json.dumps(
         {"title": self.title, "settings": self.settings, "rows": self.rows,
-         "notes": self.notes, "machine": machine(),
+         "notes": self.notes, provenance.KEY: origin, "load_average": load,
          **({"data": self.data} if self.data else {})}, indent=1) + "\n")
-    paths[1].write_text(self.markdown())
+    paths[1].write_text(self.markdown(origin))
     return paths
 
 
@@ -295,13 +313,6 @@ def goal(met: bool | None, what: str) -> str:
   if met is None:
     return f"not measured ({what})"
   return f"{'met' if met else 'missed'} ({what})"
-
-
-def machine() -> dict:
-  """Where the figures were taken (the device: in the report's settings)."""
-  load = os.getloadavg() if hasattr(os, "getloadavg") else None
-  return {"cpus": os.cpu_count(), "load_average": load, "python": sys.version.split()[0],
-          "jax": jax.__version__, "jaxlib": jaxlib.__version__}
 
 
 def _cell(value) -> str:

@@ -247,7 +247,8 @@ def report(args) -> common.Report:
       ],
       settings={"models": models, "methods": ["dense"] + [m for m in methods if m != "dense"],
                 "repeats": args.repeats, "workers": NUM_WORKERS, "devices": devices,
-                "workers_per_device": per_device, "platform": platform, **on})
+                "workers_per_device": per_device, "platform": platform, **on},
+      num_workers=NUM_WORKERS)
 
 
 if __name__ == "__main__":
