@@ -207,7 +207,7 @@ _CONFIGS = [
     ("no-training-length", lambda t: _run(_digits(num_steps=0), t), ValueError,
      r"exactly one of config.num_steps=0 and config.num_epochs=0.0 must be > 0"),
     ("too-many-devices", lambda t: _run(_digits(num_devices=16), t), ValueError,
-     r"config.num_devices=16 but only 8 devices exist"),
+     r"config.num_devices=16 but only 8 cpu devices exist"),
     ("density-via-config",
      lambda t: _run(_digits(**{"method": "topk", "compression.topk.density": 1.5}), t), ValueError,
      r"density=1.5 is outside \(0, 1\]"),
