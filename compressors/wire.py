@@ -350,7 +350,7 @@ def _mesh_axes_groups(rest: str, instruction: str) -> list[list[int]]:
   for axis, full in enumerate(sizes):
     bounds = sorted({1, full} | {b for a, pre, size in refs if a == axis
                                  for b in (pre, pre * size)})
-    for lo, hi in zip(bounds[:-1], bounds[1:]):
+    for lo, hi in zip(bounds[:-1], bounds[1:]) if full > 1 else [(1, 1)]:  # a size-1 axis too
       position[(axis, lo)] = len(factors)
       factors.append(hi // lo)
   grouped = [position[(axis, pre)] for axis, pre, _ in refs]

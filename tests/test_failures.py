@@ -177,15 +177,21 @@ class _DriftingStep:
     return state, metrics
 
 
-def test_replica_drift_stops_the_run_at_the_step_it_is_found(tmp_path, monkeypatch):
+def _wrap_train_steps(monkeypatch, wrapper):
+  """Makes the runner's compiled train steps ``wrapper(step)``; returns the unwrapped builder."""
   build = train._build_program  # pylint: disable=protected-access
 
-  def drifting_program(*args, **kwargs):
+  def wrapped_program(*args, **kwargs):
     program = build(*args, **kwargs)
-    return program._replace(train_steps={refresh: _DriftingStep(step) for refresh, step
+    return program._replace(train_steps={refresh: wrapper(step) for refresh, step
                                          in program.train_steps.items()})
 
-  monkeypatch.setattr(train, "_build_program", drifting_program)
+  monkeypatch.setattr(train, "_build_program", wrapped_program)
+  return build
+
+
+def test_replica_drift_stops_the_run_at_the_step_it_is_found(tmp_path, monkeypatch):
+  _wrap_train_steps(monkeypatch, _DriftingStep)
   config = digits.get_config("smoke")
   config.num_steps = 5
   assert config.check_replicas_every == 1
@@ -245,14 +251,7 @@ def test_a_signal_stops_the_run_at_the_next_step_boundary_after_a_checkpoint(
   reference = str(tmp_path / "reference")
   train.train_and_evaluate(config, reference)
 
-  build = train._build_program  # pylint: disable=protected-access
-
-  def signalling_program(*args, **kwargs):
-    program = build(*args, **kwargs)
-    return program._replace(train_steps={refresh: _SignallingStep(step) for refresh, step
-                                         in program.train_steps.items()})
-
-  monkeypatch.setattr(train, "_build_program", signalling_program)
+  build = _wrap_train_steps(monkeypatch, _SignallingStep)
   workdir = str(tmp_path / "run")
   with pytest.raises(interrupt.Interrupted) as stopped:
     train.train_and_evaluate(config, workdir)

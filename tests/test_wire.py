@@ -195,6 +195,9 @@ ENTRY %main (p: f32[64]) -> f32[64] {{
     ("mesh['a'=2,'b'=4] {'b':(2)2}", [[0, 1], [2, 3], [4, 5], [6, 7]]),
     ("mesh['a'=2,'b'=4] {'a','b':(2)2}", [[0, 1, 4, 5], [2, 3, 6, 7]]),
     ("mesh[a=2,b=4] {b}", [[0, 1, 2, 3], [4, 5, 6, 7]]),  # names printed without quotes
+    # An axis of size 1 (JAX 0.12's form for 1 device x 8 simulated workers' equivalent program).
+    ("mesh['data'=1,'worker'=8] {'data','worker'}", [list(range(8))]),
+    ("mesh['data'=1,'worker'=8] {'data'}", [[i] for i in range(8)]),
 ])
 def test_mesh_axes_replica_groups_match_xla_grouping(groups, expected):
   got = compressors.wire._replica_groups(f"replica_groups={groups}, to_apply=%add", 8, "%ar")
