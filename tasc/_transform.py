@@ -52,7 +52,8 @@ PyTree = Any
 def tasc_compress(*, axis_name: axes.AxisName,
                   density: float | Callable[[jax.Array], jax.Array] | Mapping[Any, float],
                   block_size: int | None = None, sensitivity: str = "hutchinson",
-                  dense_axis: axes.AxisName = None, support: str = "global",
+                  score: str = "saliency", dense_axis: axes.AxisName = None,
+                  support: str = "global",
                   curvature_decay: float = 0.9, eps: float = 0.1,
                   max_density: float | None = None, min_blocks_per_leaf: int = 0,
                   error_feedback: bool = True, fuse: bool = True, seed: int = 0,
@@ -78,6 +79,8 @@ def tasc_compress(*, axis_name: axes.AxisName,
     sensitivity: ``"hutchinson"`` (curvature passed as ``update(..., curvature=h)``, e.g.
       :func:`tasc.hutchinson_diagonal`, EMA kept in between), ``"fisher"`` (EMA of ``g^2``) or
       ``"none"`` (block magnitude).
+    score: ``"saliency"`` (curvature times the block's energy) or ``"newton"`` (energy over
+      curvature, the diagonal Newton decrement); see :mod:`tasc._scores`.
     dense_axis: the fast axis of hierarchical mode (see :func:`compressors.compress`).
     support: ``"global"`` (an all-reduce of this step's block scores picks the blocks) or
       ``"previous"`` (last step's scores, carried in the payload's all-reduce: no extra
@@ -121,7 +124,7 @@ def tasc_compress(*, axis_name: axes.AxisName,
       block = (auto_block_size(_buffer_sizes(tree, fuse, dense_axis), capacity_density)
                if tree is not None else AUTO_BLOCK_SIZES[0])
     compressor = compressor_lib.tasc(
-        rho, block_size=block, sensitivity=sensitivity, support=support,
+        rho, block_size=block, sensitivity=sensitivity, score=score, support=support,
         curvature_decay=curvature_decay, eps=eps, max_density=max_density,
         min_blocks_per_leaf=min_blocks_per_leaf, leaf_sizes=leaf_sizes_of(tree),
         dense_axis=dense_axis, wire_dtype=wire_dtype)
@@ -264,6 +267,7 @@ class TascSettings:
   density: float = 0.01
   block_size: int | None = None
   sensitivity: str = "hutchinson"
+  score: str = "saliency"
   support: str = "global"
   wire_dtype: str = "float32"
   curvature_decay: float = 0.9
@@ -275,7 +279,8 @@ class TascSettings:
 
 def _transformation(s: TascSettings, *, axis_name, error_feedback, fuse, seed, report_sent):
   return tasc_compress(axis_name=axis_name, density=s.density, block_size=s.block_size,
-                       sensitivity=s.sensitivity, support=s.support, wire_dtype=s.wire_dtype,
+                       sensitivity=s.sensitivity, score=s.score, support=s.support,
+                       wire_dtype=s.wire_dtype,
                        curvature_decay=s.curvature_decay, eps=s.eps,
                        min_blocks_per_leaf=s.min_blocks_per_leaf, error_feedback=error_feedback,
                        fuse=fuse, seed=seed, report_sent=report_sent)
