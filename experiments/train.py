@@ -386,7 +386,8 @@ def _evaluate(program, state, dataset, mesh) -> dict[str, float]:
   for batch in dataset.eval_batches():
     sums += np.asarray(jax.device_get(program.evaluate(state.params, state.model_state,
                                                        _to_global(batch, mesh))))
-  return {"test_loss": float(sums[0] / sums[2]), "test_accuracy": float(sums[1] / sums[2])}
+  return dataset.derive({"test_loss": float(sums[0] / sums[2]),
+                         "test_accuracy": float(sums[1] / sums[2])})
 
 
 def _skipped_steps(state: TrainState) -> int:
@@ -412,11 +413,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       workdir continues from its last checkpoint and ends as an uninterrupted run would.
 
   Returns:
-    The final metrics: ``step``, ``test_loss``, ``test_accuracy``, ``train_loss``,
-    ``wire_bytes`` and ``dense_bytes`` (per device per step, gradient exchange),
-    ``compression_ratio``, ``guard_bytes`` (per device per step, reliability checks),
-    ``skipped_steps`` (non-finite steps skipped), ``examples_per_sec``, ``num_params``,
-    ``wall_seconds``.
+    The final metrics: ``step``, ``test_loss``, ``test_accuracy`` (and what the dataset derives
+    from them, e.g. ``test_bits_per_byte``), ``train_loss``, ``wire_bytes`` and ``dense_bytes``
+    (per device per step, gradient exchange), ``compression_ratio``, ``guard_bytes`` (per device
+    per step, reliability checks), ``skipped_steps`` (non-finite steps skipped),
+    ``examples_per_sec``, ``num_params``, ``wall_seconds``, and the dataset's ``info`` (corpus
+    and tokenizer hashes).
 
   Raises:
     ValueError, TypeError, FileNotFoundError: bad config values, unknown names, missing or
@@ -529,7 +531,7 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> tuple[dict[str, An
   results = {"step": steps, "train_loss": train_loss, "examples_per_sec": examples_per_sec,
              "skipped_steps": _skipped_steps(state), "num_params": num_params,
              "wall_seconds": time.time() - started,
-             **final_eval, **communication}
+             **final_eval, **communication, **dataset.info}
   if is_main:
     logs.write_json(os.path.join(workdir, RESULTS_FILE), results)
   return results, state

@@ -39,6 +39,7 @@ import optax
 import compressors
 from compressors import axes
 from compressors import checks
+from compressors import equal_bytes
 from compressors import registry
 from compressors import topology as topology_lib
 from tasc import _compressor as compressor_lib
@@ -316,7 +317,39 @@ def _cost(s: TascSettings, shapes, topology, schedule) -> topology_lib.Cost:
   return topology_lib.total([reduce(blocks), *bound, reduce(payload)])
 
 
+BUDGET_BLOCK_SIZES = tuple(2**i for i in range(4, 15))  # 16 .. 16384
+
+
+def _budget(s: TascSettings, shapes, cost, target: float) -> TascSettings | None:
+  """TASC's equal-bytes search (:mod:`compressors.equal_bytes`): the density for ``target`` bytes
+  at the settings' block size; with ``block_size=None``, at the smallest block size of
+  :data:`BUDGET_BLOCK_SIZES` whose scores (one number per block, all-reduced whatever the
+  density) take at most a quarter of the target, so that most bytes carry blocks. Where none
+  does (a small model at a high ratio), the block size at which the scores and one block cost
+  least, if that fits."""
+  if s.block_size is not None:
+    return equal_bytes.fit_field(s, "density", cost, target)
+  size = registry.num_elements(shapes)
+  fitting = []  # (bytes of the scores and one block, block size)
+  for block in BUDGET_BLOCK_SIZES:
+    blocks = scores.num_blocks(size, block)
+    if blocks < 2:
+      break
+    one, two = (cost(dataclasses.replace(s, block_size=block, density=k / blocks))
+                for k in (1, 2))
+    if one > target:
+      continue
+    if one - (two - one) <= target / 4:  # the scores' bytes
+      return equal_bytes.fit_field(dataclasses.replace(s, block_size=block), "density", cost,
+                                   target)
+    fitting.append((one, block))
+  if not fitting:
+    return None
+  return equal_bytes.fit_field(dataclasses.replace(s, block_size=min(fitting)[1]), "density",
+                               cost, target)
+
+
 registry.register(registry.Method(
     name="tasc", summary="TASC: Hessian-aware block scores, one block support shared by all "
     "workers, the blocks all-reduced", settings=TascSettings, transformation=_transformation,
-    step_inputs=_curvature_refresh, cost=_cost))
+    step_inputs=_curvature_refresh, cost=_cost, budget=_budget))
