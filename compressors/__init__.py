@@ -13,6 +13,7 @@ factory named after a method returns a :class:`Compressor` (``topk``, ``dgc``, `
 feedback. Every method, with its settings and its
 cost-model entry, is in :mod:`compressors.registry`. :mod:`compressors.protocol` is the
 compressor abstraction, :mod:`compressors.wire` how bytes on the wire are counted,
+:mod:`compressors.workers` where the workers run (several simulated on one device),
 :mod:`compressors.collectives`, :mod:`compressors.topology` and :mod:`compressors.planner` the
 all-reduce schedules, their cost model and the integer-programming planner (which needs scipy,
 and is loaded when first used).
@@ -59,13 +60,14 @@ from compressors.topology import Topology
 from compressors.topology import collective_cost
 from compressors.wire import WireBytes
 from compressors.wire import wire_bytes
+from compressors.workers import Workers
 
 _PLANNER = ("Bucket", "Plan", "plan")
 
 __all__ = (
     "Aggregate", "AxisName", "Bucket", "CompressState", "Compressor", "Context", "DataParallel",
     "Link", "MomentumCorrectionState", "Plan", "ResidualAggregate", "SkipNonFiniteState",
-    "Topology", "WireBytes", "add_device_axis", "all_reduce", "cast", "collective_cost",
+    "Topology", "WireBytes", "Workers", "add_device_axis", "all_reduce", "cast", "collective_cost",
     "compress", "data_parallel", "dense", "dgc", "drop_device_axis", "efsignsgd",
     "momentum_correction", "onebit", "plan", "powersgd", "qsgd", "randomk", "registry",
     "replicas_agree", "signsgd", "skip_nonfinite", "state_specs", "terngrad", "threshold", "topk",

@@ -146,7 +146,7 @@ def _check_arguments(compressor, axis_name, dense_axis, seed, schedule, topology
 def _init(s: _Settings, params: PyTree) -> CompressState:
   paths, leaves, _ = _flatten(params)
   _check_leaves(paths, leaves, "params", s.fuse)
-  num_workers = (axes.num_workers(s.axis_name, caller="compress") if _is_bound(s.axis_name)
+  num_workers = (axes.num_workers(s.axis_name, caller="compress") if axes.is_bound(s.axis_name)
                  else 1 if s.axis_name is None else None)
   buffers = [jnp.zeros((x.size,), _work_dtype(x.dtype)) for x in leaves]
   if s.fuse:
@@ -277,7 +277,7 @@ def _exchange_buffer(s: _Settings, i: int, g: jax.Array, e: jax.Array | None,
 def _reduce_scatter(x: jax.Array, axis_name: axes.AxisName, group: int) -> jax.Array:
   """Sum over ``axis_name`` of ``x``, of which this device keeps its ``1/group`` shard."""
   padded = jnp.pad(x, (0, -x.size % group))
-  return jax.lax.psum_scatter(padded, axis_name, scatter_dimension=0, tiled=True)
+  return axes.psum_scatter(padded, axis_name)
 
 
 def _all_gather(shard: jax.Array, axis_name: axes.AxisName, size: int) -> jax.Array:
@@ -330,11 +330,6 @@ def _check_axis_name(axis_name: axes.AxisName) -> None:
   if any(not isinstance(n, Hashable) or isinstance(n, (list, dict)) for n in names):
     raise TypeError(f"compress: axis_name must be a mesh-axis name, a tuple of names or None, "
                     f"got {axis_name!r}")
-
-
-def _is_bound(axis_name: axes.AxisName) -> bool:
-  bound = axes.bound_axes()
-  return bool(axes.as_tuple(axis_name)) and all(n in bound for n in axes.as_tuple(axis_name))
 
 
 def _work_dtype(dtype) -> jnp.dtype:

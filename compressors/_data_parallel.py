@@ -16,6 +16,13 @@ them once::
 
 It runs the step under ``jax.shard_map`` over a mesh axis, or under ``jax.pmap`` over the local
 devices (``mesh=None``); the long form stays documented (README) for steps it does not cover.
+``workers_per_device=W`` runs W simulated workers on each device (:mod:`compressors.workers`),
+with the transformation built over ``axis_name=("data", "worker")``::
+
+  tx = optax.chain(compressors.compress(compressors.topk(0.01), axis_name=("data", "worker")),
+                   optax.sgd(0.1))
+  dp = compressors.data_parallel(loss, tx, mesh, params, batch, axis_name=("data", "worker"),
+                                 workers_per_device=8)
 """
 
 import functools
@@ -31,6 +38,7 @@ from compressors import _nonfinite
 from compressors import _per_worker
 from compressors import axes
 from compressors import wire
+from compressors import workers as workers_lib
 
 PyTree = Any
 
@@ -40,7 +48,7 @@ class DataParallel(NamedTuple):
 
   Attributes:
     init: ``params -> state``, jitted: the transformation's state, per-worker leaves laid out
-      per worker (a leading device axis, as :attr:`specs` say; under ``pmap`` every leaf).
+      per worker (one row per worker, as :attr:`specs` say; under ``pmap`` every leaf).
     step: ``(params, state, batch, *, with_inputs=False) -> (params, state, metrics)``, jitted.
       ``params`` are replicated; every leaf of ``batch`` is split over the workers along its
       first axis (each worker differentiates its loss on its share); ``with_inputs`` (static)
@@ -48,25 +56,39 @@ class DataParallel(NamedTuple):
       ``loss``, the mean over workers of their losses; ``skipped_steps`` (with
       ``skip_nonfinite``), the steps skipped so far; ``aux`` (with ``has_aux``), every worker's
       aux stacked along a leading worker axis.
-    specs: the state's ``PartitionSpec``s (:func:`compressors.state_specs`); None under pmap.
+    specs: the state's ``PartitionSpec``s on :attr:`mesh` (:func:`compressors.state_specs`,
+      laid out by :meth:`compressors.workers.Workers.layout`); None under pmap.
     mesh: the mesh the step runs on; None under pmap.
+    workers: where the workers run (:class:`compressors.workers.Workers`); None under pmap.
+    equivalent: ``() -> DataParallel``: the same step with one worker per device on
+      ``workers.count`` devices, whose compiled program gives the bytes (itself with one worker
+      per device); None under pmap.
   """
   init: Callable[[PyTree], PyTree]
   step: Callable[..., tuple[PyTree, PyTree, dict[str, Any]]]
   specs: PyTree
   mesh: jax.sharding.Mesh | None
+  workers: workers_lib.Workers | None = None
+  equivalent: Callable[[], "DataParallel"] | None = None
 
   def wire_bytes(self, params: PyTree, state: PyTree, batch: PyTree, *,
                  with_inputs: bool = False) -> wire.WireBytes:
-    """Bytes one device sends per step, read from the compiled step (compiled, never run)."""
+    """Bytes one worker sends per step, read from the compiled step (compiled, never run): with
+    several workers per device, from the program of one worker per device."""
+    if self.workers is not None and self.workers.per_device > 1:
+      one_each = self.equivalent()
+      shapes = lambda tree, specs: _abstract(tree, one_each.mesh, specs)
+      return one_each.wire_bytes(shapes(params, P()), shapes(state, one_each.specs),
+                                 shapes(batch, one_each.workers.spec),
+                                 with_inputs=with_inputs)
     return wire.wire_bytes(functools.partial(self.step, with_inputs=with_inputs), params,
                            state, batch, mesh=self.mesh)
 
 
 def data_parallel(loss_fn: Callable[..., Any], tx: optax.GradientTransformation,
                   mesh: jax.sharding.Mesh | None, params: PyTree, batch: PyTree, *,
-                  axis_name: axes.AxisName = "data", has_aux: bool = False,
-                  step_inputs: Any = None, skip_nonfinite: bool = True,
+                  axis_name: axes.AxisName = "data", workers_per_device: int = 1,
+                  has_aux: bool = False, step_inputs: Any = None, skip_nonfinite: bool = True,
                   donate: bool = False) -> DataParallel:
   """A data-parallel step of ``tx`` over the workers of ``axis_name`` (see the module docstring).
 
@@ -80,7 +102,11 @@ def data_parallel(loss_fn: Callable[..., Any], tx: optax.GradientTransformation,
     params: the parameters, or their ``jax.ShapeDtypeStruct``s (to lay out the state).
     batch: a global batch, or its ``ShapeDtypeStruct``s (to lay out the state the per-step
       inputs make per-worker).
-    axis_name: the axis (or tuple of axes) over which workers hold different batches.
+    axis_name: the axis (or tuple of axes) over which workers hold different batches; with
+      ``workers_per_device > 1``, mesh axes and then the simulated workers' axis, e.g.
+      ``("data", "worker")`` (:mod:`compressors.workers`).
+    workers_per_device: workers simulated on each device (``jax.vmap``), each with its own
+      share of the batch and its own state, as if each were a device.
     has_aux: ``loss_fn`` returns ``(loss, aux)``.
     step_inputs: the per-step inputs of the method, a
       :class:`compressors.registry.StepInputs` (e.g. ``registry.step_inputs("tasc")``).
@@ -92,45 +118,82 @@ def data_parallel(loss_fn: Callable[..., Any], tx: optax.GradientTransformation,
 
   Raises:
     ValueError: ``tx``'s updates would differ between workers (a wrapper that decides per worker
-      around the compressor, or no compressor), before anything compiles.
+      around the compressor, or no compressor), or ``axis_name`` and ``workers_per_device`` do
+      not fit the mesh, before anything compiles.
   """
-  if skip_nonfinite:
-    tx = _nonfinite.skip_nonfinite(tx, axis_name=axis_name)
-  worker = _WorkerStep(loss_fn, tx, axis_name, has_aux, step_inputs, skip_nonfinite)
   if mesh is None:
-    return _on_pmap(worker, axis_name, donate)
+    if workers_per_device != 1:
+      raise ValueError(f"workers_per_device={workers_per_device!r} needs a mesh (shard_map); "
+                       "under pmap (mesh=None) every worker is a device")
+    if skip_nonfinite:
+      tx = _nonfinite.skip_nonfinite(tx, axis_name=axis_name)
+    # pmap differentiates each device's own loss: no copy to type.
+    return _on_pmap(_WorkerStep(loss_fn, tx, axis_name, has_aux, step_inputs, skip_nonfinite,
+                                own_copy=lambda params: params), axis_name, donate)
+  layout = workers_lib.Workers.on(mesh, axis_name, workers_per_device)
+  one_each = functools.partial(data_parallel, loss_fn, tx, params=params,
+                               batch=batch, axis_name=axis_name, has_aux=has_aux,
+                               step_inputs=step_inputs, skip_nonfinite=skip_nonfinite)
+  wrapped = _nonfinite.skip_nonfinite(tx, axis_name=axis_name) if skip_nonfinite else tx
+  worker = _WorkerStep(loss_fn, wrapped, axis_name, has_aux, step_inputs, skip_nonfinite,
+                       layout.own_copy)
+  simulated = layout.per_device > 1
   # Shapes and dtypes, laid out as the step takes them (a mesh of explicit axes checks that).
-  params = _abstract(params, NamedSharding(mesh, P()))
-  batch = _abstract(batch, NamedSharding(mesh, P(axis_name)))
-  extras = {}
-  if step_inputs is not None:  # state_specs must see what the inputs make per worker
-    extras = jax.eval_shape(jax.shard_map(
-        lambda p, b: jax.tree.map(lambda x: x[None], worker.inputs(*worker.local(p, b))),
-        mesh=mesh, in_specs=(P(), P(axis_name)), out_specs=P(axis_name), check_vma=False),
-        params, batch)
-    extras = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), extras)
-  specs = _per_worker.state_specs(tx, params, mesh, axis_name, **extras)
-  init = jax.jit(jax.shard_map(lambda p: _per_worker.add_device_axis(tx.init(p), specs),
-                               mesh=mesh, in_specs=P(), out_specs=specs))
+  params = _abstract(params, mesh, P())
+  batch = _abstract(batch, mesh, layout.spec)
+  specs = layout.layout(_state_specs(worker, layout, params, batch))
+  state_axes = workers_lib.per_worker_axes(specs)
+  # Simulated workers are untyped: shard_map's replication types know only mesh axes.
+  shard_map = functools.partial(jax.shard_map, mesh=mesh, check_vma=not simulated)
+  init = jax.jit(shard_map(layout.each(wrapped.init, None, state_axes), in_specs=P(),
+                           out_specs=specs))
 
   @functools.partial(jax.jit, static_argnums=3, donate_argnums=(1,) if donate else ())
   def jitted_step(params, state, batch, with_inputs):
     def body(params, state, batch):
-      params, state, metrics = worker(params, _per_worker.drop_device_axis(state, specs),
-                                      batch, with_inputs)
-      return params, _per_worker.add_device_axis(state, specs), metrics
-    return jax.shard_map(body, mesh=mesh, in_specs=(P(), specs, P(axis_name)),
-                         out_specs=(P(), specs, P()))(params, state, batch)
+      each = layout.each(functools.partial(worker, with_inputs=with_inputs),
+                         (None, state_axes, 0), (None, state_axes, None))
+      return each(params, state, _worker_rows(batch, layout.per_device))
+    return shard_map(body, in_specs=(P(), specs, layout.spec),
+                     out_specs=(P(), specs, P()))(params, state, batch)
 
   # Inputs placed as the step lays them out (a no-op for the step's own outputs), so that the
   # first call, on the caller's arrays, compiles the same program as the later ones.
-  replicated, split = NamedSharding(mesh, P()), NamedSharding(mesh, P(axis_name))
+  replicated, split = NamedSharding(mesh, P()), NamedSharding(mesh, layout.spec)
 
   def step(params, state, batch, *, with_inputs=False):
     return jitted_step(jax.device_put(params, replicated), state,
                        jax.device_put(batch, split), bool(with_inputs))
 
-  return DataParallel(init=init, step=step, specs=specs, mesh=mesh)
+  return DataParallel(init=init, step=step, specs=specs, mesh=mesh, workers=layout,
+                      equivalent=functools.cache(lambda: one_each(mesh=layout.equivalent_mesh()))
+                      if simulated else None)
+
+
+def _state_specs(worker, layout, params, batch) -> PyTree:
+  """:func:`compressors.state_specs` of the step, traced on the mesh of one worker per device
+  (the state's layout is the same with simulated workers)."""
+  axis = layout.axis_name
+  if layout.per_device == 1:  # the mesh itself, with the inputs laid out on it
+    mesh = layout.mesh
+  else:
+    mesh = layout.equivalent_mesh(abstract=True)
+    params, batch = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
+                                 (params, batch))
+  extras = {}
+  if worker.step_inputs is not None:  # state_specs must see what the inputs make per worker
+    extras = jax.eval_shape(jax.shard_map(
+        lambda p, b: jax.tree.map(lambda x: x[None], worker.inputs(worker.own_copy(p), b)),
+        mesh=mesh, in_specs=(P(), P(axis)), out_specs=P(axis), check_vma=False),
+        params, batch)
+    extras = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), extras)
+  return _per_worker.state_specs(worker.tx, params, mesh, axis, **extras)
+
+
+def _worker_rows(batch: PyTree, per_device: int) -> PyTree:
+  """One device's share of the batch -> one share per worker along a new leading axis (one
+  worker: the leading axis of size one :meth:`Workers.each` indexes away)."""
+  return jax.tree.map(lambda x: x.reshape((per_device, -1) + x.shape[1:]), batch)
 
 
 class _WorkerStep(NamedTuple):
@@ -141,13 +204,7 @@ class _WorkerStep(NamedTuple):
   has_aux: bool
   step_inputs: Any
   skip_nonfinite: bool
-
-  def local(self, params, batch, varying=True):
-    """A per-worker copy of the parameters to differentiate (under ``shard_map``), and the
-    batch."""
-    if varying:
-      params = jax.lax.pcast(params, axes.as_tuple(self.axis_name), to="varying")
-    return params, batch
+  own_copy: Callable[[PyTree], PyTree]  # a per-worker copy of the parameters to differentiate
 
   def scalar_loss(self, params, batch):
     out = self.loss_fn(params, batch)
@@ -157,8 +214,8 @@ class _WorkerStep(NamedTuple):
     return self.step_inputs.make(self.scalar_loss, params, batch, jax.random.PRNGKey(0),
                                  self.axis_name)
 
-  def __call__(self, params, state, batch, with_inputs, varying=True):
-    local_params, batch = self.local(params, batch, varying)
+  def __call__(self, params, state, batch, with_inputs):
+    local_params = self.own_copy(params)
     out, grads = jax.value_and_grad(self.loss_fn, has_aux=self.has_aux)(local_params, batch)
     loss, aux = out if self.has_aux else (out, None)
     extra = self.inputs(local_params, batch) if with_inputs else {}
@@ -167,7 +224,7 @@ class _WorkerStep(NamedTuple):
     if self.skip_nonfinite:
       metrics["skipped_steps"] = state.skipped
     if self.has_aux:
-      metrics["aux"] = jax.tree.map(lambda a: jax.lax.all_gather(a, self.axis_name), aux)
+      metrics["aux"] = jax.tree.map(lambda a: axes.all_gather(a, self.axis_name), aux)
     return optax.apply_updates(params, updates), state, metrics
 
 
@@ -184,13 +241,16 @@ def _on_pmap(worker: _WorkerStep, axis_name, donate: bool) -> DataParallel:
 
   @functools.lru_cache(maxsize=2)
   def _pmapped(with_inputs):
-    return jax.pmap(functools.partial(worker, with_inputs=with_inputs, varying=False),
+    return jax.pmap(functools.partial(worker, with_inputs=with_inputs),
                     axis_name=axis_name, in_axes=(None, 0, 0), out_axes=(None, 0, None),
                     donate_argnums=(1,) if donate else ())
 
   return DataParallel(init=init, step=step, specs=None, mesh=None)
 
 
-def _abstract(tree: PyTree, sharding: NamedSharding) -> PyTree:
-  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(jax.numpy.shape(x), jax.numpy.result_type(x),
-                                                     sharding=sharding), tree)
+def _abstract(tree: PyTree, mesh: jax.sharding.Mesh, specs: PyTree) -> PyTree:
+  """Shapes and dtypes of ``tree``, sharded on ``mesh`` by ``specs`` (a spec or a tree)."""
+  specs = jax.tree.broadcast(specs, tree, is_leaf=lambda s: isinstance(s, P))
+  return jax.tree.map(lambda x, spec: jax.ShapeDtypeStruct(
+      jax.numpy.shape(x), jax.numpy.result_type(x), sharding=NamedSharding(mesh, spec)),
+      tree, specs, is_leaf=lambda s: isinstance(s, P))

@@ -1,9 +1,18 @@
 """Mesh-axis helpers shared by every collective in the package.
 
 An ``axis_name`` is one mesh-axis name, a tuple of names (the collective then spans their
-product), or ``None`` (no collective: compress and decode locally). These helpers turn an
-unbound name into an error that lists the axes that *are* bound, at trace time, before XLA
-compiles anything.
+product, ranks row-major over the tuple), or ``None`` (no collective: compress and decode
+locally). These helpers turn an unbound name into an error that lists the axes that *are* bound,
+at trace time, before XLA compiles anything.
+
+Simulated workers: a tuple may mix a ``shard_map`` mesh axis with an axis bound by ``jax.vmap``
+(``("data", "worker")``: several workers per device, :mod:`compressors._data_parallel` and the
+runner's ``workers_per_device``). JAX's ``psum``, ``pmax``, ``all_to_all``, ``axis_index`` and
+``axis_size`` take such a tuple; :func:`all_gather`, :func:`all_gather_invariant`,
+:func:`ppermute` and :func:`psum_scatter` here do the rest, with the same values as on as many
+devices: the all-gather one axis at a time, the permutation and the reduce-scatter from an
+all-gather and a psum (the simulation computes values; the bytes of the equivalent program on
+real devices are read from that program).
 """
 
 from collections.abc import Hashable
@@ -12,6 +21,8 @@ import inspect
 from typing import Any
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 
 AxisName = Hashable | tuple[Hashable, ...] | None
 
@@ -31,6 +42,17 @@ def bound_axes() -> tuple[Hashable, ...]:
     return tuple(jax.sharding.get_abstract_mesh().axis_names)
   except Exception:  # pylint: disable=broad-except  # no mesh context at all
     return ()
+
+
+def is_bound(axis_name: AxisName) -> bool:
+  """Whether every axis of ``axis_name`` (at least one) is bound here: by ``shard_map``,
+  ``pmap`` or ``vmap(..., axis_name=...)``."""
+  try:
+    for name in as_tuple(axis_name):
+      jax.lax.axis_size(name)
+  except NameError:
+    return False
+  return bool(as_tuple(axis_name))
 
 
 def num_workers(axis_name: AxisName, *, caller: str = "compress") -> int:
@@ -107,4 +129,47 @@ def all_gather_invariant(x: Any, axis_name: AxisName) -> Any:
   could then not leave ``shard_map`` as replicated (``P()``), and a loop that accumulates it
   into an invariant carry would change the carry's type.
   """
-  return _ALL_GATHER_INVARIANT(x, axis_name)
+  return all_gather(x, axis_name, invariant=True)
+
+
+def all_gather(x: Any, axis_name: AxisName, *, invariant: bool = False) -> Any:
+  """Every worker's ``x`` stacked on a new leading axis, ranks row-major over ``axis_name``
+  (which may mix mesh and vmapped axes); ``invariant``: typed identical on every worker."""
+  names = as_tuple(axis_name)
+  if not _mixed(names):
+    return _ALL_GATHER_INVARIANT(x, axis_name) if invariant else jax.lax.all_gather(x, axis_name)
+  for name in reversed(names):  # the last axis innermost: row-major over the tuple
+    mesh_axis = name in bound_axes()
+    x = _ALL_GATHER_INVARIANT(x, name) if invariant and mesh_axis else jax.lax.all_gather(x, name)
+  return x.reshape((-1,) + x.shape[len(names):])
+
+
+def ppermute(x: Any, axis_name: AxisName, perm) -> Any:
+  """``lax.ppermute`` over ``axis_name`` (which may mix mesh and vmapped axes): worker ``t`` of
+  each pair ``(s, t)`` receives ``x`` of worker ``s``; a worker no pair names receives zeros."""
+  names = as_tuple(axis_name)
+  if not _mixed(names):
+    return jax.lax.ppermute(x, axis_name, perm)
+  sources = np.full(num_workers(names, caller="ppermute"), -1)
+  for source, target in perm:
+    sources[target] = source
+  source = jnp.asarray(sources)[worker_index(names)]
+  everyone = all_gather(x, names)
+  return jnp.where(source >= 0, everyone[jnp.maximum(source, 0)], jnp.zeros_like(x))
+
+
+def psum_scatter(x: Any, axis_name: AxisName) -> Any:
+  """The sum over ``axis_name`` of ``x``, of which each worker keeps its ``1/n`` of the leading
+  axis (``lax.psum_scatter(..., scatter_dimension=0, tiled=True)``); the axes may mix mesh and
+  vmapped ones."""
+  names = as_tuple(axis_name)
+  if not _mixed(names):
+    return jax.lax.psum_scatter(x, axis_name, scatter_dimension=0, tiled=True)
+  shard = x.shape[0] // num_workers(names, caller="psum_scatter")
+  return jax.lax.dynamic_slice_in_dim(jax.lax.psum(x, names), worker_index(names) * shard, shard)
+
+
+def _mixed(names: tuple) -> bool:
+  """Whether ``names`` mixes a ``shard_map`` mesh axis with an axis bound otherwise (vmap)."""
+  mesh = set(bound_axes())
+  return bool(set(names) & mesh) and not set(names) <= mesh

@@ -193,7 +193,7 @@ def ring_reduce_scatter(rows: jax.Array, axis_name: axes.AxisName) -> jax.Array:
   rank = axes.worker_index(axis_name)
   acc = jax.lax.dynamic_index_in_dim(rows, rank, keepdims=False)
   for s in range(p - 1):
-    received = jax.lax.ppermute(acc, axis_name, ring_pairs(p))
+    received = axes.ppermute(acc, axis_name, ring_pairs(p))
     own = jax.lax.dynamic_index_in_dim(rows, (rank - s - 1) % p, keepdims=False)
     acc = received + own
   return acc
@@ -207,7 +207,7 @@ def ring_all_gather(chunk: jax.Array, axis_name: axes.AxisName) -> jax.Array:
   rows = jnp.zeros((p,) + chunk.shape, chunk.dtype)
   rows = jax.lax.dynamic_update_index_in_dim(rows, chunk, (rank + 1) % p, 0)
   for s in range(p - 1):
-    chunk = jax.lax.ppermute(chunk, axis_name, ring_pairs(p))
+    chunk = axes.ppermute(chunk, axis_name, ring_pairs(p))
     rows = jax.lax.dynamic_update_index_in_dim(rows, chunk, (rank - s) % p, 0)
   return rows
 
@@ -224,14 +224,14 @@ def ring_all_reduce(flat: jax.Array, axis_name: axes.AxisName) -> jax.Array:
 def _fold_in(x: jax.Array, axis_name: axes.AxisName, p: int, rank: jax.Array) -> jax.Array:
   if p == _pow2_floor(p):
     return x
-  received = jax.lax.ppermute(x, axis_name, fold_in_pairs(p))
+  received = axes.ppermute(x, axis_name, fold_in_pairs(p))
   return jnp.where(rank < p - _pow2_floor(p), x + received, x)
 
 
 def _fold_out(x: jax.Array, axis_name: axes.AxisName, p: int, rank: jax.Array) -> jax.Array:
   if p == _pow2_floor(p):
     return x
-  received = jax.lax.ppermute(x, axis_name, fold_out_pairs(p))
+  received = axes.ppermute(x, axis_name, fold_out_pairs(p))
   return jnp.where(rank >= _pow2_floor(p), received, x)
 
 
@@ -242,7 +242,7 @@ def butterfly_all_reduce(flat: jax.Array, axis_name: axes.AxisName) -> jax.Array
   q = _pow2_floor(p)
   x = _fold_in(flat, axis_name, p, rank)
   for d in _distances(q):
-    received = jax.lax.ppermute(x, axis_name, xor_pairs(q, d))
+    received = axes.ppermute(x, axis_name, xor_pairs(q, d))
     x = _lower_plus_higher(x, received, (rank & d) != 0)
   return _fold_out(x, axis_name, p, rank)
 
@@ -258,10 +258,10 @@ def rabenseifner_all_reduce(flat: jax.Array, axis_name: axes.AxisName) -> jax.Ar
     upper = (rank & d) != 0
     keep = jax.lax.dynamic_slice_in_dim(segment, jnp.where(upper, half, 0), half)
     send = jax.lax.dynamic_slice_in_dim(segment, jnp.where(upper, 0, half), half)
-    received = jax.lax.ppermute(send, axis_name, xor_pairs(q, d))
+    received = axes.ppermute(send, axis_name, xor_pairs(q, d))
     segment = _lower_plus_higher(keep, received, upper)
   for d in reversed(_distances(q)):  # doubling: undo the halving steps in reverse order
-    received = jax.lax.ppermute(segment, axis_name, xor_pairs(q, d))
+    received = axes.ppermute(segment, axis_name, xor_pairs(q, d))
     upper = (rank & d) != 0
     segment = jnp.where(upper, jnp.concatenate([received, segment]),
                         jnp.concatenate([segment, received]))
@@ -397,10 +397,10 @@ def sparse_butterfly_all_reduce(indices: jax.Array, values: jax.Array, size: int
       if phase.kind == "fold_in":
         dense = _fold_in(dense, axis_name, p, rank)
       else:
-        received = jax.lax.ppermute(dense, axis_name, phase.pairs)
+        received = axes.ppermute(dense, axis_name, phase.pairs)
         dense = _lower_plus_higher(dense, received, (rank & phase.distance) != 0)
       continue
-    received = tuple(jax.lax.ppermute(a, axis_name, phase.pairs) for a in sparse)
+    received = tuple(axes.ppermute(a, axis_name, phase.pairs) for a in sparse)
     if phase.kind == "fold_in":  # ranks that receive nothing merge an empty set
       received = (jnp.where(rank < p - _pow2_floor(p), received[0], size), received[1])
     higher = (rank & phase.distance) != 0  # the fold-in receiver i is below its sender q+i

@@ -10,15 +10,22 @@ Fields (all overridable on the command line, e.g. ``--config.batch_size=256``):
                                   momentum_correction, clip_norm) and one block per method with
                                   its own (``compression.topk.density``, ``compression.tasc.*``)
   optimizer, schedule             optimizer after the exchange, learning-rate schedule
-  batch_size, eval_batch_size     global batch sizes (divisible by num_devices)
+  batch_size, eval_batch_size     global batch sizes (divisible by the number of workers)
   num_steps | num_epochs          training length (exactly one > 0)
   log_every, eval_every, checkpoint_every, keep_checkpoints   in steps (0 = only at the end)
   num_devices                     devices in the mesh (all processes together); on CPU the
-                                  runner makes the host platform expose this many; None = all
+                                  runner makes the host platform expose this many; None = all;
+                                  on an accelerator with fewer, the rest are simulated
+  workers_per_device              workers simulated on each device (jax.vmap), each with its
+                                  own batch shard and compressor state as if it were a device;
+                                  the bytes are those of one worker per device
   distributed                     jax.distributed settings (None = from the environment) and
                                   the heartbeat timeout after which a dead process stops the job
   skip_nonfinite                  skip, on every device at once, a step whose gradient is not
                                   finite on any device (compressors.skip_nonfinite)
+  max_skipped_fraction            a run that skipped more than this fraction of its steps, or
+                                  whose final train or test loss is not finite, counts as
+                                  diverged: results.json says why and the runner exits 1
   check_replicas_every            steps between checks that every device holds bit-identical
                                   parameters (0 = never); a mismatch stops the run
   seed
@@ -84,12 +91,14 @@ def base() -> ml_collections.ConfigDict:
   c.checkpoint_every = 1000
   c.keep_checkpoints = 2
   c.num_devices = ml_collections.FieldReference(8, field_type=int)
+  c.workers_per_device = 1
   c.distributed = ml_collections.ConfigDict(dict(
       coordinator_address=ml_collections.FieldReference(None, field_type=str),
       num_processes=ml_collections.FieldReference(None, field_type=int),
       process_id=ml_collections.FieldReference(None, field_type=int),
       heartbeat_timeout_seconds=DEFAULT_HEARTBEAT_TIMEOUT_SECONDS))
   c.skip_nonfinite = True
+  c.max_skipped_fraction = 0.1
   c.check_replicas_every = 0
   c.seed = 0
   return c

@@ -7,6 +7,7 @@ uninterrupted run.
 """
 
 import json
+import math
 import os
 from typing import Any
 
@@ -60,13 +61,28 @@ class MetricsWriter:
     with open(self._path, "a") as f:
       f.write(json.dumps({"step": step, **metrics}) + "\n")
     for name, value in metrics.items():
-      if isinstance(value, (int, float)):
+      # TensorBoard gets finite numbers only (a diverged loss, or no ratio for one worker, stays
+      # in metrics.jsonl).
+      if isinstance(value, (int, float)) and math.isfinite(value):
         self._tb.add_scalar(name, value, step)
     self._tb.flush()
 
   def close(self) -> None:
     if self._tb is not None:
       self._tb.close()
+
+
+def summary(results: dict) -> str:
+  """The final line printed by the runner: accuracy, skipped steps and bytes per step against
+  dense."""
+  accuracy = (f"test accuracy {results['test_accuracy']:.4f} (test loss "
+              f"{results['test_loss']:.4g}) after {results['step']} steps, "
+              f"{results['skipped_steps']} skipped (non-finite gradient)")
+  if not results["dense_bytes"]:
+    return f"{accuracy}; one worker: no bytes travel"
+  return (f"{accuracy}; bytes per worker per step {results['wire_bytes']:,.0f} vs dense "
+          f"{results['dense_bytes']:,.0f} ({results['compression_ratio']:.1f}x fewer) over "
+          f"{results['num_workers']} workers")
 
 
 def write_json(path: str, payload: Any) -> None:

@@ -1,4 +1,4 @@
-"""Runs one experiment.
+r"""Runs one experiment.
 
   python -m experiments.run --config=configs/quickstart.py --workdir=runs/quickstart
   python -m experiments.run --config=configs/cifar10_resnet20.py:method=tasc \
@@ -9,10 +9,25 @@ overrides any field. ``--workdir`` receives ``metrics.jsonl``, ``config.json``, 
 checkpoints and ``results.json``; a run restarted with the same workdir resumes (a run killed at
 any moment ends as if it had never stopped), and refuses a workdir another config wrote.
 
+Every config field, with what it does and its default, is documented in ``configs/common.py``
+(the experiment configs in ``configs/`` start from its ``base()``).
+
 On CPU the runner makes the host platform expose ``config.num_devices / num_processes`` devices
 before JAX's first computation (:func:`experiments.distributed.expose_cpu_devices`); on
-accelerators the real devices are used.
+accelerators the real devices are used, and workers the config asks for beyond them are simulated
+on them (``config.workers_per_device`` asks for simulated workers anywhere).
+
+The last line printed is the summary: test accuracy and loss, steps (and how many were skipped
+for a non-finite gradient), bytes per worker per step against dense. Exit status: 0; 1 on an
+error, or when the run diverged (a final loss that is not finite, or more than
+``config.max_skipped_fraction`` of its steps skipped; a line on stderr says which, and
+``results.json`` records it); 130 (SIGINT, Ctrl-C) or 143 (SIGTERM) when a signal stopped it at
+a step boundary, after a checkpoint, with ``interrupted at step N; resume with: <command>`` on
+stderr (a second signal stops it at once).
 """
+
+import os
+import sys
 
 from absl import app
 from absl import flags
@@ -20,22 +35,18 @@ from absl import logging
 import jax
 from ml_collections import config_flags
 
+from experiments import cli
 from experiments import distributed
+from experiments import interrupt
+from experiments import logs
 from experiments import train
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file.",
-                                          lock_config=True)
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "Experiment config file; --config.<field>=<value> overrides a field (fields: "
+    "configs/common.py).", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for logs and checkpoints.",
                                required=True)
 flags.mark_flags_as_required(["config"])
-
-
-def summary(results: dict) -> str:
-  """The final line printed by the runner: accuracy and bytes per step against dense."""
-  return (f"test accuracy {results['test_accuracy']:.4f} (test loss {results['test_loss']:.4f}) "
-          f"after {results['step']} steps; bytes per device per step "
-          f"{results['wire_bytes']:,.0f} vs dense {results['dense_bytes']:,.0f} "
-          f"({results['compression_ratio']:.1f}x fewer)")
 
 
 def main(argv):
@@ -44,8 +55,8 @@ def main(argv):
   if not flags.FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)  # orbax logs every file it writes at INFO
   config = _CONFIG.value
-  distributed.expose_cpu_devices(config)
   try:
+    distributed.expose_cpu_devices(config)
     results = train.train_and_evaluate(config, _WORKDIR.value)
   except jax.errors.JaxRuntimeError:
     if jax.process_count() > 1:
@@ -54,9 +65,16 @@ def main(argv):
                     "with the same --workdir to resume from the last checkpoint.",
                     jax.process_index(), jax.process_count())
     raise
+  except (interrupt.Interrupted, KeyboardInterrupt) as e:
+    cli.exit_interrupted(e, is_main=distributed.process_settings(config)[2] == 0)
   if jax.process_index() == 0:
-    print(summary(results), flush=True)
+    print(logs.summary(results), flush=True)
+  if results["diverged"]:
+    if jax.process_index() == 0:
+      print(f"experiments.run: the run diverged: {results['divergence']} (recorded in "
+            f"{os.path.join(_WORKDIR.value, train.RESULTS_FILE)})", file=sys.stderr, flush=True)
+    sys.exit(1)
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=cli.flags_parser("experiments.run"))

@@ -1,21 +1,34 @@
-"""Runs a sweep: the runs a sweep config lists, one after another, in one process.
+r"""Runs a sweep: the runs a sweep config lists, one after another, in one process.
 
   python -m experiments.sweep --config=configs/sweeps/cifar10_compression.py \
-      --config.overrides.data_dir=/data/cifar10 --workdir=runs/sweep
+      --config.overrides.data_dir=/data/cifar10 --config.overrides.num_epochs=1 \
+      --workdir=runs/sweep
 
 A sweep config (``configs/sweeps/*.py``) holds ``runs``, a list of
 ``{"name": ..., "config": "path/to/config.py[:arg]", "overrides": {...}}`` run in that order, and
-``overrides`` applied to every run (nested fields, e.g. ``data_dir``). Run ``name`` works in
+``overrides`` applied to every run. ``--config.overrides.<field>=<value>`` on the command line
+sets a field of every run, nested ones too (``--config.overrides.compression.tasc.density=0.02``),
+whether or not the sweep config lists it: the value is read as a Python literal (a number,
+``true``/``false``, a tuple in quotes), else as a string, and every run's config must have the
+field (fields are documented in ``configs/common.py``). Run ``name`` works in
 ``workdir/name``: a run whose ``results.json`` exists is skipped, an unfinished one resumes from
 its checkpoint. After every run ``workdir/summary.csv`` lists all finished runs. All runs share
 one device count.
+
+A run that diverges (see ``experiments.run``) is recorded as such (``diverged`` and
+``divergence`` in ``summary.csv`` and its ``results.json``) and the sweep goes on; the sweep then
+exits with status 1, naming the diverged runs. SIGINT or SIGTERM stops the sweep at the current
+run's next step boundary, after a checkpoint, and prints the command that resumes it (status 130
+or 143).
 """
 
+import ast
 import csv
 import importlib.util
 import json
 import os
 import sys
+from typing import Any
 
 from absl import app
 from absl import flags
@@ -24,24 +37,28 @@ import jax
 import ml_collections
 from ml_collections import config_flags
 
+from experiments import cli
 from experiments import distributed
+from experiments import interrupt
 from experiments import train
+from experiments import validation
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Sweep config file.", lock_config=False)
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "Sweep config file; --config.overrides.<field>=<value> sets a field of every "
+    "run (fields: configs/common.py).", lock_config=False)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory of the sweep.", required=True)
 flags.mark_flags_as_required(["config"])
 
+_OVERRIDES_FLAG = "--config.overrides."
 SUMMARY_FIELDS = ("name", "dataset", "model", "method", "step", "test_accuracy", "test_loss",
                   "train_loss", "wire_bytes", "dense_bytes", "compression_ratio",
-                  "examples_per_sec", "wall_seconds")
+                  "examples_per_sec", "wall_seconds", "skipped_steps", "diverged", "divergence")
 
 
 def load_config(spec: str) -> ml_collections.ConfigDict:
   """Loads ``path/to/config.py[:arg]`` by calling its ``get_config(arg)``."""
+  validation.check_config_file(spec, "sweep: run config")
   path, _, arg = spec.partition(":")
-  if not os.path.isfile(path):
-    raise FileNotFoundError(f"sweep: config file {path!r} does not exist (paths are relative to "
-                            f"the working directory {os.getcwd()!r})")
   module_spec = importlib.util.spec_from_file_location("sweep_run_config", path)
   module = importlib.util.module_from_spec(module_spec)
   module_spec.loader.exec_module(module)
@@ -50,6 +67,10 @@ def load_config(spec: str) -> ml_collections.ConfigDict:
 
 def run_configs(sweep: ml_collections.ConfigDict) -> dict[str, ml_collections.ConfigDict]:
   """The config of every run of ``sweep``, overrides applied, in the listed order."""
+  unknown = sorted(set(sweep) - {"runs", "overrides"})
+  if unknown:
+    raise ValueError(f"sweep config: unknown field {unknown[0]!r}; allowed: 'runs', 'overrides' "
+                     "(--config.overrides.<field> sets a field of every run)")
   if not sweep.get("runs"):
     raise ValueError("sweep config: `runs` is empty; list runs as "
                      "[{'name': ..., 'config': 'configs/x.py:arg', 'overrides': {...}}, ...]")
@@ -63,7 +84,7 @@ def run_configs(sweep: ml_collections.ConfigDict) -> dict[str, ml_collections.Co
       raise ValueError(f"sweep config: two runs are named {name!r}")
     config = load_config(run["config"])
     for overrides in (sweep.get("overrides", {}), run.get("overrides", {})):
-      _override(config, overrides, f"run {name!r}")
+      _override(config, overrides, f"run {name!r}", "")
     configs[name] = config
   counts = {c.num_devices for c in configs.values()}
   if len(counts) > 1:
@@ -71,15 +92,81 @@ def run_configs(sweep: ml_collections.ConfigDict) -> dict[str, ml_collections.Co
   return configs
 
 
-def _override(config, overrides, where):
+def _override(config, overrides, where, prefix):
   for key, value in overrides.items():
+    field = prefix + key
     if key not in config:
-      raise ValueError(f"sweep config: {where} overrides unknown field {key!r}")
+      raise ValueError(f"sweep config: {where} overrides unknown field {field!r}")
     if isinstance(config[key], ml_collections.ConfigDict) and isinstance(
         value, (dict, ml_collections.ConfigDict)):
-      _override(config[key], value, where)
-    else:
+      _override(config[key], value, where, field + ".")
+      continue
+    try:
       config[key] = value
+    except TypeError:
+      raise ValueError(f"sweep config: {where} overrides field {field!r} "
+                       f"({type(config[key]).__name__}) with {value!r} "
+                       f"({type(value).__name__})") from None
+
+
+def take_overrides(argv: list[str]) -> tuple[list[str], dict[str, Any]]:
+  """Takes ``--config.overrides.<field>=<value>`` (or ``... <value>``) out of a command line.
+
+  ml_collections accepts an override only of a field the sweep config has, and the fields to
+  override are the runs' (:func:`add_overrides` puts them in the sweep config).
+
+  Returns:
+    The other arguments, and the overrides by dotted field name, values as written.
+
+  Raises:
+    ValueError: a flag without a value.
+  """
+  rest, overrides = [], {}
+  args = iter(argv)
+  for arg in args:
+    name, sep, value = arg.partition("=")
+    if not name.startswith(_OVERRIDES_FLAG):
+      rest.append(arg)
+      continue
+    if not sep:
+      value = next(args, None)
+      if value is None:
+        raise ValueError(f"{name} has no value; write {name}=<value>")
+    overrides[name[len(_OVERRIDES_FLAG):]] = value
+  return rest, overrides
+
+
+def add_overrides(sweep: ml_collections.ConfigDict, overrides: dict[str, str]) -> None:
+  """Adds command-line overrides (from :func:`take_overrides`) to ``sweep.overrides``.
+
+  A value is read as a Python literal (``true``/``false`` too), else kept as written; where the
+  sweep config already overrides the field with a string, as written.
+
+  Raises:
+    ValueError: a field whose parent the sweep config overrides with a value, not a block.
+  """
+  if "overrides" not in sweep:
+    sweep.overrides = {}
+  for field, text in overrides.items():
+    *parents, name = field.split(".")
+    node = sweep.overrides
+    for i, parent in enumerate(parents):
+      if parent not in node:
+        node[parent] = {}
+      node = node[parent]
+      if not isinstance(node, ml_collections.ConfigDict):
+        raise ValueError(f"{_OVERRIDES_FLAG}{field}: the sweep config overrides "
+                         f"{'.'.join(parents[:i + 1])!r} with {node!r}, not a block of fields")
+    node[name] = text if isinstance(node.get(name), str) else _literal(text)
+
+
+def _literal(text: str) -> Any:
+  if text in ("true", "false"):
+    return text == "true"
+  try:
+    return ast.literal_eval(text)
+  except (SyntaxError, ValueError):
+    return text
 
 
 def write_summary(workdir: str, names) -> list[dict]:
@@ -125,13 +212,38 @@ def main(argv):
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   if not flags.FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)
-  configs = run_configs(_CONFIG.value)
-  distributed.expose_cpu_devices(next(iter(configs.values())))
-  rows = run_sweep(configs, _WORKDIR.value)
+  try:
+    configs = run_configs(_CONFIG.value)
+  except (FileNotFoundError, ValueError) as e:
+    sys.exit(f"experiments.sweep: {e}")
+  first = next(iter(configs.values()))
+  try:
+    distributed.expose_cpu_devices(first)
+    rows = run_sweep(configs, _WORKDIR.value)
+  except (interrupt.Interrupted, KeyboardInterrupt) as e:
+    cli.exit_interrupted(e, is_main=distributed.process_settings(first)[2] == 0, name_run=True)
   for row in rows:
     print(f"{row['name']}: test accuracy {row['test_accuracy']:.4f}, "
-          f"{row['compression_ratio']:.1f}x fewer bytes than dense", file=sys.stdout)
+          f"{row['compression_ratio']:.1f}x fewer bytes than dense"
+          + (f"; diverged: {row['divergence']}" if row.get("diverged") else ""), flush=True)
+  diverged = [row["name"] for row in rows if row.get("diverged")]
+  if diverged:
+    sys.exit(f"experiments.sweep: {len(diverged)} of {len(rows)} runs diverged "
+             f"({', '.join(diverged)}); see {os.path.join(_WORKDIR.value, 'summary.csv')}")
+
+
+def _parse_flags(argv: list[str]) -> list[str]:
+  """absl's flag parsing, with ``--config.overrides.<field>=<value>`` taken out first and added
+  to the sweep config once it is loaded; a bad override is a one-line error."""
+  try:
+    argv, overrides = take_overrides(argv)
+    sys.argv = argv  # ml_collections reads the config's overrides from sys.argv
+    rest = cli.flags_parser("experiments.sweep")(argv)
+    add_overrides(_CONFIG.value, overrides)
+  except ValueError as e:
+    sys.exit(f"experiments.sweep: {e}")
+  return rest
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=_parse_flags)

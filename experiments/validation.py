@@ -9,13 +9,15 @@ from experiments import data
 from experiments import distributed
 from experiments import methods
 from experiments import models
+from experiments import provenance
 
 CONFIG_FILE = "config.json"
-# Fields that may change when a run resumes: they decide what is logged, checked and kept, where
-# the data is and how processes meet, never the trajectory of the training state.
+# Fields that may change when a run resumes: they decide what is logged, checked and kept, when a
+# run counts as diverged, where the data is and how processes meet, never the trajectory of the
+# training state.
 RESUMABLE_CHANGES = ("data_dir", "log_every", "eval_every", "checkpoint_every",
-                     "keep_checkpoints", "check_replicas_every", "distributed",
-                     "data.decode_threads")
+                     "keep_checkpoints", "check_replicas_every", "max_skipped_fraction",
+                     "distributed", "data.decode_threads")
 
 
 def _int(name, value, minimum):
@@ -28,6 +30,11 @@ def _number(name, value, minimum):
     raise ValueError(f"config.{name}={value!r} must be a number >= {minimum}")
 
 
+def _fraction(name, value):
+  if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 <= value <= 1:
+    raise ValueError(f"config.{name}={value!r} must be a number in [0, 1]")
+
+
 def _choice(name, value, allowed):
   if value not in allowed:
     raise ValueError(f"config.{name}={value!r} is not allowed; allowed: {sorted(allowed)}")
@@ -38,8 +45,15 @@ def _bool(name, value):
     raise TypeError(f"config.{name}={value!r} must be True or False")
 
 
-def check_config(config, num_devices: int) -> None:
-  """Validates ``config`` for a mesh of ``num_devices`` devices.
+def check_workers(config) -> None:
+  """``config.num_devices`` (None: every device) and ``config.workers_per_device``."""
+  if config.num_devices is not None:
+    _int("num_devices", config.num_devices, 1)
+  _int("workers_per_device", config.workers_per_device, 1)
+
+
+def check_config(config, num_workers: int) -> None:
+  """Validates ``config`` for ``num_workers`` workers (devices x workers per device).
 
   Builds the communication transformation (not compiled), so a compressor's own checks of its
   settings run here too.
@@ -57,9 +71,9 @@ def check_config(config, num_devices: int) -> None:
   _number("schedule.warmup_epochs", config.schedule.warmup_epochs, 0)
   for name in ("batch_size", "eval_batch_size"):
     _int(name, config[name], 1)
-    if config[name] % num_devices:
+    if config[name] % num_workers:
       raise ValueError(f"config.{name}={config[name]} must be divisible by the "
-                       f"{num_devices} devices of the mesh")
+                       f"{num_workers} workers (config.num_devices x workers_per_device)")
   _int("num_steps", config.num_steps, 0)
   _number("num_epochs", config.num_epochs, 0)
   if (config.num_steps > 0) == (config.num_epochs > 0):
@@ -70,8 +84,10 @@ def check_config(config, num_devices: int) -> None:
   _int("keep_checkpoints", config.keep_checkpoints, 1)
   _int("check_replicas_every", config.check_replicas_every, 0)
   _bool("skip_nonfinite", config.skip_nonfinite)
+  _fraction("max_skipped_fraction", config.max_skipped_fraction)
   distributed.heartbeat_timeout(config)
   _int("seed", config.seed, 0)
+  check_workers(config)
   c = config.compression
   if c.momentum_correction and config.optimizer.name in ("momentum", "nesterov"):
     raise ValueError(f"config.optimizer.name={config.optimizer.name!r} with "
@@ -79,6 +95,22 @@ def check_config(config, num_devices: int) -> None:
                      "momentum twice; allowed: 'sgd' (or momentum_correction=0)")
   methods.communication(config)
   methods.step_inputs(config)
+
+
+def check_config_file(spec: str, what: str = "--config") -> None:
+  """A one-line error naming the path for a config file that does not exist.
+
+  Args:
+    spec: ``path/to/config.py[:arg]``, as the command line or a sweep config gives it.
+    what: where ``spec`` comes from, for the message.
+
+  Raises:
+    FileNotFoundError: there is no file at the path.
+  """
+  path = spec.partition(":")[0]
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"{what}={spec!r}: config file {path!r} does not exist (paths are "
+                            f"relative to the working directory {os.getcwd()!r})")
 
 
 def check_workdir(workdir) -> None:
@@ -93,8 +125,9 @@ def check_workdir(workdir) -> None:
 def check_resume(config, workdir: str, checkpoint_step: int | None) -> None:
   """Refuses to resume from checkpoints that another config wrote.
 
-  The run's config is stored in ``workdir/config.json`` when it starts. If ``workdir`` holds a
-  checkpoint, the stored config must equal ``config`` except in :data:`RESUMABLE_CHANGES`.
+  The run's config is stored in ``workdir/config.json`` when it starts, beside its provenance
+  (``provenance.KEY``, not compared). If ``workdir`` holds a checkpoint, the stored config must
+  equal ``config`` except in :data:`RESUMABLE_CHANGES`.
 
   Args:
     config: the config about to run.
@@ -116,6 +149,7 @@ def check_resume(config, workdir: str, checkpoint_step: int | None) -> None:
                      f"config {path} cannot be read ({e}), so it cannot be told whether the "
                      "checkpoint belongs to this config; use another workdir") from None
   current = _flatten(json.loads(json.dumps(config.to_dict())))
+  stored.pop(provenance.KEY, None)
   stored = _flatten(stored)
   differing = sorted(k for k in set(current) | set(stored)
                      if current.get(k, _ABSENT) != stored.get(k, _ABSENT)

@@ -7,10 +7,19 @@ costs the memory-bandwidth floor (``g + e``: two reads, one write) plus one more
 CPU a small C++ kernel (``residual_energies.cc``, an XLA FFI custom call) makes one pass: each
 element is summed, written over the residual's buffer and squared while in a register.
 
-Both versions give the same ``a`` bit for bit; the energies differ by float rounding (the kernel
-sums each block in 16 interleaved partial sums, XLA in its own order), which can only swap
-blocks whose scores tie to rounding. The kernel serves runs whose default backend is the CPU;
-elsewhere, for other dtypes, or where it cannot be built, the XLA version runs.
+On NVIDIA GPUs a Pallas kernel (Triton) does the same: each program reads a tile of whole
+blocks of ``g`` and ``e`` once, writes their sum over ``e``'s buffer and the tile's block
+energies; the tail that no whole tile covers (fewer than a tile's elements) is summed by XLA and
+written in place. Before its first use the kernel is compiled once on a small buffer; where that
+fails (no Pallas, a Triton that cannot lower it) a warning says so once and the XLA version runs.
+
+All versions give the same ``a`` bit for bit; the energies differ by float rounding (the kernels
+sum each block in their own order, XLA in its own), which can only swap blocks whose scores tie
+to rounding. The CPU kernel serves runs whose default backend is the CPU, the Pallas kernel runs
+whose default backend is a GPU (``lax.platform_dependent``: a program compiled for another
+platform, as the bytes of simulated workers are, takes the XLA version); for other dtypes, block
+sizes that are not powers of two (Pallas), or where a kernel is unavailable, the XLA version
+runs.
 
 The kernel is compiled the first time it is needed, with ``$CXX`` (else ``c++``) against the
 XLA FFI headers that ship with jaxlib, into ``$XDG_CACHE_HOME/tasc-jax`` (else
@@ -33,6 +42,12 @@ import numpy as np
 
 from tasc import _scores as scores
 
+try:
+  from jax.experimental import pallas as pl  # pylint: disable=g-import-not-at-top
+  from jax.experimental.pallas import triton as pallas_triton  # pylint: disable=g-import-not-at-top
+except ImportError:  # a JAX without Pallas: the XLA version runs on GPUs
+  pl = pallas_triton = None
+
 SOURCE = pathlib.Path(__file__).with_name("residual_energies.cc")
 _TARGET = "tasc_residual_energies"
 _SYMBOL = "TascResidualEnergies"
@@ -42,8 +57,8 @@ def residual_and_energies(g: jax.Array, e: jax.Array, block_size: int, *,
                           one_pass: bool = True) -> tuple[jax.Array, jax.Array]:
   """``(a, energies)``: ``a = g + e`` and ``||a_b||^2`` of each block of ``block_size``.
 
-  On CPU, one pass that writes ``a`` over ``e``'s buffer; otherwise XLA's ``g + e`` and
-  :func:`tasc.scores.block_energies`.
+  On CPU and on GPUs, one pass that writes ``a`` over ``e``'s buffer (the module docstring);
+  otherwise XLA's ``g + e`` and :func:`tasc.scores.block_energies`.
 
   Args:
     g: a flat buffer (the gradient).
@@ -53,7 +68,7 @@ def residual_and_energies(g: jax.Array, e: jax.Array, block_size: int, *,
       when ``e`` is a buffer the step made or a flat argument of the jit, but when ``e`` is an
       argument seen through a reshape (per-worker state under ``shard_map``, see
       :func:`compressors.drop_device_axis`) XLA's CPU backend copies it in and out: there the
-      two passes, which XLA fuses in place, are cheaper.
+      two passes, which XLA fuses in place, are cheaper (the same holds on GPUs).
 
   Returns:
     ``a`` shaped like ``g``, and ``[ceil(size / B)]`` block energies in ``g``'s dtype.
@@ -62,11 +77,25 @@ def residual_and_energies(g: jax.Array, e: jax.Array, block_size: int, *,
     raise ValueError(f"residual_and_energies: g {jax.typeof(g).str_short()} and e "
                      f"{jax.typeof(e).str_short()} must be flat buffers of one shape and dtype")
   two_passes = functools.partial(_two_passes, block_size=block_size)
-  if (not one_pass or g.dtype != jnp.float32 or jax.default_backend() != "cpu"
-      or not kernel_available()):
+  if not one_pass or g.dtype != jnp.float32:
     return two_passes(g, e)
-  kernel = functools.partial(_one_pass, block_size=block_size)
-  return jax.lax.platform_dependent(g, e, cpu=kernel, default=two_passes)
+  backend = jax.default_backend()
+  if backend == "cpu" and kernel_available():
+    kernel = functools.partial(_one_pass, block_size=block_size)
+    return jax.lax.platform_dependent(g, e, cpu=kernel, default=two_passes)
+  if backend == "gpu" and gpu_kernel_available(block_size):
+    kernel = functools.partial(pallas_one_pass, block_size=block_size)
+    return jax.lax.platform_dependent(g, e, cuda=kernel, default=two_passes)
+  return two_passes(g, e)
+
+
+def one_pass_available(block_size: int) -> bool:
+  """Whether :func:`residual_and_energies` makes one pass on the default backend at
+  ``block_size`` (float32 buffers it owns)."""
+  backend = jax.default_backend()
+  if backend == "cpu":
+    return kernel_available()
+  return backend == "gpu" and gpu_kernel_available(block_size)
 
 
 @functools.cache
@@ -111,6 +140,74 @@ def _one_pass(g: jax.Array, e: jax.Array, *, block_size: int) -> tuple[jax.Array
   call = jax.ffi.ffi_call(_TARGET, (buffer, energies), input_output_aliases={1: 0},
                           vmap_method="sequential")
   return call(g, e, block_size=np.int64(block_size))
+
+
+# A GPU program's tile: about this many elements, whole blocks (Triton wants powers of two).
+_GPU_TILE_ELEMENTS = 4096
+
+
+def pallas_one_pass(g: jax.Array, e: jax.Array, *, block_size: int,
+                    interpret: bool = False) -> tuple[jax.Array, jax.Array]:
+  """``(a, energies)`` as :func:`residual_and_energies`, by the Pallas kernel: one read of ``g``
+  and ``e``, ``a`` written over ``e``'s buffer (``input_output_aliases``).
+
+  Each program takes a tile of ``rows`` whole blocks (``rows * block_size`` about
+  :data:`_GPU_TILE_ELEMENTS`, powers of two); the elements after the last whole tile are summed
+  by XLA and written in place, their energies appended. ``interpret`` runs the kernel in
+  Pallas's interpreter (any backend: tests).
+
+  Raises:
+    ValueError: ``block_size`` is not a power of two.
+  """
+  if block_size & (block_size - 1):
+    raise ValueError(f"pallas_one_pass: block_size={block_size} must be a power of two")
+  rows = max(1, _GPU_TILE_ELEMENTS // block_size)
+  tile = rows * block_size
+  programs = g.size // tile
+  if programs == 0:
+    return _two_passes(g, e, block_size=block_size)
+
+  def kernel(g_ref, e_ref, a_ref, energies_ref):
+    a = g_ref[...] + e_ref[...]
+    a_ref[...] = a
+    energies_ref[...] = jnp.sum((a * a).reshape(rows, block_size), axis=1)
+
+  covered = programs * tile
+  a, energies = pl.pallas_call(
+      kernel, grid=(programs,),
+      in_specs=[pl.BlockSpec((tile,), lambda i: (i,))] * 2,
+      out_specs=[pl.BlockSpec((tile,), lambda i: (i,)), pl.BlockSpec((rows,), lambda i: (i,))],
+      out_shape=[jax.ShapeDtypeStruct(g.shape, g.dtype),
+                 jax.ShapeDtypeStruct((programs * rows,), g.dtype)],
+      input_output_aliases={1: 0}, interpret=interpret,
+      # Triton, not Mosaic GPU (some JAX versions' default), whose copies take <= 256 elements.
+      compiler_params=pallas_triton.CompilerParams(num_warps=4, num_stages=1))(g, e)
+  if covered == g.size:
+    return a, energies
+  # The tail kept e's values in the aliased buffer: sum it there.
+  tail = g[covered:] + e[covered:]
+  return (jax.lax.dynamic_update_slice(a, tail, (covered,)),
+          jnp.concatenate([energies, scores.block_energies(tail, block_size)]))
+
+
+@functools.cache
+def gpu_kernel_available(block_size: int) -> bool:
+  """Whether the Pallas kernel compiles for the default GPU at ``block_size`` (tried once on a
+  small buffer; a failure is reported once, as a warning)."""
+  if pl is None or block_size & (block_size - 1):
+    return False
+  rows = max(1, _GPU_TILE_ELEMENTS // block_size)
+  probe = jax.ShapeDtypeStruct((2 * rows * block_size + 1,), jnp.float32)
+  try:
+    jax.jit(functools.partial(pallas_one_pass, block_size=block_size)).lower(
+        probe, probe).compile()
+  except Exception as error:  # pylint: disable=broad-except  # any lowering or compile failure
+    warnings.warn(f"tasc: the one-pass GPU kernel (Pallas) does not compile here: "
+                  f"{type(error).__name__}: {str(error)[:2000]}; block energies take a second "
+                  "pass over the buffer (same results, slower compression)", RuntimeWarning,
+                  stacklevel=2)
+    return False
+  return True
 
 
 def _two_passes(g: jax.Array, e: jax.Array, *, block_size: int) -> tuple[jax.Array, jax.Array]:

@@ -44,6 +44,8 @@ import jax.numpy as jnp
 import optax
 from jax.flatten_util import ravel_pytree
 
+from compressors import axes
+
 PyTree = Any
 LossFn = Callable[..., jax.Array]
 
@@ -98,14 +100,15 @@ def _check_positive_int(name: str, value: Any) -> None:
     raise ValueError(f"{name} must be >= 1; got {value}.")
 
 
-def _as_varying(tree: PyTree, axis_name: str | None) -> PyTree:
-  """Casts the leaves of ``tree`` that are replicated over ``axis_name`` to varying."""
-  if axis_name is None:
+def _as_varying(tree: PyTree, axis_name: axes.AxisName) -> PyTree:
+  """Casts the leaves of ``tree`` that are replicated over ``axis_name`` to varying (where
+  ``shard_map`` types values: not without an axis, nor for simulated workers)."""
+  if axis_name is None or not axes.replication_checked(axis_name):
     return tree
   return jax.tree.map(
       lambda x: x
-      if axis_name in jax.typeof(x).manual_axis_type.varying
-      else jax.lax.pcast(x, axis_name, to="varying"),
+      if axes.is_varying(x, axis_name)
+      else jax.lax.pcast(x, axes.as_tuple(axis_name), to="varying"),
       tree,
   )
 

@@ -1,6 +1,8 @@
 """Test setup: eight simulated CPU devices, set before JAX is imported anywhere."""
 import os
 
+import pytest
+
 # Eight simulated devices on two cores: single-threaded Eigen keeps each device's work on its own
 # thread, so a device cannot starve the others inside a collective (seen as rare hangs).
 os.environ["XLA_FLAGS"] = (
@@ -8,3 +10,17 @@ os.environ["XLA_FLAGS"] = (
     " --xla_force_host_platform_device_count=8 --xla_cpu_multi_thread_eigen=false"
 ).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+
+def pytest_collection_modifyitems(config, items):
+  """Tests marked ``gpu`` are skipped unless JAX's default backend is a GPU."""
+  del config
+  if not any(item.get_closest_marker("gpu") for item in items):
+    return
+  import jax  # pylint: disable=import-outside-toplevel  # after the flags above
+  if jax.default_backend() == "gpu":
+    return
+  skip = pytest.mark.skip(reason="needs a GPU: JAX_PLATFORMS=cuda,cpu pytest -m gpu")
+  for item in items:
+    if item.get_closest_marker("gpu"):
+      item.add_marker(skip)

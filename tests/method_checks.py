@@ -18,7 +18,10 @@ enough for every default density and TASC's 256-element blocks):
 * fused and per-leaf buffers give the same bits on a one-leaf model, where they hold the same
   buffer (methods that force a layout are skipped);
 * the bytes on the wire, read from the compiled program, are within 5% of the method's
-  cost-model entry.
+  cost-model entry;
+* 8 workers as 8 devices, as 2 devices x 4 simulated workers and as 1 device x 8 simulated
+  workers (:mod:`compressors.workers`) send the same bytes per step and train to the same
+  parameters, to the rounding of sums taken in another order.
 """
 
 import contextlib
@@ -63,11 +66,11 @@ def _owners_memory(cs: compressors.CompressState, size: int) -> np.ndarray:
   return parts[0][:size]
 
 
-def _reduction_epsilon(update, state, grads) -> float:
-  """The machine epsilon of the narrowest float type the compiled update all-reduces in: a
+def _reduction_epsilon(sent: compressors.WireBytes) -> float:
+  """The machine epsilon of the narrowest float type a compiled program all-reduces in: a
   payload summed in float16 rounds its partial sums, and that rounding is the collective's, not
   a worker's, so no residual can keep it."""
-  collectives = compressors.wire_bytes(update, PARAMS, state, grads).collectives
+  collectives = sent.collectives
   return max([float(jnp.finfo(_FLOAT_TYPES[d]).eps) for c in collectives
               if c.kind == "all-reduce" for d in c.dtypes if d in _FLOAT_TYPES]
              + [float(jnp.finfo(jnp.float32).eps)])
@@ -88,8 +91,8 @@ def check_nothing_lost(name: str, settings=None, steps: int = 3) -> None:
   tx = transformation(name, settings, error_feedback=True)
   state, update = harness.shard_map_update(tx, harness.mesh(), PARAMS)
   size = sum(x.size for x in jax.tree.leaves(PARAMS))
-  epsilon = _reduction_epsilon(update, state, harness.per_worker_grads(
-      jax.random.PRNGKey(0), N, PARAMS))
+  epsilon = _reduction_epsilon(compressors.wire_bytes(
+      update, PARAMS, state, harness.per_worker_grads(jax.random.PRNGKey(0), N, PARAMS)))
   for t in range(steps):
     grads = harness.per_worker_grads(jax.random.PRNGKey(t), N, PARAMS)
     before = _compress_state(state)
@@ -115,9 +118,7 @@ def check_replicas_identical_and_one_compile(name: str, settings=None, steps: in
   method's per-step inputs on the steps they are due): bit-identical parameters everywhere, one
   compiled step (two with per-step inputs)."""
   inputs = registry.step_inputs(name, settings)
-  key_x, key_w = jax.random.split(jax.random.PRNGKey(0))
-  x = jax.random.normal(key_x, (N * 16, 200))
-  batch = (x, x @ jax.random.normal(key_w, (200, 200)) / 10)
+  batch = _regression_batch()
   dp = compressors.data_parallel(_loss, optax.chain(transformation(name, settings),
                                                     optax.sgd(0.01)),
                                  harness.mesh(), PARAMS, batch, step_inputs=inputs)
@@ -189,9 +190,48 @@ def check_bytes_within_cost_model(name: str, settings=None) -> None:
       f"{name}: {measured:,.0f} bytes on the wire, the cost model says {modelled:,.0f}")
 
 
+def _regression_batch():
+  key_x, key_w = jax.random.split(jax.random.PRNGKey(0))
+  x = jax.random.normal(key_x, (N * 16, 200))
+  return x, x @ jax.random.normal(key_w, (200, 200)) / 10
+
+
+def check_simulated_workers_match_devices(name: str, settings=None, steps: int = 4) -> None:
+  """8 workers as 8 devices, 2 x 4 and 1 x 8 simulated: the same bytes per step (each read from
+  its compiled program), and parameters equal to the rounding of reassociated sums (float32's,
+  or that of the narrower type a payload is all-reduced in)."""
+  inputs = registry.step_inputs(name, settings)
+  batch = _regression_batch()
+  runs = {}
+  for devices, per_device in ((N, 1), (2, N // 2), (1, N)):
+    axis = "data" if per_device == 1 else ("data", "worker")
+    tx = optax.chain(registry.transformation(name, settings, axis_name=axis,
+                                             common=registry.Common()), optax.sgd(0.01))
+    dp = compressors.data_parallel(_loss, tx, harness.mesh(devices), PARAMS, batch,
+                                   axis_name=axis, workers_per_device=per_device,
+                                   step_inputs=inputs)
+    params, state = PARAMS, dp.init(PARAMS)
+    for t in range(steps):
+      params, state, _ = dp.step(params, state, batch,
+                                 with_inputs=inputs is not None and t % inputs.every == 0)
+    bytes_per_step = dp.wire_bytes(params, state, batch, with_inputs=inputs is not None)
+    runs[devices, per_device] = (jax.tree.map(np.asarray, params), bytes_per_step)
+  (reference, reference_bytes), *others = runs.values()
+  # Each step's update is a sum over N workers, rounded N - 1 times in either order.
+  epsilon = _reduction_epsilon(reference_bytes)
+  scale = max(float(np.abs(x).max()) for x in jax.tree.leaves(reference))
+  for (devices, per_device), (params, bytes_per_step) in zip(list(runs)[1:], others):
+    where = f"{name}: {devices} devices x {per_device} workers"
+    assert bytes_per_step.total == reference_bytes.total, (
+        f"{where} send {bytes_per_step.total:,.0f} bytes per step, 8 devices "
+        f"{reference_bytes.total:,.0f}")
+    for a, b in zip(jax.tree.leaves(reference), jax.tree.leaves(params)):
+      np.testing.assert_allclose(b, a, rtol=0, atol=N * steps * epsilon * scale, err_msg=where)
+
+
 CHECKS = (check_nothing_lost, check_replicas_identical_and_one_compile,
           check_pmap_equals_shard_map, check_fused_equals_per_leaf,
-          check_bytes_within_cost_model)
+          check_bytes_within_cost_model, check_simulated_workers_match_devices)
 
 
 def run_all(name: str, settings=None) -> None:

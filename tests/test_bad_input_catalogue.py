@@ -136,11 +136,11 @@ def _workdir_is_a_file(tmp_path):
   _run(_digits(), tmp_path)
 
 
-def _sweep_override(tmp_path):
+def _sweep_override(tmp_path, **fields):
   del tmp_path
   run = {"name": "a", "config": os.path.join(ROOT, "configs", "digits.py") + ":smoke",
          "overrides": {"bach_size": 64}}
-  sweep.run_configs(ml_collections.ConfigDict({"runs": [run]}))
+  sweep.run_configs(ml_collections.ConfigDict({"runs": [run], **fields}))
 
 
 # ------------------------------------------------------------------------------- the catalogue
@@ -203,7 +203,7 @@ _CONFIGS = [
      lambda t: _run(_digits(**{"optimizer.learning_rate": -0.1}), t), ValueError,
      r"config.optimizer.learning_rate=-0.1 must be a number >= 0"),
     ("batch-not-divisible", lambda t: _run(_digits(batch_size=100), t), ValueError,
-     r"config.batch_size=100 must be divisible by the 8 devices"),
+     r"config.batch_size=100 must be divisible by the 8 workers"),
     ("no-training-length", lambda t: _run(_digits(num_steps=0), t), ValueError,
      r"exactly one of config.num_steps=0 and config.num_epochs=0.0 must be > 0"),
     ("too-many-devices", lambda t: _run(_digits(num_devices=16), t), ValueError,
@@ -229,6 +229,8 @@ _CONFIGS = [
      ValueError, r"momentum_correction: momentum=1.5; allowed: a number in \[0, 1\)"),
     ("replica-check-negative", lambda t: _run(_digits(check_replicas_every=-1), t), ValueError,
      r"config.check_replicas_every=-1 must be an int >= 0"),
+    ("skipped-fraction-above-1", lambda t: _run(_digits(max_skipped_fraction=1.5), t),
+     ValueError, r"config.max_skipped_fraction=1.5 must be a number in \[0, 1\]"),
     ("heartbeat-zero",
      lambda t: _run(_digits(**{"distributed.heartbeat_timeout_seconds": 0}), t), ValueError,
      r"config.distributed.heartbeat_timeout_seconds=0 must be an int >= 1"),
@@ -240,6 +242,14 @@ _CONFIGS = [
      ValueError, r"config.data.num_samples=0 must be a positive int"),
     ("sweep-unknown-override", _sweep_override, ValueError,
      r"sweep config: run 'a' overrides unknown field 'bach_size'"),
+    ("sweep-unknown-nested-override",
+     lambda t: _sweep_override(t, overrides={"optimizer": {"learning_rat": 0.1}}), ValueError,
+     r"sweep config: run 'a' overrides unknown field 'optimizer.learning_rat'"),
+    ("sweep-override-wrong-type",
+     lambda t: _sweep_override(t, overrides={"num_steps": "many"}), ValueError,
+     r"sweep config: run 'a' overrides field 'num_steps' \(int\) with 'many' \(str\)"),
+    ("sweep-unknown-field", lambda t: _sweep_override(t, overides={}), ValueError,
+     r"sweep config: unknown field 'overides'; allowed: 'runs', 'overrides'"),
 ]
 _DATA_AND_WORKDIR = [
     ("cifar-dir-missing", lambda t: _cifar_run(t, str(t / "nowhere")), FileNotFoundError,

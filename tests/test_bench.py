@@ -14,6 +14,7 @@ import sys
 import pytest
 
 from compressors import registry
+from experiments import provenance
 from experiments.bench import __main__ as bench
 from experiments.bench import bytes as bench_bytes
 from experiments.bench import calibrate
@@ -78,27 +79,56 @@ def test_compression_cli_writes_table_with_goal(tmp_path, capsys):
   assert "compress_ratio" not in rows[2] and "compress_vs_topk" not in rows[2]
   assert rows[1]["pass_bound_ratio"] > 0 and "pass_bound_ratio" not in rows[0]
   assert rows[1]["one_pass_kernel"] is True and "one_pass_kernel" not in rows[0]
+  settings = json.loads((tmp_path / "compression.json").read_text())["settings"]
+  assert settings["platform"] == rows[0]["platform"] == "cpu"
+  assert settings["device"] == rows[0]["device"] and settings["jax"] == rows[0]["jax"]
   # TASC's state: the f32 residual, one f32 curvature per 256-element block, count and key.
   blocks = size // 256
   assert rows[1]["state_bytes_per_param"] == pytest.approx((4 * size + 4 * blocks + 12) / size)
   assert rows[0]["state_bytes_per_param"] == pytest.approx((4 * size + 12) / size)
   markdown = (tmp_path / "compression.md").read_text()
   assert "| goal |" in markdown and "| compress / floor |" in markdown
+  origin = json.loads((tmp_path / "compression.json").read_text())[provenance.KEY]
+  assert len(origin["commit"]) == 40 and origin["device_kinds"] == ["cpu"]
+  assert (origin["num_workers"], origin["process_count"]) == (1, 1)
+  assert f"Command: `{origin['command']}`" in markdown
+  assert f"Commit: `{provenance.commit_text(origin)}`" in markdown
   assert capsys.readouterr().out.rstrip().endswith(markdown.rstrip().splitlines()[-1])
 
 
 def test_compression_goal_column():
-  # On compression alone: the decode's ratio and speed-up do not count.
+  cpu, gpu = bench_compression.GOALS["cpu"], bench_compression.GOALS["gpu"]
+  # On CPU, on compression alone: the decode's ratio and speed-up do not count.
   row = {"method": "tasc", "size": bench_compression.GOAL_SIZE, "ratio": 1.0, "vs_topk": 30.0,
          "compress_ratio": 2.0, "compress_vs_topk": 9.0}
-  assert bench_compression._goal(row) == ("missed (compress <= 1.5x floor); "
-                                         "missed (compress >= 10x cheaper than exact top-k's)")
+  assert bench_compression._goal(row, cpu) == (
+      "missed (compress <= 1.5x floor); missed (compress >= 10x cheaper than exact top-k's)")
   row.update(compress_ratio=1.5, compress_vs_topk=10.0)
-  assert bench_compression._goal(row) == ("met (compress <= 1.5x floor); "
-                                         "met (compress >= 10x cheaper than exact top-k's)")
+  assert bench_compression._goal(row, cpu) == (
+      "met (compress <= 1.5x floor); met (compress >= 10x cheaper than exact top-k's)")
   assert bench_compression._goal({"method": "tasc", "size": bench_compression.GOAL_SIZE,
-                                  "skipped": "slow"}).startswith("not measured")
-  assert bench_compression._goal({"method": "topk", "size": 5, "ratio": 1.0}) == ""
+                                  "skipped": "slow"}, cpu).startswith("not measured")
+  assert bench_compression._goal({"method": "topk", "size": 5, "ratio": 1.0}, cpu) == ""
+  # On GPUs: compress and compress + decode at 25.6M and 109M, top-k's at 109M on both.
+  assert bench_compression._goal(dict(row, ratio=1.7, compress_ratio=1.2), gpu) == (
+      "met (compress <= 1.3x floor); missed (compress + decode <= 1.6x floor)")
+  big = {"method": "tasc", "size": bench_common.SIZES["bert_base"], "ratio": 1.5,
+         "compress_ratio": 1.25, "vs_topk": 12.0}
+  assert bench_compression._goal(big, gpu) == (
+      "met (compress <= 1.3x floor); met (compress + decode <= 1.6x floor); "
+      "met (compress + decode >= 10x cheaper than exact top-k's)")
+
+
+def test_platform_is_checked_and_resolved():
+  assert bench_common.resolve_platform("cpu") == "cpu"
+  with pytest.raises(ValueError, match=r"--platform='tpu'; allowed: \['cpu', 'gpu', 'auto'\]"):
+    bench_common.resolve_platform("tpu")
+  # Without a GPU (CI never has one) auto falls back and gpu says why it cannot run.
+  if bench_common.resolve_platform("auto") == "gpu":
+    assert bench_common.resolve_platform("gpu") == "gpu"
+    return
+  with pytest.raises(ValueError, match="--platform=gpu: JAX finds no GPU here"):
+    bench_common.resolve_platform("gpu")
 
 
 # Small enough to compile in seconds, large enough for TASC's 1% of 256-element blocks.
@@ -107,16 +137,20 @@ TINY_MODELS = {"resnet20": {"depth": 8, "width": 8},
                              "vocab_size": 1024, "max_length": 128}}
 
 
-@pytest.mark.parametrize("model", [
-    "bert_tiny",
-    # Batch-norm statistics per device; its convolutions compile for about a minute.
-    pytest.param("resnet20", marks=pytest.mark.slow)])
-def test_step_overhead_tiny(model):
+@pytest.mark.parametrize("model, devices", [
+    ("bert_tiny", None),
+    ("bert_tiny", 1),  # the 8 workers simulated on one device, as on one GPU
+    # Batch-norm statistics per worker; its convolutions compile for about a minute.
+    pytest.param("resnet20", 2, marks=pytest.mark.slow)])
+def test_step_overhead_tiny(model, devices):
   rows = bench_step.step_overhead([model], ["tasc"], repeats=1, batch_size=8,
-                                  model_overrides=TINY_MODELS, log=lambda _: None)
+                                  model_overrides=TINY_MODELS, devices=devices,
+                                  log=lambda _: None)
   assert [(r["model"], r["method"]) for r in rows] == [(model, "dense"), (model, "tasc")]
   for r in rows:
-    assert r["seconds"] > 0 and r["batch_size"] == 8
+    assert r["seconds"] > 0 and r["batch_size"] == 8 and r["platform"] == "cpu"
+    assert (r["devices"], r["workers_per_device"]) == ((8, 1) if devices is None
+                                                       else (devices, 8 // devices))
   assert rows[0]["ratio"] == 1.0
   assert rows[1]["goal"].split()[0] in ("met", "missed")
 

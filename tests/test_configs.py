@@ -110,7 +110,7 @@ def _with(**fields):
     (dict(dataset="mnist"), "config.dataset='mnist' is not a known dataset"),
     (dict(**{"optimizer.name": "adagrad"}), "config.optimizer.name='adagrad'"),
     (dict(**{"schedule.name": "linear"}), "config.schedule.name='linear'"),
-    (dict(batch_size=100), "config.batch_size=100 must be divisible by the 8 devices"),
+    (dict(batch_size=100), "config.batch_size=100 must be divisible by the 8 workers"),
     (dict(batch_size=0), "config.batch_size=0 must be an int >= 1"),
     (dict(num_steps=0), "exactly one of config.num_steps=0 and config.num_epochs=0"),
     (dict(**{"optimizer.learning_rate": -1.0}), "learning_rate=-1.0 must be a number >= 0"),

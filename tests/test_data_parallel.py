@@ -167,3 +167,40 @@ def test_a_per_worker_decision_around_the_compressor_is_refused_naming_the_order
   with pytest.raises(ValueError, match=r"updates of this transformation differ between the "
                                        r"workers.*apply_if_finite\) must go after it"):
     compressors.data_parallel(_loss, tx, harness.mesh(), params, batch, skip_nonfinite=False)
+
+
+def test_simulated_workers_need_an_axis_outside_the_mesh_and_a_mesh():
+  params, batch = _problem()
+  tx = _tasc_lamb()
+  with pytest.raises(ValueError, match=r"axis_name='data' with workers_per_device=4: must be "
+                                       r"mesh axes, then one more name .*\('data', 'worker'\)"):
+    compressors.data_parallel(_loss, tx, harness.mesh(2), params, batch, workers_per_device=4)
+  with pytest.raises(ValueError, match=r"axis_name=\('data', 'worker'\) with "
+                                       r"workers_per_device=1: must be mesh axes"):
+    compressors.data_parallel(_loss, tx, harness.mesh(2), params, batch,
+                              axis_name=("data", "worker"))
+  with pytest.raises(ValueError, match="workers_per_device=0 must be an int >= 1"):
+    compressors.data_parallel(_loss, tx, harness.mesh(2), params, batch,
+                              axis_name=("data", "worker"), workers_per_device=0)
+  with pytest.raises(ValueError, match=r"workers_per_device=2 needs a mesh"):
+    compressors.data_parallel(_loss, tx, None, params, batch, workers_per_device=2)
+
+
+def test_simulated_workers_give_each_their_own_batch_share_and_state():
+  """2 devices x 4 workers: the aux of every worker is its own loss on its own rows, in rank
+  order (device-major), and each worker's residual is its own."""
+  params, (x, y) = _problem()
+  axis = ("data", "worker")
+  tx = optax.chain(compressors.compress(compressors.topk(0.05), axis_name=axis), optax.sgd(0.1))
+  loss_and_own = lambda p, b: (_loss(p, b), _loss(p, b))
+  dp = compressors.data_parallel(loss_and_own, tx, harness.mesh(2), params, (x, y),
+                                 axis_name=axis, workers_per_device=4, has_aux=True)
+  state = dp.init(params)
+  _, state, metrics = dp.step(params, state, (x, y))
+  rows = x.shape[0] // N
+  expected = [_loss(params, (x[i * rows:(i + 1) * rows], y[i * rows:(i + 1) * rows]))
+              for i in range(N)]
+  np.testing.assert_allclose(metrics["aux"], expected, rtol=1e-6)
+  residual = state.inner[0].residual["w"]
+  assert residual.shape == (N,) + params["w"].shape
+  assert len({np.asarray(r).tobytes() for r in residual}) == N

@@ -7,7 +7,10 @@ faster); subprocess runs set it through the environment. The subprocess tests (c
 processes) are marked slow: ``python -m pytest -q -m slow tests/test_failures.py``.
 """
 
+import json
 import os
+import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -22,13 +25,14 @@ from configs import cifar10_resnet20
 from configs import digits
 from experiments import checkpoint
 from experiments import data
+from experiments import interrupt
 from experiments import launch
 from experiments import logs
 from experiments import train
 from experiments import validation
 from experiments.data import fake
 from tests import harness
-from tests.test_runner import fast_compiles  # pylint: disable=unused-import  # autouse fixture
+from tests.test_runner import fast_compiles  # noqa: F401  (an autouse fixture)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -105,6 +109,41 @@ def test_a_nan_on_one_device_skips_the_step_on_every_device_and_training_goes_on
   harness.assert_replicas_identical(state.params)
 
 
+# --------------------------------------------------------------------------------- divergence
+
+def test_divergence_names_every_reason():
+  config = digits.get_config("smoke")
+  assert config.max_skipped_fraction == 0.1
+  assert train.divergence(config, 100, 10, {"train_loss": 0.5, "test_loss": 0.7}) is None
+  assert train.divergence(config, 100, 0, {"train_loss": None, "test_loss": 0.7}) is None
+  assert train.divergence(config, 100, 11, {"train_loss": float("nan"), "test_loss": 0.7}) == (
+      "the final train loss is nan; 11 of its 100 steps were skipped for a non-finite gradient "
+      "(more than config.max_skipped_fraction=0.1)")
+  config.max_skipped_fraction = 0.0
+  assert train.divergence(config, 100, 1, {"test_loss": float("inf")}) == (
+      "the final test loss is inf; 1 of its 100 steps were skipped for a non-finite gradient "
+      "(more than config.max_skipped_fraction=0.0)")
+
+
+def test_a_diverged_run_exits_non_zero_naming_the_skipped_steps(tmp_path):
+  """The quickstart's smoke run at learning rate 1e30: its second step's gradient is not finite
+  and is skipped, which is half of its steps."""
+  workdir = tmp_path / "run"
+  completed = subprocess.run(
+      [sys.executable, "-m", "experiments.run", "--config=configs/quickstart.py:smoke",
+       "--config.optimizer.learning_rate=1e30", f"--workdir={workdir}"],
+      cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=_STARTUP_SECONDS)
+  assert completed.returncode == 1, completed.stderr[-3000:]
+  assert "after 2 steps, 1 skipped (non-finite gradient)" in completed.stdout
+  reason = ("1 of its 2 steps were skipped for a non-finite gradient (more than "
+            "config.max_skipped_fraction=0.1)")
+  assert "experiments.run: the run diverged: " in completed.stderr and reason in completed.stderr
+  with open(workdir / train.RESULTS_FILE) as f:
+    results = json.load(f)
+  assert results["diverged"] is True and reason in results["divergence"]
+  assert results["skipped_steps"] == 1
+
+
 # ------------------------------------------------------------------------------ replica drift
 
 DRIFT_AFTER_STEP, DRIFT_DEVICE = 3, 5
@@ -174,6 +213,59 @@ def test_resuming_accepts_bookkeeping_changes_and_names_every_other_change(tmp_p
   with pytest.raises(ValueError, match=r"model.hidden: 8 there, 16 now; seed: 0 there, 1 now; "
                                        r"skip_nonfinite: True there, False now\)"):
     validation.check_resume(changed, str(tmp_path), checkpoint_step=2)
+
+
+# --------------------------------------------------------------------------------------- signals
+
+SIGNAL_AFTER_STEP = 3
+
+
+class _SignallingStep:
+  """A training step that sends this process SIGINT (a Ctrl-C) once step SIGNAL_AFTER_STEP is
+  done."""
+
+  def __init__(self, step):
+    self._step = step
+    self.lower = step.lower  # wire_bytes compiles the real step
+
+  def __call__(self, state, batch):
+    state, metrics = self._step(state, batch)
+    if int(state.step) == SIGNAL_AFTER_STEP:
+      os.kill(os.getpid(), signal.SIGINT)
+    return state, metrics
+
+
+def test_a_signal_stops_the_run_at_the_next_step_boundary_after_a_checkpoint(
+    tmp_path, monkeypatch):
+  """In process: the run stops at step 3 with Interrupted (exit status 130 for SIGINT),
+  checkpointed there although no checkpoint was due, puts back the SIGINT handler, and resumes
+  to the parameters, optimizer state and logs of an uninterrupted run."""
+  config = digits.get_config("smoke,method=topk")
+  config.update_from_flattened_dict({"num_steps": 6, "checkpoint_every": 0})
+  reference = str(tmp_path / "reference")
+  train.train_and_evaluate(config, reference)
+
+  build = train._build_program  # pylint: disable=protected-access
+
+  def signalling_program(*args, **kwargs):
+    program = build(*args, **kwargs)
+    return program._replace(train_steps={refresh: _SignallingStep(step) for refresh, step
+                                         in program.train_steps.items()})
+
+  monkeypatch.setattr(train, "_build_program", signalling_program)
+  workdir = str(tmp_path / "run")
+  with pytest.raises(interrupt.Interrupted) as stopped:
+    train.train_and_evaluate(config, workdir)
+  assert (stopped.value.step, stopped.value.signum) == (SIGNAL_AFTER_STEP, signal.SIGINT)
+  assert stopped.value.exit_status == 130 and stopped.value.workdir == workdir
+  assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+  assert checkpoint.Checkpointer(workdir, keep=2).latest_step() == SIGNAL_AFTER_STEP
+  assert not os.path.exists(os.path.join(workdir, train.RESULTS_FILE))
+
+  monkeypatch.setattr(train, "_build_program", build)
+  train.train_and_evaluate(config, workdir)
+  _assert_bit_identical(checkpoint.load_state(workdir), checkpoint.load_state(reference))
+  assert _training_records(workdir) == _training_records(reference)
 
 
 # ------------------------------------------------------------- crashes and restarts (subprocess)
@@ -286,6 +378,44 @@ def test_a_run_killed_at_any_moment_resumes_bit_identically(method, tmp_path):
   assert _training_records(workdir) == _training_records(reference)
 
 
+_RESUME_LINE = re.compile(r"^interrupted at step (\d+); resume with: (.+)$", re.MULTILINE)
+
+
+@pytest.mark.slow
+def test_sigterm_stops_a_run_that_the_printed_command_resumes_bit_identically(tmp_path):
+  """kill -TERM mid-training: exit status 143 and the resume line, a checkpoint at that step
+  (none was due), and the printed command ends where an uninterrupted run does, bit for bit."""
+  reference, workdir, log = tmp_path / "reference", tmp_path / "run", tmp_path / "log"
+
+  def command(directory):
+    return ["-m", "experiments.run", "--config=configs/quickstart.py:smoke",
+            "--config.num_steps=200", "--config.checkpoint_every=0",
+            "--config.check_replicas_every=0", f"--workdir={directory}"]
+
+  _finish(command(reference), log)
+  run = _start(command(workdir), log)
+  try:
+    _wait_until(lambda: len(logs.read_metrics(str(workdir))) >= 3, [run])
+    run.send_signal(signal.SIGTERM)
+    assert run.wait(timeout=60) == 128 + signal.SIGTERM
+  finally:
+    run.kill()
+  output = log.read_text()
+  assert "Traceback" not in output
+  [(step, resume)] = _RESUME_LINE.findall(output)
+  assert 3 <= int(step) < 200 and not (workdir / train.RESULTS_FILE).exists()
+  assert os.listdir(workdir / "checkpoints") == [step]
+  assert shlex.split(resume) == [sys.executable, *command(workdir)]
+
+  completed = subprocess.run(shlex.split(resume), cwd=ROOT, env=_env(), capture_output=True,
+                             text=True, timeout=600)
+  assert completed.returncode == 0, completed.stderr[-3000:]
+  assert f"resuming from the checkpoint of step {step}" in completed.stderr
+  _assert_bit_identical(checkpoint.load_state(str(workdir)),
+                        checkpoint.load_state(str(reference)))
+  assert _training_records(workdir) == _training_records(reference)
+
+
 # --------------------------------------------------------------- a process dies (multi-process)
 
 _MULTI_PROCESS_ARGS = ["--config=configs/digits.py:smoke", "--config.num_steps=40",
@@ -343,3 +473,34 @@ def test_when_a_process_dies_the_others_stop_within_a_minute_and_a_restart_resum
   assert f"resuming from the checkpoint of step {last}" in (tmp_path / "restart").read_text()
   steps = [r["step"] for r in logs.read_metrics(str(workdir)) if "loss" in r]
   assert steps == list(range(4, 41, 4))
+
+
+@pytest.mark.slow
+def test_sigterm_to_the_launcher_stops_every_process_at_one_step(tmp_path):
+  """The launcher passes SIGTERM on and waits: within 10 s no process is left, all stopped at
+  the same step after a checkpoint, and process 0 names the launcher's command to resume
+  with."""
+  psutil = pytest.importorskip("psutil")
+  workdir, log = tmp_path / "run", tmp_path / "launcher"
+  launch_command = ["-m", "experiments.launch", "--num_processes=2", "--",
+                    "--config=configs/digits.py:smoke", "--config.num_steps=4000",
+                    "--config.checkpoint_every=4", "--config.log_every=4", f"--workdir={workdir}"]
+  launcher = _start(launch_command, log)
+  try:
+    _wait_until((workdir / "checkpoints" / "4").is_dir, [launcher])
+    children = psutil.Process(launcher.pid).children()
+    assert len(children) == 2
+    launcher.send_signal(signal.SIGTERM)
+    signalled = time.monotonic()
+    code = launcher.wait(timeout=10)
+    alive = [c.pid for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
+    assert not alive and time.monotonic() - signalled < 10
+  finally:
+    launcher.kill()
+  output = log.read_text()
+  assert code == 128 + signal.SIGTERM, output[-3000:]
+  assert "experiments.launch: received SIGTERM; passed on to the 2 running processes" in output
+  [(step, resume)] = _RESUME_LINE.findall(output)
+  assert shlex.split(resume) == [sys.executable, *launch_command]
+  assert checkpoint.Checkpointer(str(workdir), keep=2).latest_step() == int(step)
+  assert "Traceback" not in output

@@ -143,3 +143,68 @@ def test_without_a_compiler_the_xla_version_runs_with_a_warning(tmp_path, monkey
   want_a, want_energies = _reference(g, e, 100)
   np.testing.assert_array_equal(np.asarray(a), want_a)
   np.testing.assert_allclose(np.asarray(energies), want_energies, rtol=4e-6)
+
+
+@pytest.mark.parametrize("size,block_size", [
+    (100, 256),  # shorter than a tile: XLA's two passes
+    (4096 * 3, 256),  # whole tiles only
+    (4096 * 3 + 700, 256),  # a tail of 700: two whole blocks and one of 188, summed by XLA
+    (4096 + 5, 64),
+    (8192 * 2 + 3, 8192),  # one block per tile
+])
+def test_gpu_kernel_matches_the_reference_in_pallas_interpreter(size, block_size):
+  """The Pallas kernel's program, run by Pallas's interpreter (on a GPU it is compiled by
+  Triton: tests marked gpu)."""
+  g, e = _buffers(size, seed=size)
+  a, energies = jax.jit(functools.partial(fused.pallas_one_pass, block_size=block_size,
+                                          interpret=True))(g, e)
+  want_a, want_energies = _reference(g, e, block_size)
+  np.testing.assert_array_equal(np.asarray(a), want_a)
+  np.testing.assert_allclose(np.asarray(energies), want_energies, rtol=4e-6)
+
+
+def test_gpu_kernel_runs_per_simulated_worker():
+  """Under vmap (simulated workers) each worker's buffer is its own."""
+  g, e = (x.reshape(4, -1) for x in _buffers(4 * (4096 + 9)))
+  a, energies = jax.jit(jax.vmap(functools.partial(fused.pallas_one_pass, block_size=128,
+                                                   interpret=True)))(g, e)
+  for i in range(4):
+    want_a, want_energies = _reference(g[i], e[i], 128)
+    np.testing.assert_array_equal(np.asarray(a[i]), want_a)
+    np.testing.assert_allclose(np.asarray(energies[i]), want_energies, rtol=4e-6)
+
+
+def test_gpu_kernel_needs_a_power_of_two_block():
+  g, e = _buffers(5000)
+  with pytest.raises(ValueError, match="block_size=100 must be a power of two"):
+    fused.pallas_one_pass(g, e, block_size=100, interpret=True)
+  assert not fused.gpu_kernel_available(100)
+
+
+def test_gpu_kernel_lowers_to_triton_without_a_gpu():
+  """Lowered for CUDA on an abstract H100 (no GPU needed): Pallas's Triton lowering accepts the
+  kernel, and the program calls it (compiling it to PTX needs the GPU: tests marked gpu)."""
+  h100 = jax.sharding.AbstractDevice(device_kind="NVIDIA H100 80GB HBM3", num_cores=132,
+                                     platform="gpu")
+  mesh = jax.sharding.AbstractMesh((1,), ("x",), axis_types=(jax.sharding.AxisType.Auto,),
+                                   abstract_device=h100)
+  buffer = jax.ShapeDtypeStruct((4096 * 3 + 5,), jnp.float32)
+  with jax.sharding.use_abstract_mesh(mesh):
+    lowered = jax.jit(functools.partial(fused.pallas_one_pass, block_size=256)).trace(
+        buffer, buffer).lower(lowering_platforms=("cuda",))
+  assert "triton" in lowered.as_text().lower()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("size", [25_557_032, 4096 * 7 + 13])
+def test_gpu_kernel_compiles_for_the_gpu_and_matches_the_reference(size):
+  assert fused.gpu_kernel_available(256)
+  g, e = _buffers(size)
+  fn = functools.partial(fused.residual_and_energies, block_size=256)
+  hlo = _compiled(fn, g, e, donate_argnums=1)
+  assert "triton" in hlo.lower(), "the Pallas kernel is not in the compiled program"
+  assert not re.search(rf"f32\[{size}\]\S* copy\(", hlo), "a full-size copy of the residual"
+  a, energies = jax.jit(fn)(g, e)
+  want_a, want_energies = _reference(g, e, 256)
+  np.testing.assert_array_equal(np.asarray(a), want_a)
+  np.testing.assert_allclose(np.asarray(energies), want_energies, rtol=4e-6)

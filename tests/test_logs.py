@@ -16,3 +16,16 @@ def test_a_partial_last_line_is_ignored_and_resume_rewrites_atomically(tmp_path)
   assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [1]
   assert not os.path.exists(str(path) + ".tmp")
 
+
+
+def test_tensorboard_gets_finite_scalars_only(tmp_path):
+  """A diverged loss, or no ratio for one worker, stays in metrics.jsonl; TensorBoard warns on
+  every NaN or Inf it receives, so it receives none."""
+  writer = logs.MetricsWriter(str(tmp_path), active=True, resume_step=0)
+  received = []
+  writer._tb.add_scalar = lambda name, value, step: received.append(name)  # pylint: disable=protected-access
+  writer.write(1, {"loss": float("nan"), "ratio": float("inf"), "none": None, "accuracy": 0.5,
+                   "skipped_steps": 0})
+  writer.close()
+  assert received == ["accuracy", "skipped_steps"]
+  assert logs.read_metrics(str(tmp_path))[0]["ratio"] == float("inf")

@@ -25,3 +25,7 @@ def test_readme_python_blocks_run_as_written_and_compress():
   assert 0 < sent * 10 < 2 * 7 / 8 * 4 * (256 * 16 + 16), out
   assert re.search(r"TASC: [\d,]+ bytes per device per step", out), out
   assert re.search(r"halves: [\d,]+ bytes per step", out) and "dgc" in out, out
+  (loss_1, bytes_1), (loss_8, bytes_8) = re.findall(
+      r"8 (?:workers on 1 device|devices, 1 worker each): loss ([\d.]+), ([\d,]+) bytes", out)
+  # The same bytes; the same loss but for the order of the sum over workers.
+  assert bytes_1 == bytes_8 and abs(float(loss_1) - float(loss_8)) < 1e-6 * float(loss_8), out

@@ -1,7 +1,5 @@
 """Non-finite gradients are skipped in lockstep; replica drift is detected."""
 
-import functools
-
 import jax
 import jax.numpy as jnp
 import numpy as np

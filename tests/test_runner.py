@@ -22,6 +22,7 @@ from experiments import checkpoint
 from experiments import data
 from experiments import logs
 from experiments import models
+from experiments import provenance
 from experiments import sweep
 from experiments import train
 from experiments.data import fake
@@ -97,7 +98,13 @@ def test_smoke_variants_train_end_to_end(module, data, arg, data_dirs, tmp_path)
     assert r["compression_ratio"] == pytest.approx(r["dense_bytes"] / r["wire_bytes"])
   assert eval_records[0]["test_accuracy"] == results["test_accuracy"]
   with open(tmp_path / "config.json") as f:
-    assert json.load(f)["model"] == json.loads(json.dumps(config.model.to_dict()))
+    stored = json.load(f)
+  assert stored["model"] == json.loads(json.dumps(config.model.to_dict()))
+  with open(tmp_path / train.RESULTS_FILE) as f:
+    origin = json.load(f)[provenance.KEY]
+  for rec in (stored[provenance.KEY], origin):  # where the run comes from
+    assert len(rec["commit"]) == 40 and rec["jax"] == jax.__version__ and rec["jaxlib"]
+    assert rec["device_kinds"] == ["cpu"] and (rec["num_workers"], rec["process_count"]) == (8, 1)
   assert os.listdir(tmp_path / "tensorboard")
   assert checkpoint.Checkpointer(str(tmp_path), keep=2).latest_step() == 2
 
@@ -202,19 +209,25 @@ def test_bad_configs_fail_before_compiling(tmp_path, data_dirs):
   with pytest.raises(FileNotFoundError, match="data_batch_1"):
     train.train_and_evaluate(_config("cifar10_resnet20", "smoke", data_dir=str(tmp_path / "x")),
                              str(tmp_path))
-  with pytest.raises(ValueError, match="config.num_devices=16 but only 8 devices"):
+  with pytest.raises(ValueError, match="config.num_devices=16 but only 8 cpu devices"):
     train.train_and_evaluate(_config("quickstart", "smoke", num_devices=16), str(tmp_path))
   assert not os.path.exists(tmp_path / logs.METRICS_FILE)
 
 
-def test_two_processes_match_one_process(sweep_dir, tmp_path):
+@pytest.mark.parametrize("workers", [
+    [],
+    # 2 processes x 2 devices x 2 simulated workers.
+    pytest.param(["--config.num_devices=4", "--config.workers_per_device=2"],
+                 marks=pytest.mark.slow)], ids=["devices", "simulated"])
+def test_two_processes_match_one_process(sweep_dir, tmp_path, workers):
   """experiments.launch: 2 processes x 4 devices give the parameters of 1 process x 8 devices
   (top-k: per-device error-feedback state split across the processes)."""
   workdir = str(tmp_path / "mp")
   env = dict(os.environ, JAX_DISABLE_MOST_OPTIMIZATIONS="1", XLA_FLAGS="")
   completed = subprocess.run(
       [sys.executable, "-m", "experiments.launch", "--num_processes=2", "--",
-       "--config=configs/quickstart.py:smoke", "--config.method=topk", f"--workdir={workdir}"],
+       "--config=configs/quickstart.py:smoke", "--config.method=topk", f"--workdir={workdir}",
+       *workers],
       cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
   assert completed.returncode == 0, completed.stderr[-3000:]
   # Only process 0 prints and logs.
@@ -229,6 +242,90 @@ def test_two_processes_match_one_process(sweep_dir, tmp_path):
   with open(os.path.join(sweep_dir[0], "topk", train.RESULTS_FILE)) as f:
     reference = json.load(f)
   assert results["wire_bytes"] == reference["wire_bytes"]
+
+
+@pytest.mark.parametrize("num_devices, per_device", [(2, 4), (1, 8)])
+def test_simulated_workers_train_as_the_devices_would(sweep_dir, tmp_path, num_devices,
+                                                       per_device):
+  """TASC (per-step curvature, per-worker residuals and scores) on 8 workers as 2 devices x 4
+  simulated workers and as 1 x 8: the bytes of the 8-device run, its parameters to float32
+  reassociation, checkpoints of the same arrays, and resume bit for bit."""
+  reference_dir = os.path.join(sweep_dir[0], "tasc")
+  config = sweep_dir[1]["tasc"].copy_and_resolve_references()
+  config.num_devices, config.workers_per_device = num_devices, per_device
+  workdir = str(tmp_path / "simulated")
+  results = train.train_and_evaluate(config, workdir)
+  with open(os.path.join(reference_dir, train.RESULTS_FILE)) as f:
+    reference = json.load(f)
+  for key in ("wire_bytes", "dense_bytes", "guard_bytes", "compression_ratio"):
+    assert results[key] == reference[key], key
+  assert (results["num_workers"], results["workers_per_device"]) == (8, per_device)
+  assert results["test_accuracy"] == pytest.approx(reference["test_accuracy"], abs=1 / 16)
+  simulated, devices = (checkpoint.load_state(d) for d in (workdir, reference_dir))
+  assert jax.tree.structure(simulated) == jax.tree.structure(devices)
+  for a, b in zip(jax.tree.leaves(simulated), jax.tree.leaves(devices)):
+    assert a.shape == b.shape and a.dtype == b.dtype
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
+               simulated["params"], devices["params"])
+  # Resume: stop after step 1, restart.
+  resumed_dir = str(tmp_path / "resumed")
+  shutil.copytree(workdir, resumed_dir)
+  shutil.rmtree(os.path.join(resumed_dir, "checkpoints", "2"))
+  train.train_and_evaluate(config, resumed_dir)
+  jax.tree.map(np.testing.assert_array_equal, checkpoint.load_state(resumed_dir),
+               checkpoint.load_state(workdir))
+
+
+@pytest.mark.parametrize("asked, per_device, available, platform, expected", [
+    (8, 1, 8, "cpu", (8, 1)), (4, 2, 8, "cpu", (4, 2)), (8, 1, 1, "gpu", (1, 8)),
+    (8, 2, 3, "gpu", (2, 8)), (6, 1, 4, "tpu", (3, 2)),
+])
+def test_an_accelerator_simulates_the_devices_it_lacks(asked, per_device, available, platform,
+                                                       expected):
+  assert train.split_workers(asked, per_device, available, platform) == expected
+
+
+def test_too_few_cpu_devices_is_an_error_that_says_how_to_expose_them():
+  with pytest.raises(ValueError, match=r"num_devices=16 but only 8 cpu devices exist; .*"
+                                       r"jax_num_cpu_devices', 32\)"):
+    train.split_workers(16, 2, 8, "cpu")
+
+
+def test_one_worker_sends_nothing_and_says_so(tmp_path):
+  config = _config("quickstart", "smoke", num_devices=1)
+  results = train.train_and_evaluate(config, str(tmp_path))
+  assert results["wire_bytes"] == results["dense_bytes"] == 0
+  assert results["compression_ratio"] is None
+  assert logs.summary(results).endswith("one worker: no bytes travel")
+
+
+@pytest.mark.slow
+def test_quickstart_on_one_device_with_8_simulated_workers_matches_8_devices(tmp_path):
+  """The README's main job as 8 workers simulated on one device (as on one GPU): the 8-device
+  run's bytes, and its accuracy but for the rounding of sums taken in another order."""
+  jax.config.update("jax_disable_most_optimizations", False)
+  runs = {}
+  for devices, per_device in ((8, 1), (1, 8)):
+    config = quickstart.get_config()
+    config.num_devices, config.workers_per_device = devices, per_device
+    runs[devices] = train.train_and_evaluate(config, str(tmp_path / str(devices)))
+  assert runs[1]["wire_bytes"] == runs[8]["wire_bytes"]
+  assert runs[1]["compression_ratio"] == runs[8]["compression_ratio"] >= 100
+  assert abs(runs[1]["test_accuracy"] - runs[8]["test_accuracy"]) <= 0.01
+
+
+@pytest.mark.gpu
+def test_quickstart_on_a_gpu_simulates_its_8_workers(tmp_path):
+  """The README's quickstart, unchanged, on one GPU: its 8 devices become 8 workers simulated
+  on the GPU, at the CPU run's accuracy band and its bytes (read from the CPU's compile of 8
+  devices)."""
+  jax.config.update("jax_disable_most_optimizations", False)
+  config = quickstart.get_config()
+  results = train.train_and_evaluate(config, str(tmp_path))
+  assert results["num_workers"] == 8 and results["workers_per_device"] == 8 // len(
+      jax.devices())
+  assert 0.93 <= results["test_accuracy"] <= 0.96
+  assert results["compression_ratio"] == pytest.approx(124.1, abs=0.1)
 
 
 @pytest.mark.slow

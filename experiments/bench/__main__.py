@@ -11,6 +11,10 @@ figure is a ratio of times measured in one process (or one multi-process run), s
 machine still gives stable answers; where the project's goal for a figure is missed the table's
 ``goal`` column says so. Options narrow a run: ``--sizes 1m resnet50``, ``--methods dense tasc``,
 ``--workers 2 4 8``, ``--processes 2``, ``--repeats``, ``--timeout`` (per child process, seconds).
+``--platform gpu`` (or ``auto``: the GPU where there is one) times B1 and B2 on the GPU, B2 with
+8 workers simulated on the devices there are (``compressors.workers``); B3 compiles and B4 runs
+on the CPU whatever the platform (bytes, and a loopback network). Results name the device and the
+JAX version.
 See the modules :mod:`experiments.bench.compression`, :mod:`~experiments.bench.step`,
 :mod:`~experiments.bench.bytes` and :mod:`~experiments.bench.links` for what each measures.
 """
@@ -44,10 +48,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                       help="gradient sizes: 1m, resnet50, bert_base, ints, or e.g. 25.6m "
                            "(compression, links); resnet50/bert_base or ints (bytes)")
   parser.add_argument("--methods", nargs="+", help="subset of the benchmark's methods")
-  parser.add_argument("--models", nargs="+", help="step: resnet20, bert_tiny")
+  parser.add_argument("--models", nargs="+",
+                      help="step: resnet20, bert_tiny; resnet50, bert_base (GPU-sized: the "
+                           "default with --platform gpu)")
   parser.add_argument("--workers", type=int, nargs="+", help="bytes: worker counts")
   parser.add_argument("--processes", type=int, nargs="+", help="links: process counts")
   parser.add_argument("--rate", default="1gbit", help="links: loopback rate, or none")
+  parser.add_argument("--platform", default="cpu", choices=common.PLATFORMS,
+                      help="where B1 and B2 run: cpu (default), gpu, or auto (the GPU where "
+                           "JAX finds one)")
   parser.add_argument("--repeats", type=int, default=15, help="most timed calls per figure")
   parser.add_argument("--timeout", type=float,
                       help="seconds per child process (default: the benchmark's own: 900 for "
@@ -67,9 +76,9 @@ def main(argv: Sequence[str] | None = None) -> list[Path]:
   names = list(BENCHMARKS) if args.name == "all" else [args.name]
   written = []
   for name in names:
-    result = BENCHMARKS[name](args)
-    written += result.write(args.out)
-    print(result.markdown(), flush=True)
+    paths = BENCHMARKS[name](args).write(args.out)
+    written += paths
+    print(paths[1].read_text(), flush=True)
   print("wrote " + ", ".join(str(p) for p in written), file=sys.stderr)
   return written
 

@@ -209,7 +209,7 @@ def report(args) -> common.Report:
       ],
       settings={"workers": list(workers), "sizes": [str(s) for s in sizes],
                 "methods": list(methods), "group": NODE_SIZE},
-      data=rows)
+      data=rows, num_workers=list(workers))
 
 
 if __name__ == "__main__":

@@ -2,10 +2,12 @@
 and the results files.
 
 Each measurement runs in a child process (``python -m experiments.bench.<module> --child
-<json>``) whose environment the parent sets before JAX starts: the number of simulated CPU
-devices differs between benchmarks (1 for compression cost, 8 for a training step, up to 256 for
-wire bytes), a child that exceeds its time limit is killed and its row marked skipped with the
-reason, and the 24 GiB of memory are returned after every large buffer.
+<json>``) whose environment the parent sets before JAX starts: the platform (``--platform``: the
+CPU, or the GPU for the compression cost and the training step; the parent itself never starts
+a backend, so it never holds the GPU), the number of simulated CPU devices (1 for compression
+cost, 8 for a training step, up to 256 for wire bytes), a child that exceeds its time limit is
+killed and its row marked skipped with the reason, and the memory is returned after every large
+buffer. Results record the device and the JAX version that measured them.
 
 Figures are ratios of two times measured in the same process, each the fastest of several
 calls made in alternation after a warm-up call (other load on a shared machine only ever adds
@@ -24,10 +26,12 @@ from pathlib import Path
 from typing import Any
 
 import jax
+import jaxlib
 
 from compressors import registry
 from configs import common as config_common
 from experiments import methods
+from experiments import provenance
 import tasc  # noqa: F401  (registers the method "tasc")
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -84,6 +88,56 @@ def communication(method: str, axis_name, **settings):
 
 
 # ----------------------------------------------------------------------------- child processes
+
+
+PLATFORMS = ("cpu", "gpu", "auto")
+
+
+def resolve_platform(platform: str) -> str:
+  """``"cpu"`` or ``"gpu"`` for ``--platform``: ``auto`` is the GPU where JAX finds one (asked
+  of a child process).
+
+  Raises:
+    ValueError: an unknown platform, or ``gpu`` where JAX finds none.
+  """
+  if platform not in PLATFORMS:
+    raise ValueError(f"--platform={platform!r}; allowed: {list(PLATFORMS)}")
+  if platform == "cpu":
+    return "cpu"
+  env = {k: v for k, v in cpu_env().items() if k != "JAX_PLATFORMS"}
+  found = subprocess.run([sys.executable, "-c", "import jax; print(jax.default_backend())"],
+                         env=env, capture_output=True, text=True, timeout=600, check=False)
+  backend = found.stdout.strip().splitlines()[-1] if found.returncode == 0 else (
+      f"none: {error_line(found.stderr, found.returncode)}")
+  if backend == "gpu":
+    return "gpu"
+  if platform == "gpu":
+    raise ValueError(f"--platform=gpu: JAX finds no GPU here (its default backend: {backend}); "
+                     "allowed here: cpu, auto")
+  return "cpu"
+
+
+def child_env(platform: str, num_devices: int = 1) -> dict[str, str]:
+  """Environment for a child on ``platform`` (``cpu``/``gpu``); ``num_devices`` simulated CPU
+  devices (on a GPU they compile the programs read only for their bytes)."""
+  env = cpu_env(num_devices)
+  if platform == "gpu":
+    env["JAX_PLATFORMS"] = "cuda,cpu"
+  return env
+
+
+def device_info() -> dict[str, str]:
+  """What a child measured on (call after its backend started)."""
+  return {"platform": jax.default_backend(), "device": jax.devices()[0].device_kind,
+          "jax": jax.__version__, "jaxlib": jaxlib.__version__}
+
+
+def measured_on(rows: Sequence[dict]) -> dict[str, str]:
+  """The device and versions of the first measured row (for a report's settings)."""
+  for row in rows:
+    if "device" in row:
+      return {k: row[k] for k in ("platform", "device", "jax", "jaxlib") if k in row}
+  return {}
 
 
 def cpu_env(num_devices: int = 1) -> dict[str, str]:
@@ -206,6 +260,8 @@ class Report:
     notes: lines printed under the table (method, sizes, what each ratio means).
     settings: how it was run (in the JSON).
     data: the measurements behind the table, when it summarises them (in the JSON).
+    num_workers: the simulated devices of a measurement, or the counts the benchmark swept.
+    process_count: the processes of a measurement, or the counts the benchmark swept.
   """
   name: str
   title: str
@@ -214,9 +270,16 @@ class Report:
   notes: list[str] = dataclasses.field(default_factory=list)
   settings: dict = dataclasses.field(default_factory=dict)
   data: list = dataclasses.field(default_factory=list)
+  num_workers: int | list[int] = 1
+  process_count: int | list[int] = 1
 
-  def markdown(self) -> str:
+  def markdown(self, origin: dict) -> str:
+    """The table under its title and provenance (``origin``, a
+    :func:`experiments.provenance.record`), then the notes."""
     lines = [f"## {self.title}", "",
+             f"Command: `{origin['command']}`  ",
+             f"Commit: `{provenance.commit_text(origin)}`  ",
+             f"Written {provenance.describe(origin)}", "",
              "| " + " | ".join(h for _, h in self.columns) + " |",
              "|" + "|".join("---" for _ in self.columns) + "|"]
     for row in self.rows:
@@ -226,14 +289,22 @@ class Report:
     return "\n".join(lines) + "\n"
 
   def write(self, out: Path) -> list[Path]:
-    """Writes ``<out>/<name>.json`` and ``<out>/<name>.md``; returns their paths."""
+    """Writes ``<out>/<name>.json`` and ``<out>/<name>.md``, each with the provenance of this
+    process (its children's device where the settings name one, :func:`measured_on`); returns
+    their paths."""
+    origin = provenance.record(devices=jax.devices("cpu")[:1], num_workers=self.num_workers,
+                               process_count=self.process_count)
+    if "device" in self.settings:  # the children measured on another platform (--platform)
+      origin.update(device_platforms=[self.settings["platform"]],
+                    device_kinds=[self.settings["device"]])
+    load = os.getloadavg() if hasattr(os, "getloadavg") else None
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / f"{self.name}.json", out / f"{self.name}.md"]
     paths[0].write_text(json.dumps(
         {"title": self.title, "settings": self.settings, "rows": self.rows,
-         "notes": self.notes, "machine": machine(),
+         "notes": self.notes, provenance.KEY: origin, "load_average": load,
          **({"data": self.data} if self.data else {})}, indent=1) + "\n")
-    paths[1].write_text(self.markdown())
+    paths[1].write_text(self.markdown(origin))
     return paths
 
 
@@ -242,12 +313,6 @@ def goal(met: bool | None, what: str) -> str:
   if met is None:
     return f"not measured ({what})"
   return f"{'met' if met else 'missed'} ({what})"
-
-
-def machine() -> dict:
-  """Where the figures were taken."""
-  load = os.getloadavg() if hasattr(os, "getloadavg") else None
-  return {"cpus": os.cpu_count(), "load_average": load, "python": sys.version.split()[0]}
 
 
 def _cell(value) -> str:

@@ -228,7 +228,8 @@ def report(args) -> common.Report:
           "rate (the time the shared loopback needs to carry them all).",
       ],
       settings={"processes": list(processes), "elements": elements, "methods": list(methods),
-                "rate_bits": rate_bits, "repeats": args.repeats})
+                "rate_bits": rate_bits, "repeats": args.repeats},
+      num_workers=list(processes), process_count=list(processes))
 
 
 if __name__ == "__main__":

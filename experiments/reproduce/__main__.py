@@ -38,9 +38,11 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import jax
 import ml_collections
 
 from experiments import distributed
+from experiments import provenance
 from experiments.reproduce import common
 from experiments.reproduce import f1
 from experiments.reproduce import f2
@@ -104,7 +106,8 @@ def write_index(out: str, prov: report_lib.Provenance) -> Path:
            "`python -m experiments.reproduce --target=all` (quick settings; `--full` for full "
            "ones), each beside the published claims it answers. Every number traces to a run "
            "directory listed in its table (`config.json`, `metrics.jsonl`, `results.json`).",
-           "", f"Last written by `{prov.command}` at commit `{prov.commit}` ({prov.date}).", "",
+           "", f"Last written by `{prov.command}` at commit `{prov.commit}` "
+           f"({provenance.describe(prov.record)}).", "",
            "| target | what | files |", "|---|---|---|"]
   for name, target in TARGETS.items():
     files = [f"[{name}{ext}]({name}{ext})" for ext in (".md", ".csv", ".png")
@@ -155,8 +158,10 @@ def main(argv: Sequence[str] | None = None) -> list[Path]:
   distributed.expose_cpu_devices(_device_config())
   logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s")
   logging.getLogger("reproduce").setLevel(logging.INFO)
-  prov = report_lib.provenance("python -m experiments.reproduce " + shlex.join(argv),
-                               "full" if options.full else "quick")
+  prov = report_lib.Provenance(
+      provenance.record(devices=jax.devices(), num_workers=NUM_DEVICES, process_count=1,
+                        command_line="python -m experiments.reproduce " + shlex.join(argv)),
+      "full" if options.full else "quick")
   written = []
   for name in names:
     start = time.monotonic()

@@ -21,6 +21,7 @@ from pathlib import Path
 import ml_collections
 
 from experiments import distributed
+from experiments import provenance
 from experiments import sweep as sweep_lib
 from experiments import train
 from experiments import validation
@@ -127,8 +128,9 @@ def _run_children(runs, overrides, workdir: str, jobs: int) -> dict[str, str]:
   """Trains each of ``runs`` (sweep-config entries) in a child process, ``jobs`` at once.
 
   A child is ``python -m experiments.reproduce.common <workdir> '<one-run sweep as JSON>'``
-  (:func:`main`); it inherits this process's environment (the simulated devices' XLA flags) and
-  writes its output to ``workdir/logs/<name>.log``.
+  (:func:`main`); it inherits this process's environment (the simulated devices' XLA flags), with
+  this process's command as the one its run records (``provenance.COMMAND_ENV``), and writes its
+  output to ``workdir/logs/<name>.log``.
 
   Returns:
     Run name -> the error line of each child that failed.
@@ -136,6 +138,7 @@ def _run_children(runs, overrides, workdir: str, jobs: int) -> dict[str, str]:
   workdir = os.path.abspath(workdir)  # the children work in the repository's root
   log_dir = os.path.join(workdir, "logs")
   os.makedirs(log_dir, exist_ok=True)
+  env = dict(os.environ, **{provenance.COMMAND_ENV: provenance.command()})
   waiting, running, failures = list(runs), {}, {}
   try:
     while waiting or running:
@@ -146,7 +149,7 @@ def _run_children(runs, overrides, workdir: str, jobs: int) -> dict[str, str]:
         with open(log_path, "wb") as sink:
           child = subprocess.Popen(
               [sys.executable, "-m", "experiments.reproduce.common", workdir, request],
-              cwd=report_lib.REPO_ROOT, stdout=sink, stderr=subprocess.STDOUT)
+              cwd=report_lib.REPO_ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT)
         running[child] = (run["name"], log_path)
       done = [c for c in running if c.poll() is not None]
       for child in done:

@@ -11,24 +11,31 @@ directories are read (:func:`read_run`) and, for results computed outside the ru
 
 import csv
 import dataclasses
-import datetime
 import io
 import json
 import math
 import os
-import platform
-import subprocess
+import textwrap
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import matplotlib
 from matplotlib import figure
+from matplotlib import transforms
 import numpy as np
 
 from experiments import logs
+from experiments import provenance
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+# Figures draw on this area (inches); the footer takes a strip below it.
+PLOT_SIZE = (11, 6.5)
+FOOTER_POINTS = 8
+_FOOTER_LINE_SPACING = 1.3
+# Footer characters per line across the figure (DejaVu Sans averages about 0.55 em each).
+_FOOTER_CHARACTERS = int(PLOT_SIZE[0] * 72 / (0.55 * FOOTER_POINTS)) - 4
+_LABEL_OFFSET = 5  # points between a point and its label
 RESULTS_FILE = "results.json"  # what experiments.train writes when a run has finished
 CONFIG_FILE = "config.json"
 
@@ -61,38 +68,20 @@ class Provenance:
   """Where a report came from.
 
   Attributes:
-    command: the command line that produced it.
-    commit: ``git rev-parse HEAD`` (plus a note if the tree had uncommitted changes), or a note.
+    record: :func:`experiments.provenance.record` of the reproducing process (the command, the
+      commit, the versions, the devices).
     settings: ``"quick"`` or ``"full"``.
-    date: UTC time of writing.
-    machine: platform and CPU count.
   """
-  command: str
-  commit: str
+  record: dict
   settings: str
-  date: str
-  machine: str
 
+  @property
+  def command(self) -> str:
+    return self.record["command"]
 
-def provenance(command: str, settings: str) -> Provenance:
-  """The provenance of outputs written now by ``command``."""
-  return Provenance(command=command, commit=git_commit(), settings=settings,
-                    date=datetime.datetime.now(datetime.timezone.utc).strftime(
-                        "%Y-%m-%d %H:%M UTC"),
-                    machine=f"{platform.platform()}, {os.cpu_count()} CPUs")
-
-
-def git_commit(repo: Path = REPO_ROOT) -> str:
-  """``git rev-parse HEAD`` of ``repo``, noting uncommitted changes; ``unknown (...)`` if there is
-  no commit to name."""
-  try:
-    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True,
-                          text=True, timeout=30, check=True).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo,
-                           capture_output=True, text=True, timeout=30, check=True).stdout.strip()
-  except (OSError, subprocess.SubprocessError):
-    return "unknown (not a git checkout, or git is missing)"
-  return f"{head} (with uncommitted changes)" if dirty else head
+  @property
+  def commit(self) -> str:
+    return provenance.commit_text(self.record)
 
 
 @dataclasses.dataclass
@@ -107,7 +96,8 @@ class Report:
     claims: the published claims beside our numbers.
     notes: settings, assumptions and caveats, one sentence or more each.
     configs: the config files (with arguments) or settings the numbers come from.
-    plot: draws the figure onto a ``matplotlib.figure.Figure``; None for no figure.
+    plot: draws the figure onto a ``matplotlib.figure.SubFigure`` of :data:`PLOT_SIZE` (the
+      footer goes below it); None for no figure.
     sections: extra Markdown sections, ``(heading, body)``.
   """
   name: str
@@ -149,7 +139,7 @@ def claims_table(claims: Sequence[Claim]) -> str:
 
 def _header_lines(report: Report, prov: Provenance) -> list[str]:
   return [f"Command: `{prov.command}`", f"Commit: `{prov.commit}`",
-          f"Settings: {prov.settings}; written {prov.date} on {prov.machine}",
+          f"Settings: {prov.settings}; written {provenance.describe(prov.record)}",
           "Configs: " + (", ".join(f"`{c}`" for c in report.configs) or "-")]
 
 
@@ -197,14 +187,66 @@ def write_report(report: Report, prov: Provenance, out_dir: str | os.PathLike) -
 
 
 def _write_png(report: Report, prov: Provenance, path: Path) -> None:
+  """Draws ``report.plot`` on a :data:`PLOT_SIZE` area and, in a strip below as tall as its lines
+  need, the footer: the command, the commit, the settings and the published claims."""
   matplotlib.use("Agg")
-  fig = figure.Figure(figsize=(11, 6.5))
-  report.plot(fig)
   claims = "; ".join(f"{c.claim} [{c.source}]" for c in report.claims)
-  footer = (f"{prov.command}  |  commit {prov.commit[:12]}  |  {prov.settings} settings  |  "
-            f"{prov.date}\nPublished: {claims or 'n/a'}")
-  fig.text(0.005, 0.005, footer, fontsize=6, va="bottom", wrap=True)
+  lines = [line for paragraph in (
+      f"{prov.command}  |  commit {prov.commit[:12]}  |  {prov.settings} settings  |  "
+      f"{prov.record['date']}", f"Published: {claims or 'n/a'}")
+           for line in textwrap.wrap(paragraph, _FOOTER_CHARACTERS)]
+  footer_height = (len(lines) + 1) * _FOOTER_LINE_SPACING * FOOTER_POINTS / 72
+  fig = figure.Figure(figsize=(PLOT_SIZE[0], PLOT_SIZE[1] + footer_height))
+  plot_area, footer = fig.subfigures(2, 1, height_ratios=[PLOT_SIZE[1], footer_height])
+  report.plot(plot_area)
+  footer.text(0.005, 0.5, "\n".join(lines), fontsize=FOOTER_POINTS, va="center",
+              linespacing=_FOOTER_LINE_SPACING)
   fig.savefig(path, dpi=110)
+
+
+def label_points(ax, points: Sequence[tuple[float, float, str]], *, fontsize: float = 8) -> None:
+  """Labels each ``(x, y, text)`` of ``ax`` beside its point, no label overlapping another or a
+  point.
+
+  Labels are placed from the lowest point up, each where it moves least from its point's height:
+  right of it (or left), shifted up or down past the labels and points in the way, within the
+  axes where it can be; a shifted label gets a thin line back to its point. Call it once the
+  axes' scales and data are final.
+  """
+  ax.autoscale_view()  # the labels' positions depend on the final limits
+  frame = ax.get_window_extent()
+  marker = _LABEL_OFFSET * 0.8 * ax.figure.dpi / 72  # a marker's half-width, within the offset
+  placed = [transforms.Bbox.from_extents(px - marker, py - marker, px + marker, py + marker)
+            for px, py in ax.transData.transform([(x, y) for x, y, _ in points])]
+  for x, y, text in sorted(points, key=lambda p: (p[1], p[0])):
+    options = []
+    for preference, (dx, ha) in enumerate(((_LABEL_OFFSET, "left"), (-_LABEL_OFFSET, "right"))):
+      label = ax.annotate(text, (x, y), xytext=(dx, 0), textcoords="offset points",
+                          fontsize=fontsize, ha=ha, va="center")
+      box = label.get_window_extent()
+      label.remove()
+      beside = box.x0 < frame.x0 or box.x1 > frame.x1
+      for direction in (1, -1):
+        shift = _free_shift(box, placed, direction)
+        moved = box.translated(0, shift)
+        outside = beside or moved.y0 < frame.y0 or moved.y1 > frame.y1
+        options.append((outside, abs(shift), preference, shift, dx, ha, moved))
+    *_, shift, dx, ha, moved = min(options, key=lambda o: o[:3])
+    lead = ({"arrowprops": {"arrowstyle": "-", "lw": 0.5, "color": "grey", "shrinkA": 0,
+                            "shrinkB": 3}} if shift else {})
+    ax.annotate(text, (x, y), xytext=(dx, shift * 72 / ax.figure.dpi), textcoords="offset points",
+                fontsize=fontsize, ha=ha, va="center", **lead)
+    placed.append(moved)
+
+
+def _free_shift(box, placed, direction: int) -> float:
+  """How far (display pixels, signed) ``box`` must move up (``direction`` 1) or down (-1) to
+  overlap none of ``placed``, with a 2-pixel gap."""
+  shift = 0.0
+  while clashes := [b for b in placed if b.overlaps(box.translated(0, shift))]:
+    shift = (max(b.y1 for b in clashes) - box.y0 + 2 if direction > 0 else
+             min(b.y0 for b in clashes) - box.y1 - 2)
+  return shift
 
 
 # ----------------------------------------------------------------------------- run directories
@@ -262,12 +304,15 @@ def read_run(run_dir: str | os.PathLike) -> Run | None:
 def write_run(run_dir: str | os.PathLike, config: dict, records: Sequence[dict],
               results: dict) -> None:
   """Leaves a run directory as the runner does, for results computed outside it (models,
-  compile-only measurements): ``config.json``, ``metrics.jsonl`` and, last, ``results.json``."""
+  compile-only measurements): ``config.json``, ``metrics.jsonl`` and, last, ``results.json``,
+  the two JSON files with the provenance of this process (no devices named: the measurements ran
+  in processes of their own)."""
   os.makedirs(run_dir, exist_ok=True)
-  logs.write_json(os.path.join(run_dir, CONFIG_FILE), config)
+  origin = {provenance.KEY: provenance.record()}
+  logs.write_json(os.path.join(run_dir, CONFIG_FILE), {**config, **origin})
   with open(os.path.join(run_dir, logs.METRICS_FILE), "w") as f:
     f.writelines(json.dumps(r) + "\n" for r in records)
-  logs.write_json(os.path.join(run_dir, RESULTS_FILE), results)
+  logs.write_json(os.path.join(run_dir, RESULTS_FILE), {**results, **origin})
 
 
 def mean_std(values: Sequence[float]) -> tuple[float, float]:

@@ -12,6 +12,7 @@ import math
 import os
 from collections.abc import Sequence
 
+from matplotlib import lines
 import numpy as np
 
 from compressors import registry
@@ -163,18 +164,22 @@ def claims(rows: list[dict], dataset: str) -> list[Claim]:
   return result
 
 
+# Colours of the method families in the figure, with its legend's words.
+FAMILIES = {"dense": ("black", "dense (no compression)"), "tasc": ("tab:red", "TASC"),
+            "other": ("tab:blue", "other compressors")}
+
+
+def _family(method: str) -> str:
+  return "dense" if method == "dense" else "tasc" if method.startswith("tasc") else "other"
+
+
 def plot_accuracy_vs_compression(rows: list[dict], title: str):
   def plot(fig):
     ax = fig.add_axes([0.08, 0.2, 0.9, 0.72])
-    for r in rows:
-      if not r["seeds"]:
-        continue
-      color = ("tab:red" if r["method"].startswith("tasc") else
-               "black" if r["method"] == "dense" else "tab:blue")
+    drawn = [r for r in rows if r["seeds"]]
+    for r in drawn:
       ax.errorbar(r["compression_ratio"], r["accuracy_mean"], yerr=r["accuracy_std"], fmt="o",
-                  color=color, capsize=3)
-      ax.annotate(r["method"], (r["compression_ratio"], r["accuracy_mean"]), fontsize=7,
-                  xytext=(4, 2), textcoords="offset points")
+                  color=FAMILIES[_family(r["method"])][0], capsize=3)
     ax.set_xscale("log")
     ax.set_xlabel("wire compression: dense bytes / method bytes per device per step "
                   "(compiled HLO)")
@@ -182,6 +187,13 @@ def plot_accuracy_vs_compression(rows: list[dict], title: str):
     ax.set_title(title)
     ax.axvline(100, color="grey", lw=0.5, ls="--")
     ax.grid(alpha=0.3)
+    families = {_family(r["method"]) for r in drawn}
+    ax.legend(handles=[lines.Line2D([], [], marker="o", ls="", color=color, label=label)
+                       for family, (color, label) in FAMILIES.items() if family in families]
+              + [lines.Line2D([], [], color="grey", lw=0.5, ls="--", label="100x")],
+              loc="lower left", fontsize=9)
+    report_lib.label_points(ax, [(r["compression_ratio"], r["accuracy_mean"], r["method"])
+                                 for r in drawn])
   return plot
 
 
