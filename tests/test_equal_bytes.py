@@ -17,7 +17,7 @@ from experiments import models
 import tasc  # noqa: F401  (registers the method "tasc")
 from tests import harness
 from tests import subprocess_devices
-from tests.test_runner import fast_compiles  # pylint: disable=unused-import  # autouse fixture
+from tests.test_runner import fast_compiles  # noqa: F401  (an autouse fixture)
 
 # The methods whose bytes have a budget, with the settings T1-LM gives them besides it.
 BUDGETED = {"topk": {}, "randomk": {}, "dgc": {"warmup_steps": 0}, "powersgd": {},

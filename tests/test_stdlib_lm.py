@@ -19,7 +19,7 @@ from experiments import data
 from experiments import train
 from experiments.data import stdlib
 from experiments.data import text
-from tests.test_runner import fast_compiles  # pylint: disable=unused-import  # autouse fixture
+from tests.test_runner import fast_compiles  # noqa: F401  (an autouse fixture)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARDS = data.ShardSpec(8, tuple(range(8)))
@@ -196,3 +196,19 @@ def test_two_builds_of_the_bert_tokenizer_give_identical_vocabularies(tmp_path):
                    for _ in range(2))
   assert first.sha256 == second.sha256
   assert first.tokenizer.get_vocab() == second.tokenizer.get_vocab()
+
+
+def test_two_builds_of_the_bpe_give_identical_vocabularies_and_a_pinned_hash_is_checked(tmp_path):
+  texts = stdlib.read_corpus(str(_fake_stdlib(tmp_path / "lib"))).split(0.05)[0]
+  cache = str(tmp_path / "cache")
+  first, second = (stdlib.build_tokenizer(texts, 300, cache) for _ in range(2))
+  assert first.sha256 == second.sha256 and first.path == second.path
+  assert first.tokenizer.get_vocab() == second.tokenizer.get_vocab()
+  assert stdlib.build_tokenizer(texts, 300, cache, first.sha256).sha256 == first.sha256
+  # A cached file that is not the pinned tokenizer (another training, an edit) is refused.
+  with open(first.path, "a") as f:
+    f.write(" ")
+  with pytest.raises(ValueError, match=r"config.data.tokenizer_sha256='[0-9a-f]{64}', but the "
+                                       r"cached bytelevel_bpe tokenizer .*bytelevel_bpe-.*\.json "
+                                       r"has sha256 '[0-9a-f]{64}'"):
+    stdlib.build_tokenizer(texts, 300, cache, first.sha256)

@@ -26,7 +26,8 @@ into the repository.
 * Provenance: the Python version and a sha256 of the corpus (every file's path and content) are
   pinned in the config by ``configs/lm_stdlib.py`` (``config.data.python_version``,
   ``config.data.corpus_sha256``; '' accepts whatever is found), checked here, and recorded in
-  ``results.json`` with the tokenizer's hash.
+  ``results.json`` with the tokenizer's hash (``config.data.tokenizer_sha256`` pins that one too:
+  a cached tokenizer with another hash is refused).
 """
 
 import dataclasses
@@ -147,7 +148,8 @@ def stdlib_lm(config, shards: pipeline.ShardSpec) -> pipeline.ShardedDataset:
     raise ValueError(f"config.data.eval_fraction={eval_fraction} leaves {len(train_texts)} "
                      f"training and {len(eval_texts)} validation files of {len(corpus.paths)}; "
                      "both need at least one")
-  shared = build_tokenizer(train_texts, vocab_size, options.get("cache_dir"))
+  shared = build_tokenizer(train_texts, vocab_size, options.get("cache_dir"),
+                           options.get("tokenizer_sha256", ""))
   folder = pathlib.Path(shared.path).parent
   train_stream = token_stream(shared, train_texts, folder)
   eval_stream = token_stream(shared, eval_texts, folder)
@@ -192,8 +194,10 @@ def check_pinned(corpus: Corpus, options) -> None:
           f"Python the config was made with, or set --config.data.{field}='' to accept this one")
 
 
-def build_tokenizer(texts, vocab_size: int, cache_dir: str | None) -> tokenizer_lib.Shared:
-  """The byte-level BPE of ``texts``, trained once and shared (:mod:`.tokenizer`)."""
+def build_tokenizer(texts, vocab_size: int, cache_dir: str | None,
+                    expected_sha256: str = "") -> tokenizer_lib.Shared:
+  """The byte-level BPE of ``texts``, trained once and shared (:mod:`.tokenizer`); refused when
+  ``expected_sha256`` is set and the cached one differs."""
   def train():
     trained = ByteLevelBPETokenizer()
     trained.train_from_iterator(texts, vocab_size=vocab_size, min_frequency=2,
@@ -201,7 +205,7 @@ def build_tokenizer(texts, vocab_size: int, cache_dir: str | None) -> tokenizer_
     return trained
   return tokenizer_lib.shared("bytelevel_bpe", {"vocab_size": vocab_size, "min_frequency": 2,
                                                 "special_tokens": [END_OF_TEXT]},
-                              tokenizer_lib.text_sha256(texts), train, cache_dir)
+                              tokenizer_lib.text_sha256(texts), train, cache_dir, expected_sha256)
 
 
 def token_stream(shared: tokenizer_lib.Shared, texts, folder: pathlib.Path) -> np.ndarray:

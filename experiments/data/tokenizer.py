@@ -62,7 +62,8 @@ def text_sha256(documents: Iterable[str]) -> str:
 
 
 def shared(kind: str, settings: Mapping[str, Any], text_hash: str,
-           train: Callable[[], tokenizers.Tokenizer], folder: str | None) -> Shared:
+           train: Callable[[], tokenizers.Tokenizer], folder: str | None,
+           expected_sha256: str = "") -> Shared:
   """The tokenizer ``kind`` with ``settings`` for the text hashing to ``text_hash``: loaded from
   the cache folder, or trained by ``train()`` and stored there first (see the module docstring).
 
@@ -72,12 +73,16 @@ def shared(kind: str, settings: Mapping[str, Any], text_hash: str,
     text_hash: :func:`text_sha256` (or any digest) of the training text.
     train: trains the tokenizer when the cache has none.
     folder: ``config.data.cache_dir`` ('' or None: the default, see :func:`cache_dir`).
+    expected_sha256: the sha256 the tokenizer must have (``config.data.tokenizer_sha256``, as a
+      results file records it), so that a rerun tokenizes as the run it repeats did; '' accepts
+      the one found.
 
   Returns:
     A :class:`Shared`, identical on every process of the run.
 
   Raises:
-    ValueError: the cached file cannot be read as a tokenizer (it names the file to delete).
+    ValueError: the cached file cannot be read as a tokenizer (it names the file to delete), or
+      its sha256 is not ``expected_sha256``.
     RuntimeError: in a multi-process run, processes loaded different tokenizers.
   """
   key = hashlib.sha256(json.dumps(
@@ -95,6 +100,14 @@ def shared(kind: str, settings: Mapping[str, Any], text_hash: str,
     raise ValueError(f"tokenizer: the cached file {path} cannot be read as a tokenizer "
                      f"({type(e).__name__}: {e}); delete it and it is trained again") from None
   digest = hashlib.sha256(data).hexdigest()
+  if expected_sha256 and digest != expected_sha256:
+    # Another training of the same text gives other ids (see the module docstring): a run that
+    # pins its tokenizer must not silently get another one.
+    raise ValueError(
+        f"config.data.tokenizer_sha256={expected_sha256!r}, but the cached {kind} tokenizer "
+        f"{path} has sha256 {digest!r}: token ids would differ from the run that recorded it. "
+        "Put that run's tokenizer file in config.data.cache_dir, or set "
+        "--config.data.tokenizer_sha256='' to accept this one")
   check_same_on_every_process(digest, f"the {kind} tokenizer ({path})")
   return Shared(tokenizer, digest, str(path))
 
