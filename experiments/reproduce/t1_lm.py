@@ -192,7 +192,8 @@ def claims(rows: list[dict]) -> list[Claim]:
         "DGC: 270x-600x gradient compression without accuracy loss",
         "Lin et al., ICLR 2018 (language model on Penn Treebank: 462x at no perplexity loss)",
         f"DGC at {dgc['compression_ratio']:.0f}x: {dgc['val_loss']} vs dense {dense['val_loss']}",
-        None, "120 steps of early training cannot answer a claim about converged models"))
+        None, "a few hundred steps of early training cannot answer a claim about converged "
+        "models"))
   power = by.get(f"powersgd_{sweep_config.HEADLINE}")
   if power:
     out.append(Claim(
