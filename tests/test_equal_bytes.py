@@ -1,9 +1,8 @@
 """The equal-bytes tier solver: the settings it picks from the cost model send, in the compiled
 HLO, within 10% of each tier's target, at 8 workers (here) and 32 (a child process of 32
 simulated devices; compiled, never run). The model is the reproduction's CPU tier, the 1.07M
-parameters of ``configs/lm_stdlib.py:tiny``."""
+parameters of ``configs/lm_stdlib.py:tiny`` (the CPU tier of ``configs/paper/lm.py``)."""
 
-import functools
 import json
 
 import jax
@@ -12,36 +11,21 @@ import pytest
 
 from compressors import equal_bytes
 from compressors import registry
-from configs import lm_stdlib
-from experiments import models
+from configs.paper import lm
+from configs.paper import t1_lm
 import tasc  # noqa: F401  (registers the method "tasc")
 from tests import harness
 from tests import subprocess_devices
 from tests.test_runner import fast_compiles  # noqa: F401  (an autouse fixture)
 
-# The methods whose bytes have a budget, with the settings T1-LM gives them besides it.
-BUDGETED = {"topk": {}, "randomk": {}, "dgc": {"warmup_steps": 0}, "powersgd": {},
-            "tasc": {"wire_dtype": "float16"}}
-
-
-@functools.cache
-def tiny_lm_shapes() -> tuple[tuple[int, ...], ...]:
-  tier = lm_stdlib.TIERS["tiny"]
-  model = models.build_model(dict(name="decoder_lm", **tier["model"]),
-                             vocab_size=tier["vocab_size"])
-  tokens = jnp.zeros((1, tier["seq_len"]), jnp.int32)
-  variables = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), tokens))
-  return tuple(x.shape for x in jax.tree.leaves(variables["params"]))
-
-
 def solutions(num_workers: int) -> list[equal_bytes.Solution]:
-  return [equal_bytes.solve(name, tiny_lm_shapes(), num_workers, tier,
-                            registry.default_settings(name, **extra))
-          for name, extra in BUDGETED.items() for tier in equal_bytes.TIERS]
+  """The solutions T1-LM's runs train with: every budgeted method at every tier."""
+  return [lm.method_settings("cpu", name, ratio, num_workers)[1]
+          for name in t1_lm.BUDGETED for ratio in equal_bytes.TIERS.values()]
 
 
 def hlo_bytes(solution: equal_bytes.Solution, mesh) -> float:
-  params = [jax.ShapeDtypeStruct(s, jnp.float32) for s in tiny_lm_shapes()]
+  params = [jax.ShapeDtypeStruct(s, jnp.float32) for s in lm.parameter_shapes("cpu")]
   tx = registry.transformation(solution.method, solution.settings, axis_name="data")
   return harness.update_bytes(tx, params, mesh).total
 
@@ -106,8 +90,8 @@ def test_bad_tiers_and_budgets_are_refused():
 
 def test_tasc_picks_blocks_whose_scores_take_at_most_a_quarter_of_the_bytes():
   """float32 scores cost twice float16's, so the same tier takes blocks twice as large."""
-  f32 = equal_bytes.solve("tasc", tiny_lm_shapes(), 8, "100x")
-  f16 = equal_bytes.solve("tasc", tiny_lm_shapes(), 8, "100x",
+  f32 = equal_bytes.solve("tasc", lm.parameter_shapes("cpu"), 8, "100x")
+  f16 = equal_bytes.solve("tasc", lm.parameter_shapes("cpu"), 8, "100x",
                           registry.default_settings("tasc", wire_dtype="float16"))
   assert (f32.settings.block_size, f16.settings.block_size) == (512, 256)
   assert json.loads(json.dumps(f32.settings.__dict__))["density"] == f32.settings.density
