@@ -45,6 +45,6 @@ class TopkSettings:
 registry.register(registry.Method(
     name="topk", summary="exact magnitude top-k, values and indices all-gathered (Aji & "
     "Heafield 2017; Stich et al. 2018)", settings=TopkSettings,
-    compressor=lambda s: topk(s.density),
+    compressor=lambda s: topk(s.density), budget="density",
     cost=lambda s, shapes, topology, schedule: topology_lib.topk_allgather_cost(
         topology, max(1, round(s.density * registry.num_elements(shapes))))))

@@ -8,6 +8,8 @@ declared in one :class:`Method` at the bottom of the module that implements it:
   ``config.compression.<name>`` block;
 * its error-feedback default (its paper's);
 * its cost-model entry: how :mod:`compressors.topology` prices one exchange (time and bytes);
+* what sets its bytes (its *budget*: ``density``, ``rank``, ...), so that
+  :mod:`compressors.equal_bytes` can set methods to equal bytes per step;
 * optionally, per-step inputs its ``update`` takes (TASC's curvature), and how to make them.
 
 Everything else reads the registry: ``experiments`` builds configs, validation, benchmark method
@@ -86,6 +88,11 @@ class Method:
     momentum: ``settings -> (momentum, clip_norm)`` for a method that is a sparsifier inside
       :func:`compressors.momentum_correction` (DGC); None: the common ``momentum_correction``.
     step_inputs: ``settings -> StepInputs | None``, the per-step inputs of its ``update``.
+    budget: what sets the bytes of one exchange, for :func:`compressors.equal_bytes.solve`: the
+      name of a settings field that the bytes grow with (a float is a fraction in (0, 1], an
+      int a count >= 1), or ``(settings, shapes, cost, target_bytes) -> settings | None`` for a
+      method that needs its own search (``cost(settings)`` is the cost model's bytes); None:
+      the method's bytes are fixed.
   """
   name: str
   summary: str
@@ -97,6 +104,7 @@ class Method:
   fuse: bool | None = None
   momentum: Callable[[Any], tuple[float, float | None]] | None = None
   step_inputs: Callable[[Any], StepInputs | None] | None = None
+  budget: str | Callable[..., Any] | None = None
 
   def __post_init__(self):
     if (self.compressor is None) == (self.transformation is None):
@@ -110,6 +118,10 @@ class Method:
     if missing:
       raise ValueError(f"registry: method {self.name!r}: settings fields {missing} have no "
                        "default; every setting needs one")
+    fields = [f.name for f in dataclasses.fields(self.settings)]
+    if isinstance(self.budget, str) and self.budget not in fields:
+      raise ValueError(f"registry: method {self.name!r}: budget={self.budget!r} is not one of "
+                       f"its settings {fields}")
 
 
 @dataclasses.dataclass(frozen=True)

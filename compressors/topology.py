@@ -163,6 +163,8 @@ NVLINK2 = Link(alpha=5e-6, bandwidth=150e9, gamma=_V100_GAMMA, name="NVLink2")  
 NVLINK4 = Link(alpha=3e-6, bandwidth=450e9, gamma=_H100_GAMMA, name="NVLink4")  # 900 GB/s bidir
 ETHERNET_25G = Link(alpha=30e-6, bandwidth=25e9 / 8, gamma=_V100_GAMMA, name="25GbE")
 CLOUD_10G = Link(alpha=50e-6, bandwidth=10e9 / 8, gamma=_V100_GAMMA, name="10Gbit/s cloud")
+# Commodity 1 Gbit/s Ethernet (a lab cluster's switch); the same latency as the cloud link.
+ETHERNET_1G = Link(alpha=50e-6, bandwidth=1e9 / 8, gamma=_V100_GAMMA, name="1Gbit/s Ethernet")
 INFINIBAND_NDR = Link(alpha=5e-6, bandwidth=400e9 / 8, gamma=_H100_GAMMA, name="IB NDR 400G")
 PCIE3 = Link(alpha=10e-6, bandwidth=12e9, gamma=_V100_GAMMA, name="PCIe 3.0 x16")
 

@@ -9,7 +9,8 @@ Fields (all overridable on the command line, e.g. ``--config.batch_size=256``):
                                   methods share (error_feedback, fuse, seed,
                                   momentum_correction, clip_norm) and one block per method with
                                   its own (``compression.topk.density``, ``compression.tasc.*``)
-  optimizer, schedule             optimizer after the exchange, learning-rate schedule
+  optimizer, schedule             optimizer after the exchange, learning-rate schedule (its
+                                  warmup in epochs or, ``warmup_steps``, in steps)
   batch_size, eval_batch_size     global batch sizes (divisible by the number of workers)
   num_steps | num_epochs          training length (exactly one > 0)
   log_every, eval_every, checkpoint_every, keep_checkpoints   in steps (0 = only at the end)
@@ -80,7 +81,7 @@ def base() -> ml_collections.ConfigDict:
       name="momentum", learning_rate=0.1, momentum=0.9, weight_decay=0.0,
       b1=0.9, b2=0.999, eps=1e-6, trust_coefficient=0.001))
   c.schedule = ml_collections.ConfigDict(dict(
-      name="constant", warmup_epochs=0.0, boundaries=(0.5, 0.75), power=1.0))
+      name="constant", warmup_epochs=0.0, warmup_steps=0, boundaries=(0.5, 0.75), power=1.0))
 
   c.batch_size = 128
   c.eval_batch_size = 512

@@ -90,17 +90,23 @@ def learning_rate_schedule(config, steps_per_epoch: int, total_steps: int) -> op
   then polynomial decay of ``schedule.power`` to 0 (1 for BERT's LAMB). ``mlperf_lars``: MLPerf's
   ResNet-50 LARS schedule (its base rate and warmup epochs come from the batch size).
 
-  Warmup is ``schedule.warmup_epochs`` epochs (may be fractional). The peak rate is
+  Warmup is ``schedule.warmup_epochs`` epochs (may be fractional) or, where an epoch's length
+  is not known when the config is written (a corpus's token count depends on its tokenizer),
+  ``schedule.warmup_steps`` steps; a config sets at most one. The peak rate is
   ``optimizer.learning_rate``.
   """
   s = config.schedule
   peak = config.optimizer.learning_rate
-  warmup = int(round(s.warmup_epochs * steps_per_epoch))
+  if s.warmup_epochs and s.warmup_steps:
+    raise ValueError(f"config.schedule.warmup_epochs={s.warmup_epochs} and warmup_steps="
+                     f"{s.warmup_steps} are both set; allowed: at most one > 0")
+  warmup = int(round(s.warmup_epochs * steps_per_epoch)) + s.warmup_steps
   if s.name == "mlperf_lars":
     return optimizers.mlperf_lars_schedule(config.batch_size, steps_per_epoch, total_steps)
   if warmup >= total_steps:
-    raise ValueError(f"config.schedule.warmup_epochs={s.warmup_epochs} is {warmup} steps, not "
-                     f"fewer than the {total_steps} training steps")
+    given = (f"warmup_steps={s.warmup_steps}" if s.warmup_steps
+             else f"warmup_epochs={s.warmup_epochs} is {warmup} steps,")
+    raise ValueError(f"config.schedule.{given} not fewer than the {total_steps} training steps")
   if s.name == "warmup_poly":
     return optimizers.warmup_polynomial_decay(peak, warmup, total_steps, power=s.power)
   if s.name == "cosine":

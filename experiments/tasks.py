@@ -3,6 +3,9 @@
 ``classification``: softmax cross-entropy on ``label``, accuracy of the arg-max.
 ``masked_lm``: cross-entropy of the original tokens at the masked positions, weighted by
 ``masked_weights`` (0 for padding predictions), and the masked-token accuracy (Devlin et al. 2019).
+``causal_lm``: a row of ``tokens`` holds ``length + 1`` tokens; the model reads the first
+``length`` and is scored, at every position, on the token that follows (cross-entropy in nats per
+token, and next-token accuracy).
 
 Both return per-example (per-prediction) ``loss``, ``correct`` and ``weight`` arrays of one shape,
 so that a batch's loss is ``sum(loss * weight) / sum(weight)`` and evaluation can sum them over
@@ -50,11 +53,20 @@ def _masked_lm_outcomes(logits, batch):
       weight=batch["masked_weights"].astype(jnp.float32))
 
 
+def _causal_lm_outcomes(logits, batch):
+  targets = batch["tokens"][:, 1:]
+  return Outcomes(
+      loss=optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), targets),
+      correct=(jnp.argmax(logits, -1) == targets).astype(jnp.float32),
+      weight=jnp.ones(targets.shape, jnp.float32))
+
+
 TASKS = {
     "classification": Task(inputs=lambda b: (b["input"],), outcomes=_classification_outcomes),
     "masked_lm": Task(
         inputs=lambda b: (b["input_ids"], b["attention_mask"], b["masked_positions"]),
         outcomes=_masked_lm_outcomes),
+    "causal_lm": Task(inputs=lambda b: (b["tokens"][:, :-1],), outcomes=_causal_lm_outcomes),
 }
 
 

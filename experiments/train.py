@@ -502,7 +502,8 @@ def _evaluate(program, state, dataset, workers) -> dict[str, float]:
   for batch in dataset.eval_batches():
     sums += np.asarray(jax.device_get(program.evaluate(state.params, state.model_state,
                                                        _to_global(batch, workers))))
-  return {"test_loss": float(sums[0] / sums[2]), "test_accuracy": float(sums[1] / sums[2])}
+  return dataset.derive({"test_loss": float(sums[0] / sums[2]),
+                         "test_accuracy": float(sums[1] / sums[2])})
 
 
 def _skipped_steps(state: TrainState) -> int:
@@ -555,13 +556,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       workdir continues from its last checkpoint and ends as an uninterrupted run would.
 
   Returns:
-    The final metrics: ``step``, ``test_loss``, ``test_accuracy``, ``train_loss``,
-    ``wire_bytes`` and ``dense_bytes`` (per device per step, gradient exchange),
-    ``compression_ratio``, ``guard_bytes`` (per device per step, reliability checks),
-    ``skipped_steps`` (non-finite steps skipped), ``examples_per_sec``, ``num_params``,
-    ``wall_seconds``, ``diverged`` and ``divergence`` (why, or None: :func:`divergence`),
-    ``provenance`` (:func:`experiments.provenance.record`; ``config.json`` holds the one of the
-    run's last start).
+                                                       _to_global(batch, workers))))
+  return dataset.derive({"test_loss": float(sums[0] / sums[2]),
+                         "test_accuracy": float(sums[1] / sums[2])})
 
   Raises:
     ValueError, TypeError, FileNotFoundError: bad config values, unknown names, missing or
@@ -689,7 +686,7 @@ def _train(config, workdir, stop: interrupt.StopRequest, started: float):
              "skipped_steps": skipped, "num_params": num_params,
              "wall_seconds": time.time() - started, "num_workers": workers.count,
              "workers_per_device": workers.per_device, "diverged": reason is not None,
-             "divergence": reason, **final_eval, **communication,
+             "divergence": reason, **final_eval, **communication, **dataset.info,
              provenance.KEY: _provenance(workers)}
   if is_main:
     logs.write_json(os.path.join(workdir, RESULTS_FILE), results)

@@ -69,6 +69,7 @@ def check_config(config, num_workers: int) -> None:
   _number("optimizer.learning_rate", config.optimizer.learning_rate, 0)
   _number("optimizer.weight_decay", config.optimizer.weight_decay, 0)
   _number("schedule.warmup_epochs", config.schedule.warmup_epochs, 0)
+  _int("schedule.warmup_steps", config.schedule.warmup_steps, 0)
   for name in ("batch_size", "eval_batch_size"):
     _int(name, config[name], 1)
     if config[name] % num_workers:

@@ -4,7 +4,8 @@ Per worker and step, on its buffer ``a = g + e`` (:func:`compressors.compress` a
 error-feedback residual ``e`` and keeps what is not sent):
 
 1. cut ``a`` into ``num_blocks`` blocks of ``block_size`` and score each block,
-   ``(eps * mean|h| + mean_{i in b}|h_i|) * ||a_b||^2`` (:mod:`tasc._scores`);
+   ``(eps * mean|h| + mean_{i in b}|h_i|) * ||a_b||^2``, or the energy over that weight with
+   ``score="newton"`` (the diagonal Newton decrement; :mod:`tasc._scores` derives both);
 2. agree on the support: the ``K`` blocks of highest *all-reduced* score (:mod:`tasc._selection`);
    because the scores are summed over workers before ranking, the support is the same on every
    worker even when each worker's curvature estimate differs (a local empirical Fisher);
@@ -74,6 +75,7 @@ from tasc import _supports as supports
 from tasc import _wire as wire_formats
 
 SENSITIVITIES = ("hutchinson", "fisher", "none")
+SCORES = scores.SCORES
 SUPPORTS = tuple(supports.SUPPORTS)
 WIRE_DTYPES = tuple(wire_formats.FORMATS)
 Density = float | Callable[[jax.Array], jax.Array]
@@ -102,6 +104,7 @@ class _Settings:
   capacity_density: float
   block_size: int
   sensitivity: str
+  score: str
   support: Any
   wire: Any
   curvature_decay: float
@@ -116,7 +119,7 @@ class _Settings:
 
 
 def tasc(density: Density, *, block_size: int = 256, sensitivity: str = "hutchinson",
-         support: str = "global", curvature_decay: float = 0.9, eps: float = 0.1,
+         score: str = "saliency", support: str = "global", curvature_decay: float = 0.9, eps: float = 0.1,
          max_density: float | None = None, min_blocks_per_leaf: int = 0,
          leaf_sizes: Sequence[int] | None = None, dense_axis: axes.AxisName = None,
          wire_dtype: str = "float32") -> protocol.Compressor:
@@ -129,6 +132,10 @@ def tasc(density: Density, *, block_size: int = 256, sensitivity: str = "hutchin
       step (int32) returning it, with ``max_density`` set.
     block_size: ``B``, elements per block (>= 1).
     sensitivity: ``"hutchinson"``, ``"fisher"`` or ``"none"`` (see the module docstring).
+    score: how the curvature weighs a block's energy: ``"saliency"`` multiplies
+      (``h_b ||a_b||^2``, the loss a delay costs), ``"newton"`` divides (``||a_b||^2 / h_b``,
+      the diagonal Newton decrement: the loss a curvature-scaled step gains); see
+      :mod:`tasc._scores`. ``"newton"`` needs a curvature (not ``sensitivity="none"``).
     support: ``"global"`` or ``"previous"`` (:mod:`tasc._supports`).
     curvature_decay: EMA factor ``beta`` in [0, 1) of the curvature kept in the state
       (``c <- beta c + (1 - beta) * new``); 0 uses each fresh estimate alone.
@@ -147,7 +154,7 @@ def tasc(density: Density, *, block_size: int = 256, sensitivity: str = "hutchin
   Returns:
     A :class:`compressors.Compressor`.
   """
-  s = _checked_settings(density, block_size, sensitivity, support, curvature_decay, eps,
+  s = _checked_settings(density, block_size, sensitivity, score, support, curvature_decay, eps,
                         max_density, min_blocks_per_leaf, leaf_sizes, dense_axis, wire_dtype)
   return protocol.Compressor(
       name="tasc", encode=None, decode=None, exchange="psum",
@@ -159,7 +166,7 @@ def tasc(density: Density, *, block_size: int = 256, sensitivity: str = "hutchin
       validate=functools.partial(_validate, s))
 
 
-def _checked_settings(density, block_size, sensitivity, support, curvature_decay, eps,
+def _checked_settings(density, block_size, sensitivity, score, support, curvature_decay, eps,
                       max_density, min_blocks_per_leaf, leaf_sizes, dense_axis,
                       wire_dtype) -> _Settings:
   if callable(density):
@@ -174,10 +181,15 @@ def _checked_settings(density, block_size, sensitivity, support, curvature_decay
                        f"density={density!r} is a number")
     capacity_density = checks.check_fraction(density, "density", "tasc")
   wire_dtype = checks.dtype_name(wire_dtype) or wire_dtype
+  if checks.check_choice(score, "score", SCORES, "tasc") == "newton" and sensitivity == "none":
+    raise ValueError("tasc: score='newton' divides each block's energy by its curvature, and "
+                     "sensitivity='none' estimates none; use sensitivity='hutchinson' or "
+                     "'fisher' with it, or score='saliency'")
   return _Settings(
       density=density, capacity_density=capacity_density,
       block_size=checks.check_int(block_size, "block_size", 1, "tasc"),
       sensitivity=checks.check_choice(sensitivity, "sensitivity", SENSITIVITIES, "tasc"),
+      score=score,
       support=supports.SUPPORTS[checks.check_choice(support, "support", SUPPORTS, "tasc")],
       wire=wire_formats.FORMATS[checks.check_choice(wire_dtype, "wire_dtype", WIRE_DTYPES,
                                                     "tasc")],
@@ -264,7 +276,7 @@ def _step(s: _Settings, g: jax.Array, e: jax.Array | None, state: TascState,
   else:
     x, energies = fused.residual_and_energies(g, e, s.block_size, one_pass=ctx.owns_buffers)
   curvature = _curvature(s, state, ctx)
-  weights = (scores.curvature_weights(curvature, x.size, s.block_size, s.eps)
+  weights = (scores.score_weights(curvature, x.size, s.block_size, s.eps, s.score)
              if s.sensitivity != "none" else jnp.ones_like(energies))
   groups, capacity = _layout(s, x.size)
   priority, scale = s.support.priority(weights * energies, energies, state, s.wire, ctx)

@@ -38,6 +38,26 @@ gets that backwards.
   recovers magnitude ranking.
 * With no curvature (``sensitivity="none"``, or before the first estimate arrives, when every
   ``h`` is 0) the score is ``||a_b||^2``: OmniReduce's block-magnitude ranking (Fei et al. 2021).
+
+The four scores TASC offers, each in two lines (``h_b`` the block's curvature weight above,
+``delta_b`` the update the block's entries would make, ``lr`` the learning rate):
+
+* magnitude, ``||a_b||^2`` (``sensitivity="none"``): the first-order loss change of sending the
+  block is ``-g_b . delta_b = lr ||a_b||^2`` when ``delta_b = -lr a_b``;
+  so it ranks blocks by what a plain gradient step on them would gain, curvature unseen.
+* saliency, ``h_b ||a_b||^2`` (``score="saliency"``, the default, with ``"hutchinson"``): the
+  loss a delay costs is the quadratic term ``1/2 delta_b^T H_bb delta_b = lr^2/2 h_b ||a_b||^2``
+  (Optimal Brain Damage, LeCun et al. 1990; HAWQ-v2's ``Tr(H)/n ||dW||^2``), as derived above.
+* Newton decrement, ``||a_b||^2 / h_b`` (``score="newton"``): the quadratic model
+  ``g.d + 1/2 d^T H d`` is lowest at the Newton step ``d = -H^-1 g``, where it has fallen by
+  ``1/2 g^T H^-1 g = 1/2 sum_i a_i^2 / h_i ~ ||a_b||^2 / (2 h_b)``: what a curvature-scaled step
+  on the block (an Adam-like optimizer's) gains; flat blocks rank high, the opposite of saliency.
+* Fisher, ``F_b ||a_b||^2`` (``sensitivity="fisher"``): near a minimum of the log-likelihood the
+  Hessian is the expected outer product of the gradient, ``H ~ E[g g^T]``, whose diagonal
+  ``E[g_i^2]`` the worker's own squared gradients estimate (an EMA): saliency, curvature for free.
+
+The weight multiplies (saliency) or divides (Newton) the energy; the floor ``eps * mean |h|``
+keeps the division bounded where the curvature vanishes.
 """
 
 import math
@@ -124,8 +144,19 @@ def curvature_weights(block_curvature: jax.Array, size: int, block_size: int,
   return jnp.where(mean > 0, block_curvature + eps * mean, jnp.ones_like(block_curvature))
 
 
+SCORES = ("saliency", "newton")
+
+
+def score_weights(block_curvature: jax.Array, size: int, block_size: int, eps: float,
+                  score: str) -> jax.Array:
+  """What multiplies each block's energy: :func:`curvature_weights` (``"saliency"``) or its
+  reciprocal (``"newton"``, the diagonal Newton decrement); ones where no curvature is known."""
+  weights = curvature_weights(block_curvature, size, block_size, eps)
+  return weights if score == "saliency" else 1.0 / weights
+
+
 def block_scores(x: jax.Array, curvature: jax.Array | None = None, *, block_size: int = 256,
-                 eps: float = 0.1) -> jax.Array:
+                 eps: float = 0.1, score: str = "saliency") -> jax.Array:
   """TASC's importance of each block of ``x`` (see the module docstring for the formula).
 
   Args:
@@ -135,10 +166,14 @@ def block_scores(x: jax.Array, curvature: jax.Array | None = None, *, block_size
       magnitude alone.
     block_size: ``B``, elements per block.
     eps: the curvature floor, relative to the mean ``|h|``.
+    score: ``"saliency"`` (curvature times energy) or ``"newton"`` (energy over curvature).
 
   Returns:
-    ``f32[ceil(d / B)]``: ``(eps * mean |h| + mean_{i in b} |h_i|) * ||x_b||^2``.
+    ``f32[ceil(d / B)]``: ``(eps * mean |h| + mean_{i in b} |h_i|) * ||x_b||^2``, or
+    ``||x_b||^2`` divided by that weight for ``"newton"``.
   """
+  if score not in SCORES:
+    raise ValueError(f"block_scores: score={score!r}; allowed: {list(SCORES)}")
   x = jnp.asarray(x)
   energies = block_energies(x.reshape(-1), block_size)
   if curvature is None:
@@ -148,4 +183,4 @@ def block_scores(x: jax.Array, curvature: jax.Array | None = None, *, block_size
     raise ValueError(f"block_scores: curvature has shape {curvature.shape}, x has shape "
                      f"{x.shape}; they must match (one curvature value per element)")
   block_curvature = block_means(curvature.reshape(-1), block_size, jnp.abs)
-  return curvature_weights(block_curvature, x.size, block_size, eps) * energies
+  return score_weights(block_curvature, x.size, block_size, eps, score) * energies

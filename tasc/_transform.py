@@ -39,6 +39,7 @@ import optax
 import compressors
 from compressors import axes
 from compressors import checks
+from compressors import equal_bytes
 from compressors import registry
 from compressors import topology as topology_lib
 from tasc import _compressor as compressor_lib
@@ -52,7 +53,8 @@ PyTree = Any
 def tasc_compress(*, axis_name: axes.AxisName,
                   density: float | Callable[[jax.Array], jax.Array] | Mapping[Any, float],
                   block_size: int | None = None, sensitivity: str = "hutchinson",
-                  dense_axis: axes.AxisName = None, support: str = "global",
+                  score: str = "saliency", dense_axis: axes.AxisName = None,
+                  support: str = "global",
                   curvature_decay: float = 0.9, eps: float = 0.1,
                   max_density: float | None = None, min_blocks_per_leaf: int = 0,
                   error_feedback: bool = True, fuse: bool = True, seed: int = 0,
@@ -78,6 +80,8 @@ def tasc_compress(*, axis_name: axes.AxisName,
     sensitivity: ``"hutchinson"`` (curvature passed as ``update(..., curvature=h)``, e.g.
       :func:`tasc.hutchinson_diagonal`, EMA kept in between), ``"fisher"`` (EMA of ``g^2``) or
       ``"none"`` (block magnitude).
+    score: ``"saliency"`` (curvature times the block's energy) or ``"newton"`` (energy over
+      curvature, the diagonal Newton decrement); see :mod:`tasc._scores`.
     dense_axis: the fast axis of hierarchical mode (see :func:`compressors.compress`).
     support: ``"global"`` (an all-reduce of this step's block scores picks the blocks) or
       ``"previous"`` (last step's scores, carried in the payload's all-reduce: no extra
@@ -121,7 +125,7 @@ def tasc_compress(*, axis_name: axes.AxisName,
       block = (auto_block_size(_buffer_sizes(tree, fuse, dense_axis), capacity_density)
                if tree is not None else AUTO_BLOCK_SIZES[0])
     compressor = compressor_lib.tasc(
-        rho, block_size=block, sensitivity=sensitivity, support=support,
+        rho, block_size=block, sensitivity=sensitivity, score=score, support=support,
         curvature_decay=curvature_decay, eps=eps, max_density=max_density,
         min_blocks_per_leaf=min_blocks_per_leaf, leaf_sizes=leaf_sizes_of(tree),
         dense_axis=dense_axis, wire_dtype=wire_dtype)
@@ -264,6 +268,7 @@ class TascSettings:
   density: float = 0.01
   block_size: int | None = None
   sensitivity: str = "hutchinson"
+  score: str = "saliency"
   support: str = "global"
   wire_dtype: str = "float32"
   curvature_decay: float = 0.9
@@ -275,7 +280,8 @@ class TascSettings:
 
 def _transformation(s: TascSettings, *, axis_name, error_feedback, fuse, seed, report_sent):
   return tasc_compress(axis_name=axis_name, density=s.density, block_size=s.block_size,
-                       sensitivity=s.sensitivity, support=s.support, wire_dtype=s.wire_dtype,
+                       sensitivity=s.sensitivity, score=s.score, support=s.support,
+                       wire_dtype=s.wire_dtype,
                        curvature_decay=s.curvature_decay, eps=s.eps,
                        min_blocks_per_leaf=s.min_blocks_per_leaf, error_feedback=error_feedback,
                        fuse=fuse, seed=seed, report_sent=report_sent)
@@ -311,7 +317,39 @@ def _cost(s: TascSettings, shapes, topology, schedule) -> topology_lib.Cost:
   return topology_lib.total([reduce(blocks), *bound, reduce(payload)])
 
 
+BUDGET_BLOCK_SIZES = tuple(2**i for i in range(4, 15))  # 16 .. 16384
+
+
+def _budget(s: TascSettings, shapes, cost, target: float) -> TascSettings | None:
+  """TASC's equal-bytes search (:mod:`compressors.equal_bytes`): the density for ``target`` bytes
+  at the settings' block size; with ``block_size=None``, at the smallest block size of
+  :data:`BUDGET_BLOCK_SIZES` whose scores (one number per block, all-reduced whatever the
+  density) take at most a quarter of the target, so that most bytes carry blocks. Where none
+  does (a small model at a high ratio), the block size at which the scores and one block cost
+  least, if that fits."""
+  if s.block_size is not None:
+    return equal_bytes.fit_field(s, "density", cost, target)
+  size = registry.num_elements(shapes)
+  fitting = []  # (bytes of the scores and one block, block size)
+  for block in BUDGET_BLOCK_SIZES:
+    blocks = scores.num_blocks(size, block)
+    if blocks < 2:
+      break
+    one, two = (cost(dataclasses.replace(s, block_size=block, density=k / blocks))
+                for k in (1, 2))
+    if one > target:
+      continue
+    if one - (two - one) <= target / 4:  # the scores' bytes
+      return equal_bytes.fit_field(dataclasses.replace(s, block_size=block), "density", cost,
+                                   target)
+    fitting.append((one, block))
+  if not fitting:
+    return None
+  return equal_bytes.fit_field(dataclasses.replace(s, block_size=min(fitting)[1]), "density",
+                               cost, target)
+
+
 registry.register(registry.Method(
     name="tasc", summary="TASC: Hessian-aware block scores, one block support shared by all "
     "workers, the blocks all-reduced", settings=TascSettings, transformation=_transformation,
-    step_inputs=_curvature_refresh, cost=_cost))
+    step_inputs=_curvature_refresh, cost=_cost, budget=_budget))

@@ -156,6 +156,21 @@ def test_mlperf_schedule_comes_from_the_optimizers_package():
     assert float(lr(step)) == float(reference(step))
 
 
+def test_warmup_in_steps():
+  config = _get("quickstart")
+  config.optimizer.learning_rate = 0.4
+  config.schedule.update(dict(name="cosine", warmup_epochs=0.0, warmup_steps=10))
+  lr = methods.learning_rate_schedule(config, steps_per_epoch=1000, total_steps=100)
+  for step, value in {0: 0.0, 5: 0.2, 10: 0.4, 55: 0.2}.items():
+    assert float(lr(step)) == pytest.approx(value, abs=1e-7), step
+  config.schedule.warmup_epochs = 1.0
+  with pytest.raises(ValueError, match="warmup_epochs=1.0 and warmup_steps=10 are both set"):
+    methods.learning_rate_schedule(config, steps_per_epoch=10, total_steps=100)
+  config.schedule.update(dict(warmup_epochs=0.0, warmup_steps=100))
+  with pytest.raises(ValueError, match="warmup_steps=100 not fewer than the 100 training steps"):
+    methods.learning_rate_schedule(config, steps_per_epoch=10, total_steps=100)
+
+
 def test_warmup_longer_than_training_is_rejected():
   config = _get("quickstart")
   with pytest.raises(ValueError, match="warmup_epochs=2.0 is 20 steps, not fewer than the 20"):

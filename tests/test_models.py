@@ -11,7 +11,9 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
+from configs import lm_stdlib
 from experiments import models
+from experiments import tasks
 from experiments.models import layers
 
 
@@ -53,6 +55,58 @@ def test_bert_base_encoder_matches_the_released_model():
   assert encoder == 109_482_240 - (768 * 768 + 768)
 
 
+# V h token and L h position embeddings, per layer 12 h^2 + 13 h (attention 4 h^2 + 4 h, MLP
+# 8 h^2 + 5 h, two layer norms 4 h), and the final layer norm's 2 h.
+@pytest.mark.parametrize("tier, expected", [
+    ("tiny", 2048 * 128 + 128 * 128 + 4 * (12 * 128**2 + 13 * 128) + 2 * 128),  # 1,071,872
+    ("base", 8192 * 512 + 256 * 512 + 8 * (12 * 512**2 + 13 * 512) + 2 * 512)])  # 29,545,472
+def test_decoder_lm_tiers_have_about_1m_and_over_25m_parameters(tier, expected):
+  settings = lm_stdlib.TIERS[tier]
+  model = models.build_model(dict(name="decoder_lm", **settings["model"]),
+                             vocab_size=settings["vocab_size"])
+  assert _param_count(model, jnp.zeros((1, settings["seq_len"]), jnp.int32)) == expected
+
+
+def _decoder(vocab=50, **fields):
+  model = models.build_model(dict(name="decoder_lm", hidden=32, num_layers=2, num_heads=4,
+                                  max_length=16, **fields), vocab_size=vocab)
+  tokens = jax.random.randint(jax.random.PRNGKey(1), (3, 12), 0, vocab)
+  return model, model.init(jax.random.PRNGKey(0), tokens), tokens
+
+
+def test_decoder_lm_gives_next_token_logits_at_every_position_and_ties_its_embeddings():
+  model, variables, tokens = _decoder()
+  logits = model.apply(variables, tokens)
+  assert logits.shape == (3, 12, 50) and logits.dtype == jnp.float32
+  # Tied: the only [vocab, hidden] matrix is the token embedding (the parameter count of the
+  # tiers above has no output projection either).
+  shapes = [x.shape for x in jax.tree.leaves(variables["params"])]
+  assert shapes.count((50, 32)) == 1 and not any(s[-1:] == (50,) for s in shapes)
+  with pytest.raises(ValueError, match="sequence length 17 exceeds max_length=16"):
+    model.apply(variables, jnp.zeros((1, 17), jnp.int32))
+
+
+def test_decoder_lm_is_causal_no_position_sees_a_later_token():
+  model, variables, tokens = _decoder()
+  logits = model.apply(variables, tokens)
+  for t in range(tokens.shape[1]):
+    changed = tokens.at[:, t].set((tokens[:, t] + 7) % 50)
+    other = model.apply(variables, changed)
+    np.testing.assert_array_equal(other[:, :t], logits[:, :t])  # before t: bit for bit
+    assert np.abs(other[:, t:] - logits[:, t:]).max(axis=-1).min() > 0  # from t on: every one
+
+
+def test_the_loss_of_a_uniform_model_is_log_vocab():
+  model, variables, tokens = _decoder(vocab=97)
+  zero = jax.tree.map(jnp.zeros_like, variables)  # zero embeddings and norms: uniform logits
+  batch = {"tokens": jnp.concatenate([tokens, tokens[:, :1]], axis=1)}
+  task = tasks.TASKS["causal_lm"]
+  outcomes = task.outcomes(model.apply(zero, *task.inputs(batch)), batch)
+  loss, _ = tasks.mean_loss(outcomes)
+  np.testing.assert_allclose(loss, np.log(97), rtol=1e-6)
+  assert outcomes.loss.shape == (3, 12)  # one prediction per input position
+
+
 @pytest.mark.parametrize("fields, data_fields, message", [
     (dict(name="resnet9000"), dict(num_classes=10), "not a known model"),
     (dict(name="cifar_resnet", depth=21), dict(num_classes=10), "6n \\+ 2"),
@@ -63,6 +117,9 @@ def test_bert_base_encoder_matches_the_released_model():
     (dict(name="cifar_resnet", num_classes=3), dict(num_classes=10), "set by the dataset"),
     (dict(name="bert", hidden=10, num_heads=3), dict(vocab_size=10), "must divide"),
     (dict(name="bert"), dict(num_classes=10), "cannot take"),
+    (dict(name="decoder_lm", hidden=10, num_heads=3), dict(vocab_size=10), "must divide"),
+    (dict(name="decoder_lm", dropout=1.0), dict(vocab_size=10), r"dropout=1.0 must be in \[0, 1\)"),
+    (dict(name="decoder_lm", num_layers=0), dict(vocab_size=10), "num_layers=0 must be a positive"),
 ])
 def test_bad_model_settings_raise_clear_errors(fields, data_fields, message):
   with pytest.raises(ValueError, match=message):

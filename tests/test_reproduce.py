@@ -74,7 +74,7 @@ def test_resolve_targets_rejects_bad_names(spec, message):
 def test_all_runs_f4_after_t1_whose_runs_it_plots():
   order = list(reproduce.TARGETS)
   assert order.index("f4") > order.index("t1")
-  assert set(order) == {"t1", "t1_cifar10", "f1", "f2", "f3", "t2", "f4"}
+  assert set(order) == {"t1", "t1_cifar10", "f1", "f2", "f3", "t2", "f4", "t1_lm", "f4_lm", "f5"}
 
 
 def test_parse_args():
@@ -852,6 +852,9 @@ def test_index_lists_written_targets(tmp_path):
   assert "[t1.md](t1.md) [t1.png](t1.png)" in text
   assert "| `f3` |" in text and "not written yet" in text
   assert PROV.commit in text
+  # Every target stands beside the published claim it answers.
+  assert set(reproduce.ANSWERS) == set(reproduce.TARGETS)
+  assert "| `f5` | F5: time to accuracy" in text and "Agarwal et al. 2022" in text
 
 
 def test_full_t1_runs_never_share_folders_with_quick_ones():

@@ -97,8 +97,9 @@ class Reference:
   """TASC on ``n`` workers in float64 numpy, straight from the module docstrings."""
 
   def __init__(self, d, *, density, block_size, sensitivity, support, decay=0.9, eps=0.1,
-               wire="float32"):
+               wire="float32", score="saliency"):
     self.d, self.b, self.sens, self.support, self.wire = d, block_size, sensitivity, support, wire
+    self.score = score
     self.nb = -(-d // block_size)
     self.k = int(round(density * self.nb))
     self.decay, self.eps = decay, eps
@@ -117,6 +118,8 @@ class Reference:
     energy = (blocks ** 2).sum(-1)
     w = np.ones_like(energy) if self.sens == "none" else _weights(self.c, self.d, self.b,
                                                                   self.eps)
+    if self.score == "newton":  # the diagonal Newton decrement: energy over curvature
+      w = 1.0 / w
     priority = self._wire(w * energy).mean(0) if self.support == "global" else self.prev
     chosen = np.argsort(-priority, kind="stable")[:self.k]
     mask = np.zeros(self.nb, bool)
@@ -139,14 +142,16 @@ def _selected_blocks(mean: np.ndarray, b: int) -> np.ndarray:
 
 
 @pytest.mark.parametrize("support", ["global", "previous"])
-@pytest.mark.parametrize("sensitivity", ["hutchinson", "fisher", "none"])
-def test_aggregate_matches_numpy_reference(sensitivity, support):
+@pytest.mark.parametrize("sensitivity, score", [
+    ("hutchinson", "saliency"), ("fisher", "saliency"), ("none", "saliency"),
+    ("hutchinson", "newton"), ("fisher", "newton")])
+def test_aggregate_matches_numpy_reference(sensitivity, score, support):
   density, block = 0.3, 8  # 16 blocks, the last one 7 long; K = 5
   tx = tasc.tasc_compress(axis_name="data", density=density, block_size=block,
-                          sensitivity=sensitivity, support=support)
+                          sensitivity=sensitivity, score=score, support=support)
   state, update = _runner(tx, harness.mesh(), PARAMS, check_vma=True)
   ref = Reference(D, density=density, block_size=block, sensitivity=sensitivity,
-                  support=support)
+                  support=support, score=score)
   rng = np.random.default_rng(0)
   for t in range(4):
     g = rng.normal(size=(N, D)).astype(np.float32) * rng.uniform(0.1, 3, size=(1, D))
@@ -176,6 +181,13 @@ def test_block_scores_formula():
   magnitude = (_blocks(x[None], 16)[0] ** 2).sum(-1)
   np.testing.assert_allclose(tasc.block_scores(x, block_size=16), magnitude, rtol=1e-6)
   np.testing.assert_allclose(tasc.block_scores(x, 0 * h, block_size=16), magnitude, rtol=1e-6)
+  # The diagonal Newton decrement divides by the same weight, and is scale-free too.
+  newton = tasc.block_scores(x, h, block_size=16, eps=0.5, score="newton")
+  np.testing.assert_allclose(newton, magnitude ** 2 / want, rtol=1e-5)
+  np.testing.assert_allclose(tasc.block_scores(x, 1e3 * h, block_size=16, eps=0.5,
+                                               score="newton"), newton / 1e3, rtol=1e-5)
+  np.testing.assert_allclose(tasc.block_scores(x, 0 * h, block_size=16, score="newton"),
+                             magnitude, rtol=1e-6)
 
 
 # ----------------------------------------------------------------------------- the idea itself
@@ -557,6 +569,11 @@ BAD = [
     (dict(wire_dtype=jnp.bfloat16), ValueError,
      r"wire_dtype='bfloat16' is unknown; allowed: \('float32', 'float16'\)"),
     (dict(eps=-1.0), ValueError, r"eps=-1.0 is outside \[0, inf\)"),
+    (dict(score="hessian"), ValueError, r"score='hessian' is unknown; allowed: \('saliency', "
+     r"'newton'\)"),
+    (dict(score="newton", sensitivity="none"), ValueError,
+     r"score='newton' divides each block's energy by its curvature, and sensitivity='none' "
+     r"estimates none"),
     (dict(density=lambda step: 0.1), ValueError, r"max_density is required"),
     (dict(density={"data": 0.1, "model": 0.5}), ValueError, r"names axis 'model'"),
     (dict(dense_axis="fast", density={"data": 0.1, "fast": 0.5}), ValueError,

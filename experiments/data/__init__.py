@@ -2,12 +2,14 @@
 
 Nothing is downloaded. MNIST-1D is generated and the digits are bundled with scikit-learn;
 CIFAR, ImageNet and text are read from ``config.data_dir`` in their standard formats (see each
-module for the layout it expects). Every process loads only the rows of its own devices' shards.
+module for the layout it expects); the language-modelling corpus ``stdlib_lm`` is this Python's
+own standard library (:mod:`.stdlib`). Every process loads only the rows of its own devices' shards.
 """
 
 from experiments.data import builtin
 from experiments.data import cifar
 from experiments.data import imagenet
+from experiments.data import stdlib
 from experiments.data import text
 from experiments.data.pipeline import ShardSpec
 from experiments.data.pipeline import ShardedDataset
@@ -20,6 +22,7 @@ DATASETS = {
     "imagenet": imagenet.imagenet,
     "text": text.text,
     "pydoc_text": text.pydoc_text,
+    "stdlib_lm": stdlib.stdlib_lm,
 }
 
 

@@ -51,18 +51,23 @@ class ShardedDataset:
   """Per-device batches of training and evaluation rows.
 
   Attributes:
-    task: ``"classification"`` or ``"masked_lm"``; decides the loss.
+    task: a key of :data:`experiments.tasks.TASKS` (``"classification"``, ``"masked_lm"``,
+      ``"causal_lm"``); decides the loss.
     model_fields: model fields the data decides (``num_classes`` or ``vocab_size``).
     num_train: global number of training rows.
     num_eval: global number of evaluation rows.
     batch_per_device: training rows per device per step.
     steps_per_epoch: steps until every shard has seen its rows once.
+    info: what identifies the data beyond the config (corpus and tokenizer hashes), recorded in
+      the run's ``results.json``.
   """
 
   def __init__(self, *, task: str, model_fields: Mapping[str, int],
                train: Sequence[Rows], evaluation: Sequence[Rows], num_train: int, num_eval: int,
                shards: ShardSpec, batch_per_device: int, eval_batch_per_device: int, seed: int,
-               train_transform: Transform = _identity, eval_transform: Transform = _identity):
+               train_transform: Transform = _identity, eval_transform: Transform = _identity,
+               info: Mapping[str, Any] | None = None,
+               derived_metrics: Callable[[dict[str, float]], dict[str, float]] | None = None):
     """Args:
       task: see the class attributes.
       model_fields: see the class attributes.
@@ -78,6 +83,9 @@ class ShardedDataset:
         generator determined by ``(seed, shard, step)``.
       eval_transform: rows -> model inputs for evaluation; gets a generator fixed per shard and
         batch, so evaluation is deterministic.
+      info: see the class attributes.
+      derived_metrics: evaluation metrics (``test_loss``, ...) -> more metrics derived from them
+        (a language model's bits per byte); see :meth:`derive`.
     """
     self.task = task
     self.model_fields = dict(model_fields)
@@ -87,6 +95,8 @@ class ShardedDataset:
     self._train, self._eval = list(train), list(evaluation)
     self._eval_batch = eval_batch_per_device
     self._train_transform, self._eval_transform = train_transform, eval_transform
+    self.info = dict(info or {})
+    self._derived_metrics = derived_metrics
     self._rows_per_shard = num_train // shards.num_shards
     self.steps_per_epoch = self._rows_per_shard // batch_per_device
     if self.steps_per_epoch < 1:
@@ -108,6 +118,12 @@ class ShardedDataset:
       rng = np.random.default_rng([self._seed, shard, step, 1])
       per_shard.append(self._train_transform({k: v[index] for k, v in rows.items()}, rng))
     return _stack(per_shard)
+
+  def derive(self, metrics: dict[str, float]) -> dict[str, float]:
+    """``metrics`` with what the dataset derives from them added (nothing by default)."""
+    if self._derived_metrics is None:
+      return metrics
+    return {**metrics, **self._derived_metrics(metrics)}
 
   @property
   def num_eval_batches(self) -> int:

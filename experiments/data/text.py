@@ -4,7 +4,9 @@ Corpus: every ``*.txt`` file under ``config.data_dir`` (sorted, recursively), or
 ``pydoc_text`` dataset, the English help texts CPython ships in ``pydoc_data/topics.py``. Lines are
 lower-cased and tokenized with a WordPiece tokenizer (``tokenizers``), either loaded from
 ``config.data.vocab_file`` (one token per line, as released with BERT) or trained on the corpus
-with ``config.data.vocab_size`` entries. The token stream is cut into sequences
+with ``config.data.vocab_size`` entries, once, and shared by every process through
+``config.data.cache_dir`` (:mod:`experiments.data.tokenizer`: the trainer is not deterministic).
+The token stream is cut into sequences
 ``[CLS] tokens [SEP]`` of ``config.data.seq_len``; the last ``config.data.eval_fraction`` of them
 are held out for evaluation.
 
@@ -14,6 +16,7 @@ probability 0.8, by a random token with probability 0.1 and left unchanged other
 model predicts the original token there.
 """
 
+import hashlib
 import os
 from pydoc_data import topics
 
@@ -21,6 +24,7 @@ import numpy as np
 from tokenizers import BertWordPieceTokenizer
 
 from experiments.data import pipeline
+from experiments.data import tokenizer as tokenizer_lib
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 _LAYOUT = "config.data_dir must be a .txt file or a folder holding .txt files (raw UTF-8 text)"
@@ -56,21 +60,31 @@ def _read_text_files(data_dir):
   return documents
 
 
-def build_tokenizer(documents, vocab_file=None, vocab_size=30522):
+def build_tokenizer(documents, vocab_file=None, vocab_size=30522,
+                    cache_dir=None) -> tokenizer_lib.Shared:
   """A lower-casing BERT WordPiece tokenizer, loaded from ``vocab_file`` or trained on
-  ``documents`` (deterministic: every process trains the same one)."""
+  ``documents`` once and shared by every process through ``cache_dir``
+  (:func:`experiments.data.tokenizer.shared`)."""
   if vocab_file:
     if not os.path.isfile(vocab_file):
       raise FileNotFoundError(f"text: config.data.vocab_file={vocab_file!r} does not exist")
     tokenizer = BertWordPieceTokenizer(vocab_file, lowercase=True)
+    data = tokenizer.to_str().encode("utf-8")
+    shared = tokenizer_lib.Shared(tokenizer, hashlib.sha256(data).hexdigest(), vocab_file)
   else:
-    tokenizer = BertWordPieceTokenizer(lowercase=True)
-    tokenizer.train_from_iterator(documents, vocab_size=vocab_size, min_frequency=2,
+    def train():
+      trained = BertWordPieceTokenizer(lowercase=True)
+      trained.train_from_iterator(documents, vocab_size=vocab_size, min_frequency=2,
                                   special_tokens=list(SPECIAL_TOKENS), show_progress=False)
-  missing = [t for t in SPECIAL_TOKENS if tokenizer.token_to_id(t) is None]
+      return trained
+    shared = tokenizer_lib.shared(
+        "wordpiece", {"vocab_size": vocab_size, "min_frequency": 2, "lowercase": True,
+                      "special_tokens": SPECIAL_TOKENS},
+        tokenizer_lib.text_sha256(documents), train, cache_dir)
+  missing = [t for t in SPECIAL_TOKENS if shared.tokenizer.token_to_id(t) is None]
   if missing:
     raise ValueError(f"text: the vocabulary lacks the special tokens {missing}")
-  return tokenizer
+  return shared
 
 
 def mask_tokens(ids: np.ndarray, rng: np.random.Generator, *, max_predictions: int,
@@ -116,7 +130,9 @@ def _masked_lm(config, shards, documents):
     raise ValueError(f"config.data.seq_len={seq_len} must be at least 3 ([CLS] token [SEP])")
   if not 0.0 < eval_fraction < 1.0:
     raise ValueError(f"config.data.eval_fraction={eval_fraction!r} must be in (0, 1)")
-  tokenizer = build_tokenizer(documents, options.get("vocab_file"), vocab_size)
+  shared = build_tokenizer(documents, options.get("vocab_file"), vocab_size,
+                          options.get("cache_dir"))
+  tokenizer = shared.tokenizer
   lines = [line for doc in documents for line in doc.splitlines() if line.strip()]
   stream = np.asarray([i for enc in tokenizer.encode_batch(lines, add_special_tokens=False)
                        for i in enc.ids], np.int32)
@@ -142,4 +158,5 @@ def _masked_lm(config, shards, documents):
       num_train=count - num_eval, num_eval=num_eval, shards=shards,
       batch_per_device=config.batch_size // shards.num_shards,
       eval_batch_per_device=config.eval_batch_size // shards.num_shards, seed=config.seed,
-      train_transform=transform, eval_transform=transform)
+      train_transform=transform, eval_transform=transform,
+      info={"tokenizer_sha256": shared.sha256})

@@ -2,7 +2,8 @@
 
 All models are flax linen modules called as ``model.apply(variables, *inputs, train=...)``.
 Image classifiers take ``[batch, height, width, channels]`` (or ``[batch, length]`` for MNIST-1D)
-and return logits; :class:`BertMLM` takes token ids, an attention mask and the masked positions.
+and return logits; :class:`BertMLM` takes token ids, an attention mask and the masked positions;
+:class:`DecoderLM` takes token ids and returns next-token logits at every position.
 Normalisation is per device (batch norm over the device's own batch, or layer norm); see
 :mod:`experiments.models.resnet` for how the trainer keeps batch-norm statistics identical.
 """
@@ -14,6 +15,7 @@ from typing import Any
 import flax.linen as nn
 
 from experiments.models.bert import BertMLM
+from experiments.models.decoder import DecoderLM
 from experiments.models.resnet import CifarResNet
 from experiments.models.resnet import ImageNetResNet
 from experiments.models.resnet import WideResNet
@@ -31,6 +33,7 @@ MODELS = {
     "vgg": VGG,
     "imagenet_resnet": ImageNetResNet,
     "bert": BertMLM,
+    "decoder_lm": DecoderLM,
 }
 
 

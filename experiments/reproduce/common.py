@@ -44,6 +44,7 @@ class Options:
     seeds: seeds of T1 (and F4).
     jobs: training runs at once, each in a process of its own (1: one after another, in this
       process).
+    tier: the language-model targets' size (``cpu``: about 1M parameters; ``gpu``: 25M+).
   """
   workdir: str = "runs/paper"
   out: str = "paper_figures"
@@ -52,6 +53,7 @@ class Options:
   report_only: bool = False
   seeds: int = 3
   jobs: int = 2
+  tier: str = "cpu"
 
   def config_arg(self) -> str | None:
     return "full=true" if self.full else None

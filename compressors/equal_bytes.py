@@ -1,0 +1,186 @@
+"""Equal-bytes tiers: set a method's density, rank or block count so its bytes land on a target.
+
+Comparing methods at equal *density* compares different traffic: at density ``d`` top-k
+all-gathers ``2 d n (p - 1)`` words over ``p`` workers while random-k all-reduces about ``2 d n``,
+and TASC adds one score per block. A fair table fixes the bytes one device sends per step and
+lets each method spend them as it likes. A *tier* is a ratio ``R``: the target is the dense
+all-reduce's bytes over ``R`` (30x, 100x, 300x, 1000x below dense, :data:`TIERS`).
+
+:func:`solve` reads each method's cost-model entry (:func:`compressors.registry.cost`, the same
+byte rule as :func:`compressors.wire_bytes` applies to the compiled HLO) and searches what the
+method declares as its budget (:attr:`compressors.registry.Method.budget`): a fraction in (0, 1]
+(``density``), a count (PowerSGD's ``rank``), or a method's own search (TASC chooses its block
+size and density). It returns the setting whose bytes come closest to the target, and says when
+that is not within ``tolerance`` (a method whose bytes are fixed, or that cannot go that low:
+PowerSGD sends the model's vectors uncompressed, TASC's block scores cost one number per block).
+The bytes of the settings it picks are then checked against the compiled step
+(``tests/test_equal_bytes.py``: within 10% at 8 and 32 workers).
+"""
+
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+from compressors import registry
+from compressors import topology as topology_lib
+
+#: Tier name -> how many times fewer bytes than the dense all-reduce.
+TIERS = {"30x": 30.0, "100x": 100.0, "300x": 300.0, "1000x": 1000.0}
+TOLERANCE = 0.1
+
+
+class Solution(NamedTuple):
+  """A method's settings for a tier.
+
+  Attributes:
+    method: the registered method.
+    settings: its settings, with the budget field set.
+    bytes: bytes per device per step of one exchange, by the cost model.
+    dense_bytes: the dense all-reduce's, likewise.
+    target_bytes: ``dense_bytes / ratio``.
+    feasible: whether ``bytes`` is within the tolerance of the target.
+    note: why not, when not (''otherwise).
+  """
+  method: str
+  settings: Any
+  bytes: float
+  dense_bytes: float
+  target_bytes: float
+  feasible: bool
+  note: str = ""
+
+  @property
+  def ratio(self) -> float:
+    """Dense bytes over this method's."""
+    return self.dense_bytes / self.bytes
+
+
+def topology(num_workers: int) -> topology_lib.Topology:
+  """``num_workers`` on one link: bytes do not depend on the link's speed, only on the count."""
+  if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 2:
+    raise ValueError(f"equal_bytes: num_workers={num_workers!r}; allowed: an int >= 2")
+  return topology_lib.Topology.flat(num_workers, topology_lib.CLOUD_10G)
+
+
+def method_bytes(method: str, shapes: Sequence[tuple[int, ...]], num_workers: int,
+                 settings: Any = None) -> float:
+  """Bytes one device sends per step with ``method`` (cost model, the ``psum`` schedule)."""
+  return registry.cost(method, shapes, topology(num_workers), settings).bytes_sent
+
+
+def solve(method: str, shapes: Sequence[tuple[int, ...]], num_workers: int, ratio: float,
+          settings: Any = None, *, tolerance: float = TOLERANCE) -> Solution:
+  """The settings of ``method`` whose bytes per step come closest to dense's over ``ratio``.
+
+  Args:
+    method: a registered method.
+    shapes: the shapes of the gradient's leaves (the model's parameters).
+    num_workers: workers exchanging (bytes per device depend on it, through ``p - 1`` terms).
+    ratio: the tier, dense bytes over the target (> 1); a name of :data:`TIERS` works too.
+    settings: the method's other settings (default: its defaults); the budget field is replaced.
+    tolerance: how far from the target, relatively, still counts as on the tier.
+
+  Returns:
+    A :class:`Solution`; ``feasible`` False (with a ``note``) when no setting lands within the
+    tolerance. A method without a budget (fixed bytes) is returned with its own settings.
+
+  Raises:
+    ValueError: an unknown method or tier, or a bad ratio or worker count.
+  """
+  ratio = TIERS.get(ratio, ratio)
+  if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not ratio > 1:
+    raise ValueError(f"equal_bytes.solve: ratio={ratio!r}; allowed: a number > 1 or one of "
+                     f"{list(TIERS)}")
+  entry = registry.get(method)
+  settings = entry.settings() if settings is None else settings
+  shapes = [tuple(s) for s in shapes]
+  dense = method_bytes("dense", shapes, num_workers)
+  target = dense / ratio
+  cost = lambda s: method_bytes(method, shapes, num_workers, s)
+  if entry.budget is None:
+    chosen = settings
+  elif callable(entry.budget):
+    chosen = entry.budget(settings, shapes, cost, target)
+  else:
+    chosen = fit_field(settings, entry.budget, cost, target)
+  if chosen is None:
+    return Solution(method, settings, math.nan, dense, target, False,
+                    f"no setting of {method} sends as few as {target:,.0f} bytes")
+  sent = cost(chosen)
+  off = sent / target - 1
+  feasible = abs(off) <= tolerance
+  note = "" if feasible else (
+      f"{method}'s bytes are fixed: {dense / sent:.3g}x" if entry.budget is None else
+      f"closest: {sent:,.0f} bytes ({dense / sent:.3g}x), {off:+.0%} from the target")
+  return Solution(method, chosen, sent, dense, target, feasible, note)
+
+
+def fit_field(settings: Any, field: str, cost: Callable[[Any], float],
+              target: float) -> Any | None:
+  """``settings`` with ``field`` set so that ``cost`` comes closest to ``target``.
+
+  ``cost`` must not decrease as the field grows, and is a step function of it (a density sets a
+  whole number of entries). A float field is a fraction in (0, 1], searched by bisection on its
+  logarithm; the value returned is the middle of its step, so that the count the method rounds
+  it to does not hang on the last bit. An int field is a count >= 1, searched by bisection up to
+  2^20. Settings the method refuses (``ValueError``) count as infinitely expensive.
+
+  Returns:
+    The settings of the value (of the two around the target) closest to it in log bytes, or None
+    if no value can be priced.
+  """
+  default = getattr(settings, field)
+  if isinstance(default, bool) or not isinstance(default, (int, float)):
+    raise TypeError(f"equal_bytes: {type(settings).__name__}.{field}={default!r} is not a number "
+                    "to search")
+  with_value = lambda v: dataclasses.replace(settings, **{field: v})
+  evaluate = lambda v: _cost_or_inf(cost, with_value(v))
+  if isinstance(default, int):
+    low, high = 0, 1  # the largest count known within the target, the smallest known above it
+    while high < 2**20 and evaluate(high) <= target:
+      low, high = high, 2 * high
+    while high - low > 1:
+      middle = (low + high) // 2
+      low, high = (middle, high) if evaluate(middle) <= target else (low, middle)
+    candidates = [v for v in (low, high) if v >= 1]
+  else:
+    low, high = _bisect(evaluate, lambda v: v <= target, _SMALLEST, 1.0)
+    candidates = [_step_middle(evaluate, v) for v in (low, high) if v is not None]
+  scored = [(abs(math.log(evaluate(v) / target)), v) for v in candidates
+            if math.isfinite(evaluate(v))]
+  return with_value(min(scored)[1]) if scored else None
+
+
+_SMALLEST = 2.0**-40
+
+
+def _bisect(evaluate, within, low: float, high: float) -> tuple[float | None, float | None]:
+  """``(largest value found whose cost is within, smallest value found whose cost is not)`` by
+  bisection of the logarithm between ``low`` and ``high``; None where there is none."""
+  if within(evaluate(high)):
+    return high, None
+  if not within(evaluate(low)):
+    return None, low
+  for _ in range(64):
+    middle = math.sqrt(low * high)
+    low, high = (middle, high) if within(evaluate(middle)) else (low, middle)
+  return low, high
+
+
+def _step_middle(evaluate, value: float) -> float:
+  """The middle of the interval of values that cost what ``value`` costs: ``k / n`` for a
+  density that keeps ``round(density * n) = k`` of ``n`` (the first interval, which a cost model
+  prices as one entry, runs from 0, and its middle still keeps one)."""
+  cost = evaluate(value)
+  low, _ = _bisect(evaluate, lambda c: c < cost, _SMALLEST, value)
+  _, high = _bisect(evaluate, lambda c: c <= cost, value, 1.0)
+  return ((low or 0.0) + (high or 1.0)) / 2
+
+
+def _cost_or_inf(cost: Callable[[Any], float], settings: Any) -> float:
+  """``cost(settings)``, or infinity for settings the method refuses."""
+  try:
+    return cost(settings)
+  except ValueError:
+    return math.inf

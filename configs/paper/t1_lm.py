@@ -1,0 +1,131 @@
+"""The language-model sweeps: T1-LM (every method at equal-bytes tiers) and F4-LM (what makes a
+block worth sending), runs of ``configs/paper/lm.py`` in one folder per tier.
+
+  python -m experiments.sweep --config=configs/paper/t1_lm.py:tier=cpu --workdir=runs/paper/lm_cpu
+
+(or ``python -m experiments.reproduce --target=t1_lm,f4_lm,f5 --tier=cpu``, which also writes the
+tables; F5 plots T1-LM's runs). Run ``<row>_s<seed>`` works in ``workdir/<row>_s<seed>``.
+
+Rows (:func:`rows`): ``dense``, ``fp16`` and ``onebit`` (fixed bytes), then ``<method>_<tier>``
+for the methods with a budget (top-k and random-k with error feedback, DGC, PowerSGD, TASC with
+its default scores) at each tier of :data:`compressors.equal_bytes.TIERS`. F4-LM's rows
+(:func:`f4_rows`) are TASC at the headline tier (:data:`HEADLINE`, 100x) with each block score
+(``magnitude`` ``||a||^2``, ``saliency`` ``h ||a||^2``, the default, ``newton`` ``||a||^2 / h``,
+``fisher``), each block size of :data:`BLOCK_SIZES` where the tier can be met, and this step's or
+the last step's support, beside per-element top-k (``topk_100x``, T1-LM's row).
+
+Grids (:func:`grid`), every run with the same recipe and steps:
+
+* ``gpu``: every row above, 3 seeds, at 8 and at 32 workers.
+* ``cpu``: what fits about an hour on 2 shared CPU cores (48 runs of ~70 s with 2 jobs): T1-LM's
+  fixed rows and its rows at 100x with 3 seeds, top-k and TASC at 30x, 300x and 1000x with seed 0
+  only; F4-LM with 3 seeds, one factor at a time from TASC's default (saliency, block 256 as the
+  solver picks at 100x, this step's support): the other three scores at block 256, blocks 64 and
+  1024 with the default score, and the last step's support; block 16 cannot meet 100x (its
+  65,536 scores alone cost 2x the tier's bytes). 8 workers (32 only in the bytes the solver
+  reports).
+
+Arguments: ``tier`` (cpu/gpu), ``seeds`` (default 3), ``subset`` (``t1``, ``f4`` or ``all``).
+"""
+
+import ml_collections
+
+from compressors import equal_bytes
+from configs import common
+from configs.paper import lm
+
+CONFIG = "configs/paper/lm.py"
+HEADLINE = "100x"
+FIXED = ("dense", "fp16", "onebit")
+BUDGETED = ("topk", "randomk", "dgc", "powersgd", "tasc")
+BLOCK_SIZES = (16, 64, 256, 1024)
+SCORES = {  # F4-LM's score name -> TASC's settings
+    "magnitude": dict(sensitivity="none"),
+    "saliency": dict(sensitivity="hutchinson", score="saliency"),
+    "newton": dict(sensitivity="hutchinson", score="newton"),
+    "fisher": dict(sensitivity="fisher"),
+}
+SUPPORTS = ("global", "previous")
+WORKERS = {"cpu": (8,), "gpu": (8, 32)}
+
+
+def rows() -> dict[str, dict]:
+  """T1-LM's rows, label -> ``configs/paper/lm.py`` arguments."""
+  table = {m: dict(method=m) for m in FIXED}
+  for tier, ratio in equal_bytes.TIERS.items():
+    table.update({f"{m}_{tier}": dict(method=m, ratio=ratio) for m in BUDGETED})
+  return table
+
+
+def f4_label(score: str, block: int, support: str) -> str:
+  return f"tasc_{HEADLINE}_{score}_b{block}_{support}"
+
+
+def f4_rows() -> dict[str, dict]:
+  """F4-LM's TASC rows (every score x block size x support), label -> arguments; the solver
+  decides at run time which block sizes meet the tier (:func:`grid` skips the others)."""
+  return {f4_label(score, block, support): dict(method="tasc", ratio=equal_bytes.TIERS[HEADLINE],
+                                                block=block, support=support, **settings)
+          for score, settings in SCORES.items() for block in BLOCK_SIZES
+          for support in SUPPORTS}
+
+
+def grid(tier: str, subset: str = "all") -> dict[str, int]:
+  """Row label -> seeds to run, for ``tier`` (see the module docstring)."""
+  if tier not in WORKERS:
+    raise ValueError(f"configs/paper/t1_lm.py: tier={tier!r}; allowed: {sorted(WORKERS)}")
+  if subset not in ("t1", "f4", "all"):
+    raise ValueError(f"configs/paper/t1_lm.py: subset={subset!r}; allowed: t1, f4, all")
+  chosen = {}
+  if subset in ("t1", "all"):
+    chosen.update({label: 3 for label, r in rows().items()
+                   if tier == "gpu" or "ratio" not in r or label.endswith(f"_{HEADLINE}")})
+    if tier == "cpu":
+      chosen.update({f"{m}_{t}": 1 for m in ("topk", "tasc") for t in equal_bytes.TIERS
+                     if t != HEADLINE})
+  if subset in ("f4", "all"):
+    default = ("saliency", 256, "global")
+    for label, r in f4_rows().items():
+      key = (label.split("_")[2], r["block"], r["support"])
+      if key == default:
+        continue  # T1-LM's tasc_100x runs these settings
+      if ((tier == "gpu" or sum(a != b for a, b in zip(key, default)) == 1)
+          and meets_tier(tier, r)):
+        chosen[label] = 3
+    chosen[f"topk_{HEADLINE}"] = 3
+  return chosen
+
+
+def meets_tier(tier: str, row: dict) -> bool:
+  """Whether the solver can put the row's method within the tolerance of its tier's bytes (at 8
+  workers; TASC's bytes do not depend on the count)."""
+  options = {k: row[k] for k in ("score", "sensitivity", "support") if k in row}
+  _, solution = lm.method_settings(tier, row["method"], row["ratio"], 8,
+                                   block_size=row.get("block", 0), **options)
+  return solution is None or solution.feasible
+
+
+def run_name(label: str, seed: int, workers: int = 8) -> str:
+  """A run's directory name: ``<row>_s<seed>``, with ``_w<workers>`` beyond 8 workers."""
+  return f"{label}_s{seed}" + (f"_w{workers}" if workers != 8 else "")
+
+
+def config_arg(label: str, tier: str, seed: int, workers: int) -> str:
+  settings = {**rows(), **f4_rows()}[label]
+  return ",".join(f"{k}={v}" for k, v in {**settings, "tier": tier, "seed": seed,
+                                          "workers": workers}.items())
+
+
+def get_config(arg=None):
+  args = common.parse_args(arg, tier="cpu", seeds=3, subset="all")
+  if args["seeds"] < 1:
+    raise ValueError(f"configs/paper/t1_lm.py: seeds={args['seeds']}; allowed: >= 1")
+  chosen = grid(args["tier"], args["subset"])
+  c = ml_collections.ConfigDict()
+  # Seed-major, so that every row has a first seed before any has a third.
+  c.runs = [{"name": run_name(label, seed, workers),
+             "config": f"{CONFIG}:{config_arg(label, args['tier'], seed, workers)}"}
+            for workers in WORKERS[args["tier"]] for seed in range(args["seeds"])
+            for label, seeds in chosen.items() if seed < seeds]
+  c.overrides = {}
+  return c
