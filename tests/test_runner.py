@@ -244,6 +244,35 @@ def test_two_processes_match_one_process(sweep_dir, tmp_path, workers):
   assert results["wire_bytes"] == reference["wire_bytes"]
 
 
+def test_two_process_bert_matches_one_process_and_resumes_bit_for_bit(tmp_path):
+  """BERT on pydoc text, 2 processes x 4 devices: the parameters of 1 process x 8 devices with
+  the same global batch (both processes tokenize with the one tokenizer the first training put
+  in the cache folder), and a restart from step 1's checkpoint ends bit for bit as the
+  uninterrupted run."""
+  fields = {"data.cache_dir": str(tmp_path / "tokenizers"), "checkpoint_every": 1}
+  one_process = train.train_and_evaluate(_config("bert", "smoke", **fields),
+                                         str(tmp_path / "one"))
+  env = dict(os.environ, JAX_DISABLE_MOST_OPTIMIZATIONS="1", XLA_FLAGS="")
+  command = [sys.executable, "-m", "experiments.launch", "--num_processes=2", "--",
+             "--config=configs/bert.py:smoke", f"--workdir={tmp_path / 'two'}",
+             *[f"--config.{k}={v}" for k, v in fields.items()]]
+
+  def launch():
+    completed = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True,
+                               timeout=600)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    with open(tmp_path / "two" / train.RESULTS_FILE) as f:
+      return json.load(f), checkpoint.load_state(str(tmp_path / "two"))
+
+  two_processes, state = launch()
+  assert two_processes["tokenizer_sha256"] == one_process["tokenizer_sha256"]
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7),
+               state["params"], checkpoint.load_params(str(tmp_path / "one")))
+  shutil.rmtree(tmp_path / "two" / "checkpoints" / str(two_processes["step"]))
+  _, resumed = launch()
+  jax.tree.map(np.testing.assert_array_equal, resumed, state)
+
+
 @pytest.mark.parametrize("num_devices, per_device", [(2, 4), (1, 8)])
 def test_simulated_workers_train_as_the_devices_would(sweep_dir, tmp_path, num_devices,
                                                        per_device):
