@@ -6,7 +6,9 @@
 
 Raw ``*.txt`` files under ``--config.data_dir`` (or, with ``pydoc=true``, the English help texts
 CPython ships in ``pydoc_data/topics.py``) are tokenized by a WordPiece vocabulary trained on the
-corpus (``--config.data.vocab_file`` loads one instead), cut into 128-token sequences, and masked
+corpus once and shared by every process through ``--config.data.cache_dir`` (default
+``~/.cache/tasc-jax/tokenizers``; ``--config.data.tokenizer_sha256`` pins the one a run recorded)
+or loaded from ``--config.data.vocab_file``, cut into 128-token sequences, and masked
 dynamically (15%, 80/10/10). LAMB with weight decay 0.01, linear warmup over the first 1% of
 steps and linear decay (power 1), as in the LAMB paper.
 
@@ -40,7 +42,7 @@ def get_config(arg=None):
   c = common.base()
   c.dataset = "pydoc_text" if args["pydoc"] or args["smoke"] else "text"
   c.data = dict(seq_len=128, max_predictions=20, vocab_size=variant["vocab_size"],
-                eval_fraction=0.05)
+                eval_fraction=0.05, cache_dir="", tokenizer_sha256="")
   c.model = variant["model"]
   c.method = args["method"]
   c.optimizer.update(dict(name="lamb", learning_rate=variant["learning_rate"], b1=0.9, b2=0.999,
@@ -54,7 +56,7 @@ def get_config(arg=None):
   c.checkpoint_every = 500
   if args["smoke"]:
     common.make_smoke(c, batch_size=16)
-    c.data = dict(seq_len=32, max_predictions=5, vocab_size=500, eval_fraction=0.05)
+    c.data.update(dict(seq_len=32, max_predictions=5, vocab_size=500))
     c.model = dict(name="bert", hidden=16, num_layers=1, num_heads=2, intermediate=32,
                    max_length=32)
   return c

@@ -60,11 +60,11 @@ def _read_text_files(data_dir):
   return documents
 
 
-def build_tokenizer(documents, vocab_file=None, vocab_size=30522,
-                    cache_dir=None) -> tokenizer_lib.Shared:
+def build_tokenizer(documents, vocab_file=None, vocab_size=30522, cache_dir=None,
+                    expected_sha256="") -> tokenizer_lib.Shared:
   """A lower-casing BERT WordPiece tokenizer, loaded from ``vocab_file`` or trained on
-  ``documents`` once and shared by every process through ``cache_dir``
-  (:func:`experiments.data.tokenizer.shared`)."""
+  ``documents`` once and shared by every process through ``cache_dir``, with the sha256
+  ``expected_sha256`` if one is given (:func:`experiments.data.tokenizer.shared`)."""
   if vocab_file:
     if not os.path.isfile(vocab_file):
       raise FileNotFoundError(f"text: config.data.vocab_file={vocab_file!r} does not exist")
@@ -80,7 +80,7 @@ def build_tokenizer(documents, vocab_file=None, vocab_size=30522,
     shared = tokenizer_lib.shared(
         "wordpiece", {"vocab_size": vocab_size, "min_frequency": 2, "lowercase": True,
                       "special_tokens": SPECIAL_TOKENS},
-        tokenizer_lib.text_sha256(documents), train, cache_dir)
+        tokenizer_lib.text_sha256(documents), train, cache_dir, expected_sha256)
   missing = [t for t in SPECIAL_TOKENS if shared.tokenizer.token_to_id(t) is None]
   if missing:
     raise ValueError(f"text: the vocabulary lacks the special tokens {missing}")
@@ -131,7 +131,7 @@ def _masked_lm(config, shards, documents):
   if not 0.0 < eval_fraction < 1.0:
     raise ValueError(f"config.data.eval_fraction={eval_fraction!r} must be in (0, 1)")
   shared = build_tokenizer(documents, options.get("vocab_file"), vocab_size,
-                          options.get("cache_dir"))
+                          options.get("cache_dir"), options.get("tokenizer_sha256", ""))
   tokenizer = shared.tokenizer
   lines = [line for doc in documents for line in doc.splitlines() if line.strip()]
   stream = np.asarray([i for enc in tokenizer.encode_batch(lines, add_special_tokens=False)
