@@ -136,7 +136,14 @@ def provenance_notes(workdir: str, tier: str) -> list[str]:
                     if provenance.KEY in r.results})
   commits = sorted({provenance.commit_text(r.results[provenance.KEY]) for r in runs
                     if provenance.KEY in r.results})
-  return [f"Tier `{tier}` ({len(runs)} finished runs in `{report_lib.relative(workdir)}`): "
+  parent = os.path.dirname(os.path.abspath(workdir))
+  tiers_run = [t for t in lm.TIERS if any(
+      os.path.exists(os.path.join(parent, f"lm_{t}", d, report_lib.RESULTS_FILE))
+      for d in (os.listdir(os.path.join(parent, f"lm_{t}"))
+                if os.path.isdir(os.path.join(parent, f"lm_{t}")) else ()))]
+  return [f"Tiers with finished runs beside this one: {', '.join(tiers_run)}; not run: "
+          f"{', '.join(t for t in lm.TIERS if t not in tiers_run) or 'none'}.",
+          f"Tier `{tier}` ({len(runs)} finished runs in `{report_lib.relative(workdir)}`): "
           f"Python {', '.join(seen('python_version'))}; corpus sha256 "
           f"{', '.join(seen('corpus_sha256'))} ({', '.join(seen('corpus_files'))} files, "
           f"{', '.join(seen('corpus_bytes'))} bytes); tokenizer sha256 "
