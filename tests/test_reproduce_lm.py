@@ -158,6 +158,8 @@ def test_f4_lm_table_names_the_best_score(lm_dir, tmp_path):
   assert "lowest: saliency" in claim.ours
   assert claim.reproduced is False  # 4.1 vs 4.5: within the two intervals
   assert sum(n.startswith("Derivation,") for n in report.notes) == 4
+  [(heading, text)] = report.sections
+  assert "Lowest validation loss: saliency" in text and "the default stays" in text
   written = reproduce_report.write_report(report, PROV, tmp_path / "out")
   assert sorted(p.name for p in written) == ["f4_lm.csv", "f4_lm.md", "f4_lm.png"]
 
@@ -182,6 +184,11 @@ def test_f5_adds_modelled_communication_to_measured_compute(lm_dir, tmp_path):
   # TASC's mean curve (5.5, 4.5, 4.1, 4.1) never reaches dense's 4.0; one with 32 workers neither.
   assert tasc["speedup"] is None and tasc["reached"].startswith("no")
   assert rows[("dense", "10 Gbit/s", 32)]["speedup"] == pytest.approx(1.0)
+  # The common loss is the highest final one, TASC's 4.1: every row reaches it.
+  assert tasc["common_loss"] == pytest.approx(4.1)
+  assert tasc["speedup_common"] == pytest.approx(
+      f5.time_to(np.array([10, 20, 30, 40.]), np.array([6, 5, 4.5, 4.0]), dense["step_s"], 4.1)
+      / (30 * tasc["step_s"]))
   topk = rows[("topk_100x", "1 Gbit/s", 8)]
   assert topk["speedup"] == pytest.approx(40 * dense["step_s"] / (30 * topk["step_s"]))
   written = reproduce_report.write_report(report, PROV, tmp_path / "out")

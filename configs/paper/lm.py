@@ -12,8 +12,7 @@ Tiers (``tier``):
 * ``cpu``: ``lm_stdlib``'s ``tiny`` model (1.07M parameters, vocabulary 2,048), sequences of 64
   tokens, batch 32 (2,048 tokens a step), 200 steps (410K tokens, 0.12 passes over the training
   tokens), 8 simulated CPU devices. Sized so that the three targets' 48 runs finish in about an
-  hour on 2 shared CPU cores with ``--jobs=2`` (a pair of dense runs took 106 s with the
-  compilation cache warm): early training, where the methods differ in how fast the loss
+  hour on 2 shared CPU cores with ``--jobs=2`` (they took 53 minutes): early training, where the methods differ in how fast the loss
   falls (dense: 5.1 nats per token), not a converged model.
 * ``gpu``: ``lm_stdlib``'s ``base`` model (29.5M parameters, vocabulary 8,192), sequences of 256,
   batch 256 (65,536 tokens a step), 300 steps, ``workers`` (8 or 32) workers simulated on one

@@ -17,7 +17,8 @@ the last step's support, beside per-element top-k (``topk_100x``, T1-LM's row).
 Grids (:func:`grid`), every run with the same recipe and steps:
 
 * ``gpu``: every row above, 3 seeds, at 8 and at 32 workers.
-* ``cpu``: what fits about an hour on 2 shared CPU cores (48 runs of ~70 s with 2 jobs): T1-LM's
+* ``cpu``: what fits about an hour on 2 CPU cores (T1-LM's 30 runs took 38 min and F4-LM's 18
+  runs 15 min with 2 jobs, the cores shared with another process's test suite): T1-LM's
   fixed rows and its rows at 100x with 3 seeds, top-k and TASC at 30x, 300x and 1000x with seed 0
   only; F4-LM with 3 seeds, one factor at a time from TASC's default (saliency, block 256 as the
   solver picks at 100x, this step's support): the other three scores at block 256, blocks 64 and

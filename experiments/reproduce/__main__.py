@@ -31,7 +31,9 @@ above), the runs' machinery is :mod:`experiments.reproduce.common` and the outpu
 Training runs go ``--jobs`` at a time (default 2), each in a process of its own. ``--target=all``
 took 89 minutes from scratch on 2 CPU cores (quick settings, 2 jobs; T1 70 min, T2 13, F1 4, F3 2)
 before T2's MNIST-1D runs moved to the runner; those 48 runs now take 8 minutes (2 jobs, 2 busy
-cores).
+cores). The language-model targets (``--tier=cpu``, the default) add 53 minutes: T1-LM's 30 runs
+38, F4-LM's 18 runs 15, F5 none of its own. ``--tier=gpu`` (25M+ parameters, 8 and 32 simulated
+workers per GPU) needs a GPU and has not been run.
 """
 
 import argparse
@@ -89,6 +91,8 @@ TARGETS = {t.name: t for t in (
         ("f3", f3), ("t1_lm", t1_lm), ("f4_lm", f4_lm), ("f5", f5)))}
 
 
+# The targets whose size --tier sets.
+LM_TARGETS = ("t1_lm", "f4_lm", "f5")
 # The published claims each target answers, for the index (its page has the claims in full).
 ANSWERS = {
     "f2": "TASC: 11x (2 x 8 GPUs) and 2.6x (1 x 8) communication speed-up over a dense ring",
@@ -196,7 +200,8 @@ def main(argv: Sequence[str] | None = None) -> list[Path]:
   prov = report_lib.Provenance(
       provenance.record(devices=jax.devices(), num_workers=NUM_DEVICES, process_count=1,
                         command_line="python -m experiments.reproduce " + shlex.join(argv)),
-      "full" if options.full else "quick")
+      ("full" if options.full else "quick")
+      + (f", {options.tier} tier" if any(n in LM_TARGETS for n in names) else ""))
   written = []
   for name in names:
     start = time.monotonic()

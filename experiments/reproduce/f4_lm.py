@@ -7,6 +7,8 @@ T1-LM's folder (the default TASC row and top-k are T1-LM's runs). Each score's t
 derivation is in :mod:`tasc._scores` and in the report's notes.
 """
 
+import math
+
 import numpy as np
 
 from configs.paper import t1_lm as sweep_config
@@ -105,7 +107,7 @@ def report(workdir: str, *, tier: str, seeds: int) -> Report:
                ("val_loss", "val loss nats/token (mean ± std)"), ("loss_ci95", "95% CI ±"),
                ("compression_ratio", "wire compression (x, HLO)"), ("settings", "settings"),
                ("status", "status"), ("run_dirs", "run directories")],
-      rows=rows, claims=claims(rows, topk),
+      rows=rows, claims=claims(rows, topk), sections=[("Conclusion", conclusion(rows, topk))],
       configs=[f"configs/paper/t1_lm.py:tier={tier},subset=f4", "configs/paper/lm.py"],
       notes=[t1_lm.recipe_note(tier),
              "Every variant is solved to the same bytes (100x below dense, float16 on the wire): "
@@ -148,3 +150,22 @@ def claims(rows: list[dict], topk: str) -> list[Claim]:
       f"({overall['val_loss']})", reproduced,
       "yes only if a Hessian-aware score's mean is below magnitude's by more than both 95% "
       "half-widths together")]
+
+
+def conclusion(rows: list[dict], topk: str) -> str:
+  """Which variant had the lowest loss and whether it beats TASC's default beyond the seeds'
+  95% intervals (the default changes only if one does)."""
+  done = [r for r in rows if r["seeds"] and r["method"] != topk]
+  default = next((r for r in done if (r["score"], r["block"], r["support"]) == DEFAULT), None)
+  if not done or default is None:
+    return "Not enough runs finished to conclude."
+  best = min(done, key=lambda r: r["loss_mean"])
+  margin = (best.get("loss_ci95") or math.inf) + (default.get("loss_ci95") or math.inf)
+  wins = best is not default and best["loss_mean"] < default["loss_mean"] - margin
+  return (f"Lowest validation loss: {best['score']}, block {best['block']}, {best['support']} "
+          f"support ({best['val_loss']}); the default (saliency, block 256, this step's support) "
+          f"{default['val_loss']}. "
+          + ("It beats the default beyond both 95% intervals." if wins else
+             "No variant beats the default beyond both 95% intervals, so the default stays; "
+             "every variant is selectable (tasc's `sensitivity`, `score`, `block_size`, "
+             "`support`)."))

@@ -15,7 +15,9 @@ For each T1-LM row, a step takes
   only the communication is re-priced.
 
 The speed-up of a method is dense's time to its final validation loss over the method's time to
-reach that loss (linear between evaluations; none when it never does).
+reach that loss (linear between evaluations; none when it never does). Where compressed runs
+never reach it, a second speed-up compares the times to the *common* loss, the highest of the
+rows' final validation losses, which every row reaches.
 """
 
 import math
@@ -96,6 +98,10 @@ def report(workdir: str, *, tier: str, seeds: int) -> Report:
                      "seeds": len(runs), "compute_s": compute, "comm_s": comm,
                      "step_s": compute + comm, "final_val_loss": float(loss[-1]),
                      "steps": steps, "loss": loss})
+  common_loss = max((r["final_val_loss"] for r in rows), default=math.nan)
+  for row in rows:
+    row["common_loss"] = common_loss
+    row["time_to_common_s"] = time_to(row["steps"], row["loss"], row["step_s"], common_loss)
   for row in rows:
     dense = next((r for r in rows if r["method"] == "dense" and r["link"] == row["link"]
                   and r["workers"] == row["workers"]), None)
@@ -107,6 +113,7 @@ def report(workdir: str, *, tier: str, seeds: int) -> Report:
     row["time_to_dense_s"] = reach
     row["speedup"] = dense_time / reach if math.isfinite(reach) else None
     row["reached"] = "yes" if math.isfinite(reach) else "no (never reaches dense's final loss)"
+    row["speedup_common"] = dense["time_to_common_s"] / row["time_to_common_s"]
 
   def plot(fig):
     panels = fig.subplots(2, 2, sharey=True)
@@ -116,10 +123,10 @@ def report(workdir: str, *, tier: str, seeds: int) -> Report:
         if (row["link"], row["workers"]) == (link_name, workers):
           ax.plot(row["steps"] * row["step_s"], row["loss"], marker="o", ms=3,
                   label=row["method"], color=_colour(row["method"], list(curves)))
-      ax.set_xscale("log")
+      ax.set_xlim(left=0)
       ax.set_title(f"{workers} workers, {link_name}", fontsize=10)
       ax.grid(alpha=0.3)
-      ax.set_xlabel("modelled wall-clock, s (log)")
+      ax.set_xlabel("compute (measured) + comm. (modelled), s")
       ax.tick_params(labelsize=8)
     for ax in panels[:, 0]:
       ax.set_ylabel("validation loss, nats/token")
@@ -137,7 +144,9 @@ def report(workdir: str, *, tier: str, seeds: int) -> Report:
                ("comm_s", "communication s/step (modelled)"), ("step_s", "s/step"),
                ("final_val_loss", "final val loss"),
                ("time_to_dense_s", "s to dense's final loss"),
-               ("speedup", "speed-up vs dense"), ("seeds", "seeds")],
+               ("speedup", "speed-up vs dense"),
+               ("time_to_common_s", "s to the common loss"),
+               ("speedup_common", "speed-up vs dense to the common loss"), ("seeds", "seeds")],
       rows=table, claims=claims(table),
       configs=[f"configs/paper/t1_lm.py:tier={tier},subset=t1", "configs/paper/lm.py"],
       notes=[__doc__.split("\n\n", 1)[1].replace("\n", " ").strip(),
@@ -159,7 +168,8 @@ def claims(rows: list[dict]) -> list[Claim]:
   slow, fast = at(tasc, "1 Gbit/s", 8), at(tasc, "10 Gbit/s", 8)
   if slow and fast:
     describe = lambda r: (f"{r['speedup']:.2f}x" if r.get("speedup") else
-                          "never reaches dense's final loss")
+                          "never reaches dense's final loss; to the common loss "
+                          f"{r['common_loss']:.3f}: {r['speedup_common']:.2f}x")
     out.append(Claim(
         "Compression pays on slow links and much less on fast ones (at 10 Gbit/s 2-5x "
         "compression is enough)", "Agarwal et al., MLSys 2022 (REFERENCES.md)",
@@ -168,8 +178,10 @@ def claims(rows: list[dict]) -> list[Claim]:
         f"dense's communication {at('dense', '1 Gbit/s', 8)['comm_s']:.4f} and "
         f"{at('dense', '10 Gbit/s', 8)['comm_s']:.4f} s/step modelled)"
         if at("dense", "1 Gbit/s", 8) else "dense not run",
-        None if not (slow.get("speedup") and fast.get("speedup")) else
-        slow["speedup"] >= fast["speedup"],
+        # Where compression does not pay even on the slow link, the setting cannot test the
+        # claim's contrast between links.
+        None if slow["speedup_common"] <= 1 else
+        slow["speedup_common"] >= fast["speedup_common"],
         "compute measured on 2 CPU cores running all 8 workers, so a step's compute is far "
         "larger than a GPU's and communication's share far smaller"))
   return out

@@ -136,7 +136,14 @@ def provenance_notes(workdir: str, tier: str) -> list[str]:
                     if provenance.KEY in r.results})
   commits = sorted({provenance.commit_text(r.results[provenance.KEY]) for r in runs
                     if provenance.KEY in r.results})
-  return [f"Tier `{tier}` ({len(runs)} finished runs in `{report_lib.relative(workdir)}`): "
+  parent = os.path.dirname(os.path.abspath(workdir))
+  tiers_run = [t for t in lm.TIERS if any(
+      os.path.exists(os.path.join(parent, f"lm_{t}", d, report_lib.RESULTS_FILE))
+      for d in (os.listdir(os.path.join(parent, f"lm_{t}"))
+                if os.path.isdir(os.path.join(parent, f"lm_{t}")) else ()))]
+  return [f"Tiers with finished runs beside this one: {', '.join(tiers_run)}; not run: "
+          f"{', '.join(t for t in lm.TIERS if t not in tiers_run) or 'none'}.",
+          f"Tier `{tier}` ({len(runs)} finished runs in `{report_lib.relative(workdir)}`): "
           f"Python {', '.join(seen('python_version'))}; corpus sha256 "
           f"{', '.join(seen('corpus_sha256'))} ({', '.join(seen('corpus_files'))} files, "
           f"{', '.join(seen('corpus_bytes'))} bytes); tokenizer sha256 "
@@ -190,7 +197,8 @@ def claims(rows: list[dict]) -> list[Claim]:
   if dgc and dense:
     out.append(Claim(
         "DGC: 270x-600x gradient compression without accuracy loss",
-        "Lin et al., ICLR 2018 (language model on Penn Treebank: 462x at no perplexity loss)",
+        "Lin et al., ICLR 2018 (LSTM language model on Penn Treebank: 462x at no perplexity "
+        "loss; recalled, check)",
         f"DGC at {dgc['compression_ratio']:.0f}x: {dgc['val_loss']} vs dense {dense['val_loss']}",
         None, "a few hundred steps of early training cannot answer a claim about converged "
         "models"))
