@@ -19,6 +19,7 @@ import time
 import jax
 from jax.sharding import NamedSharding
 import numpy as np
+import psutil
 import pytest
 
 from configs import cifar10_resnet20
@@ -430,7 +431,6 @@ def test_when_a_process_dies_the_others_stop_within_a_minute_and_a_restart_resum
   args = [*_MULTI_PROCESS_ARGS, f"--workdir={workdir}"]
   logs_ = [tmp_path / "process0", tmp_path / "process1"]
   if victim == "worker under the launcher":
-    psutil = pytest.importorskip("psutil")
     launcher = _start(["-m", "experiments.launch", "--num_processes=2", "--", *args],
                       tmp_path / "launcher")
     processes = [launcher]
@@ -479,7 +479,6 @@ def test_sigterm_to_the_launcher_stops_every_process_at_one_step(tmp_path):
   """The launcher passes SIGTERM on and waits: within 10 s no process is left, all stopped at
   the same step after a checkpoint, and process 0 names the launcher's command to resume
   with."""
-  psutil = pytest.importorskip("psutil")
   workdir, log = tmp_path / "run", tmp_path / "launcher"
   launch_command = ["-m", "experiments.launch", "--num_processes=2", "--",
                     "--config=configs/digits.py:smoke", "--config.num_steps=4000",
