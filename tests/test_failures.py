@@ -162,29 +162,35 @@ def _flip_one_bit(x: jax.Array, device: int) -> jax.Array:
   return jax.make_array_from_single_device_arrays(x.shape, x.sharding, copies)
 
 
-class _DriftingStep:
-  """A training step after which one device's parameters drift (a flipped bit)."""
+class _StepThen:
+  """A training step followed by ``after(state)``, which returns the state to go on with."""
 
-  def __init__(self, step):
-    self._step = step
+  def __init__(self, step, after):
+    self._step, self._after = step, after
     self.lower = step.lower  # wire_bytes compiles the real step
 
   def __call__(self, state, batch):
     state, metrics = self._step(state, batch)
-    if int(state.step) == DRIFT_AFTER_STEP:
-      leaves, treedef = jax.tree.flatten(state.params)
-      leaves[0] = _flip_one_bit(leaves[0], DRIFT_DEVICE)
-      state = state._replace(params=jax.tree.unflatten(treedef, leaves))
-    return state, metrics
+    return self._after(state), metrics
 
 
-def _wrap_train_steps(monkeypatch, wrapper):
-  """Makes the runner's compiled train steps ``wrapper(step)``; returns the unwrapped builder."""
+def _drift(state):
+  """One device's parameters drift (a flipped bit) after step DRIFT_AFTER_STEP."""
+  if int(state.step) == DRIFT_AFTER_STEP:
+    leaves, treedef = jax.tree.flatten(state.params)
+    leaves[0] = _flip_one_bit(leaves[0], DRIFT_DEVICE)
+    state = state._replace(params=jax.tree.unflatten(treedef, leaves))
+  return state
+
+
+def _wrap_train_steps(monkeypatch, after):
+  """Makes each of the runner's compiled train steps run ``after(state)`` once it is done;
+  returns the unwrapped builder."""
   build = train._build_program  # pylint: disable=protected-access
 
   def wrapped_program(*args, **kwargs):
     program = build(*args, **kwargs)
-    return program._replace(train_steps={refresh: wrapper(step) for refresh, step
+    return program._replace(train_steps={refresh: _StepThen(step, after) for refresh, step
                                          in program.train_steps.items()})
 
   monkeypatch.setattr(train, "_build_program", wrapped_program)
@@ -192,7 +198,7 @@ def _wrap_train_steps(monkeypatch, wrapper):
 
 
 def test_replica_drift_stops_the_run_at_the_step_it_is_found(tmp_path, monkeypatch):
-  _wrap_train_steps(monkeypatch, _DriftingStep)
+  _wrap_train_steps(monkeypatch, _drift)
   config = digits.get_config("smoke")
   config.num_steps = 5
   assert config.check_replicas_every == 1
@@ -227,19 +233,11 @@ def test_resuming_accepts_bookkeeping_changes_and_names_every_other_change(tmp_p
 SIGNAL_AFTER_STEP = 3
 
 
-class _SignallingStep:
-  """A training step that sends this process SIGINT (a Ctrl-C) once step SIGNAL_AFTER_STEP is
-  done."""
-
-  def __init__(self, step):
-    self._step = step
-    self.lower = step.lower  # wire_bytes compiles the real step
-
-  def __call__(self, state, batch):
-    state, metrics = self._step(state, batch)
-    if int(state.step) == SIGNAL_AFTER_STEP:
-      os.kill(os.getpid(), signal.SIGINT)
-    return state, metrics
+def _send_sigint(state):
+  """Sends this process SIGINT (a Ctrl-C) once step SIGNAL_AFTER_STEP is done."""
+  if int(state.step) == SIGNAL_AFTER_STEP:
+    os.kill(os.getpid(), signal.SIGINT)
+  return state
 
 
 def test_a_signal_stops_the_run_at_the_next_step_boundary_after_a_checkpoint(
@@ -252,7 +250,7 @@ def test_a_signal_stops_the_run_at_the_next_step_boundary_after_a_checkpoint(
   reference = str(tmp_path / "reference")
   train.train_and_evaluate(config, reference)
 
-  build = _wrap_train_steps(monkeypatch, _SignallingStep)
+  build = _wrap_train_steps(monkeypatch, _send_sigint)
   workdir = str(tmp_path / "run")
   with pytest.raises(interrupt.Interrupted) as stopped:
     train.train_and_evaluate(config, workdir)
