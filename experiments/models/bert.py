@@ -78,14 +78,8 @@ class BertMLM(nn.Module):
   dropout: float = 0.1
 
   def __post_init__(self):
-    for name in ("vocab_size", "hidden", "num_layers", "num_heads", "intermediate", "max_length"):
-      value = getattr(self, name)
-      if not isinstance(value, int) or value < 1:
-        raise ValueError(f"bert: {name}={value!r} must be a positive int")
-    if self.hidden % self.num_heads:
-      raise ValueError(f"bert: num_heads={self.num_heads} must divide hidden={self.hidden}")
-    if not 0.0 <= self.dropout < 1.0:
-      raise ValueError(f"bert: dropout={self.dropout!r} must be in [0, 1)")
+    layers.check_sizes(self, "bert", ("vocab_size", "hidden", "num_layers", "num_heads",
+                                      "intermediate", "max_length"))
     super().__post_init__()
 
   @nn.compact

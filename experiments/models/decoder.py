@@ -42,15 +42,8 @@ class DecoderLM(nn.Module):
   dropout: float = 0.0
 
   def __post_init__(self):
-    for name in ("vocab_size", "hidden", "num_layers", "num_heads", "mlp_ratio", "max_length"):
-      value = getattr(self, name)
-      if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"decoder_lm: {name}={value!r} must be a positive int")
-    if self.hidden % self.num_heads:
-      raise ValueError(f"decoder_lm: num_heads={self.num_heads} must divide "
-                       f"hidden={self.hidden}")
-    if not 0.0 <= self.dropout < 1.0:
-      raise ValueError(f"decoder_lm: dropout={self.dropout!r} must be in [0, 1)")
+    layers.check_sizes(self, "decoder_lm", ("vocab_size", "hidden", "num_layers", "num_heads",
+                                            "mlp_ratio", "max_length"))
     super().__post_init__()
 
   @nn.compact

@@ -1,5 +1,7 @@
 """Pieces shared by the transformer models.
 
+``check_sizes``: the validation of a transformer's sizes and dropout rate, before it is built.
+
 ``gelu``: the exact GELU, ``x / 2 * erfc(-x / sqrt(2))`` (Hendrycks & Gimpel 2016), as
 ``flax.linen.gelu(x, approximate=False)`` computes it, with the derivative of ``erfc`` written
 out, ``-2 / sqrt(pi) * exp(-x^2)``. JAX 0.12's own rule for that derivative evaluates a
@@ -30,3 +32,17 @@ def gelu(x: jax.Array) -> jax.Array:
   """The exact (erf) GELU of ``x``."""
   sqrt_half = np.sqrt(0.5).astype(x.dtype)
   return 0.5 * x * _erfc(-x * sqrt_half)
+
+
+def check_sizes(model, name: str, int_fields: tuple[str, ...]) -> None:
+  """Refuses a transformer ``model`` whose ``int_fields`` are not positive ints, whose
+  ``num_heads`` does not divide its ``hidden``, or whose ``dropout`` is outside [0, 1); the
+  message starts with the model's ``name``."""
+  for field in int_fields:
+    value = getattr(model, field)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+      raise ValueError(f"{name}: {field}={value!r} must be a positive int")
+  if model.hidden % model.num_heads:
+    raise ValueError(f"{name}: num_heads={model.num_heads} must divide hidden={model.hidden}")
+  if not 0.0 <= model.dropout < 1.0:
+    raise ValueError(f"{name}: dropout={model.dropout!r} must be in [0, 1)")
