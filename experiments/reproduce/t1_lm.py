@@ -264,6 +264,7 @@ def report(workdir: str, *, tier: str, seeds: int) -> Report:
              "collectives (results.json `wire_bytes`); wire compression is dense's bytes over "
              "those. Top-k and random-k with error feedback; DGC with its own momentum and "
              "residual; TASC float16 on the wire, Hutchinson curvature every 10 steps.",
-             "95% CI: Student's t over seeds (half-width). Rows at tiers other than 100x ran one "
-             "seed on the CPU tier (the budget of 2 CPU cores)."],
+             "95% CI: Student's t over seeds (half-width); a row with one seed has none. The CPU "
+             "tier runs 3 seeds of dense, top-k and TASC at 100x and one of every other row "
+             "(configs/paper/t1_lm.py: what fits 90 minutes on 2 CPU cores)."],
       plot=plot_loss_vs_bytes(rows, f"T1-LM ({tier} tier): validation loss vs bytes per step"))
