@@ -114,6 +114,28 @@ def test_the_tokenizer_is_trained_once_and_cached(tmp_path, monkeypatch):
   assert third.info["tokenizer_sha256"] != first.info["tokenizer_sha256"]
 
 
+def test_a_run_that_loses_the_race_to_cache_the_tokens_keeps_the_winners_file(tmp_path, cache):
+  """Runs started together (``--jobs=2``) all miss the token cache and all write it: each must
+  get its stream, one whole file must stay, and no temporary file may be left behind."""
+  texts = ["def f(x):\n    return x\n"] * 20
+  shared = stdlib.build_tokenizer(texts, 300, cache)
+  folder = tmp_path / "tokens"
+  folder.mkdir()
+  first = stdlib.token_stream(shared, texts, folder)
+  (cached,) = os.listdir(folder)
+  winner = os.stat(folder / cached)
+  # The second writer checked before the first had published, so it encodes and writes too.
+  real_exists = type(folder).exists
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setattr(type(folder), "exists",
+                  lambda p: False if p.name == cached else real_exists(p))
+    second = stdlib.token_stream(shared, texts, folder)
+  np.testing.assert_array_equal(first, second)
+  # The winner's file itself stays (a reader holding it open is never handed another).
+  assert os.listdir(folder) == [cached] and os.stat(folder / cached).st_ino == winner.st_ino
+  np.testing.assert_array_equal(np.load(folder / cached), first)
+
+
 def test_windows_overlap_by_one_and_bits_per_byte_count_the_source_bytes(tmp_path, cache):
   dataset = data.load(_config(_fake_stdlib(tmp_path), cache_dir=cache), SHARDS)
   assert dataset.task == "causal_lm"

@@ -33,6 +33,7 @@ into the repository.
 import dataclasses
 import functools
 import hashlib
+import io
 import math
 import os
 import pathlib
@@ -218,9 +219,10 @@ def token_stream(shared: tokenizer_lib.Shared, texts, folder: pathlib.Path) -> n
   end = shared.tokenizer.token_to_id(END_OF_TEXT)
   stream = np.asarray([i for encoding in shared.tokenizer.encode_batch(list(texts))
                        for i in (*encoding.ids, end)], np.int32)
-  with open(path.with_suffix(".npy.tmp"), "wb") as f:
-    np.save(f, stream)
-  os.replace(path.with_suffix(".npy.tmp"), path)  # the same content from every writer
+  encoded = io.BytesIO()
+  np.save(encoded, stream)
+  # Runs started together (``--jobs``) encode the same stream; one file is kept, whole.
+  tokenizer_lib.publish_once(path, encoded.getvalue())
   return stream
 
 
