@@ -113,9 +113,10 @@ def report(workdir: str, *, tier: str, seeds: int) -> Report:
              "Every variant is solved to the same bytes (100x below dense, float16 on the wire): "
              "a smaller block spends more bytes on scores (one per block) and fewer on payload; "
              "block 16 cannot meet 100x (its scores alone cost about 2x the tier's bytes). On "
-             "the CPU tier the variants change one factor at a time from the default (saliency, "
-             "block 256, this step's support), the scores with 3 seeds and the block sizes and "
-             "the support with one; the GPU tier's grid is the full product, 3 seeds each.",
+             "the CPU tier the grid is the scores x block sizes at this step's support (3 seeds "
+             "at block 256, one at 64 and 1024) and the last step's support at the default "
+             "(saliency, block 256, one seed); the GPU tier's grid is the full product, 3 seeds "
+             "each.",
              "Support: `global` ranks blocks by this step's scores, summed over workers (one "
              "extra all-reduce of the scores, counted in the bytes); `previous` sends the blocks "
              "last step's scores chose, and this step's scores ride with the payload.",
