@@ -200,8 +200,8 @@ def claims(rows: list[dict]) -> list[Claim]:
         "Lin et al., ICLR 2018 (LSTM language model on Penn Treebank: 462x at no perplexity "
         "loss; recalled, check)",
         f"DGC at {dgc['compression_ratio']:.0f}x: {dgc['val_loss']} vs dense {dense['val_loss']}",
-        None, "a few hundred steps of early training cannot answer a claim about converged "
-        "models"))
+        None, "a fixed token budget far short of convergence (the CPU tier: 0.6 passes over "
+        "the training tokens) cannot answer a claim about converged models"))
   power = by.get(f"powersgd_{sweep_config.HEADLINE}")
   if power:
     out.append(Claim(
