@@ -22,6 +22,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+# What the project writes as it goes (the reproduction rewrites paper_figures/ between targets,
+# the benchmarks their results), so a change there says nothing about the code that ran.
+GENERATED_OUTPUTS = ("paper_figures", "benchmarks/results")
 # The key under which results files hold the record (beside a run's config in config.json).
 KEY = "provenance"
 # A launcher that starts processes on a user's behalf (experiments.launch, the reproduction's
@@ -41,14 +44,17 @@ def git_state(repo: str | os.PathLike = Path(__file__).resolve().parent
   """``(commit, dirty)`` of the checkout that holds ``repo`` (by default, this code's).
 
   Returns:
-    ``git rev-parse HEAD`` and whether tracked files differ from it (untracked files do not
-    count); ``(None, None)`` outside a git checkout, or without git.
+    ``git rev-parse HEAD`` and whether tracked files differ from it (untracked files and the
+    generated outputs in ``GENERATED_OUTPUTS`` do not count); ``(None, None)`` outside a git
+    checkout, or without git.
   """
   try:
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True,
                           text=True, timeout=30, check=True).stdout.strip()
-    status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo,
-                            capture_output=True, text=True, timeout=30, check=True).stdout
+    excluded = [f":(top,exclude){path}" for path in GENERATED_OUTPUTS]
+    status = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=no", "--", ":(top)", *excluded],
+        cwd=repo, capture_output=True, text=True, timeout=30, check=True).stdout
   except (OSError, subprocess.SubprocessError):
     return None, None
   return head, bool(status.strip())

@@ -50,12 +50,17 @@ def test_commit_and_dirty_tree(tmp_path):
     subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
   git("init", "-q")
   (tmp_path / "a.txt").write_text("1")
-  git("add", "a.txt")
+  (tmp_path / "paper_figures").mkdir()
+  (tmp_path / "paper_figures" / "t1.md").write_text("old table")
+  git("add", "a.txt", "paper_figures/t1.md")
   git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "a")
   commit, dirty = provenance.git_state(tmp_path)
   assert len(commit) == 40 and dirty is False
   (tmp_path / "untracked.txt").write_text("new")  # untracked files do not count
   assert provenance.git_state(tmp_path) == (commit, False)
+  # A reproduction regenerating its tables between targets leaves the code it ran unchanged.
+  (tmp_path / "paper_figures" / "t1.md").write_text("new table")
+  assert provenance.git_state(tmp_path / "paper_figures") == (commit, False)
   (tmp_path / "a.txt").write_text("2")
   assert provenance.git_state(tmp_path) == (commit, True)
 
