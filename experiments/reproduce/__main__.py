@@ -31,8 +31,8 @@ above), the runs' machinery is :mod:`experiments.reproduce.common` and the outpu
 Training runs go ``--jobs`` at a time (default 2), each in a process of its own. ``--target=all``
 took 89 minutes from scratch on 2 CPU cores (quick settings, 2 jobs; T1 70 min, T2 13, F1 4, F3 2)
 before T2's MNIST-1D runs moved to the runner; those 48 runs now take 8 minutes (2 jobs, 2 busy
-cores). The language-model targets (``--tier=cpu``, the default) add 53 minutes: T1-LM's 30 runs
-38, F4-LM's 18 runs 15, F5 none of its own. ``--tier=gpu`` (25M+ parameters, 8 and 32 simulated
+cores). The language-model targets (``--tier=cpu``, the default) add 99 minutes: T1-LM's 20 runs
+58, F4-LM's 18 runs 41, F5 none of its own. ``--tier=gpu`` (25M+ parameters, 8 and 32 simulated
 workers per GPU) needs a GPU and has not been run.
 """
 
