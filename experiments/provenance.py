@@ -109,8 +109,14 @@ def commit_text(rec: dict[str, Any]) -> str:
 def describe(rec: dict[str, Any]) -> str:
   """Everything but the command and the commit of ``rec`` in one line, for Markdown headers and
   figure footers."""
+  return f"{rec['date']}; {machine_text(rec)}"
+
+
+def machine_text(rec: dict[str, Any]) -> str:
+  """The software and the machine of ``rec`` without its date: the same for every run a sweep
+  made on one machine, so a report names it once."""
   devices = ", ".join(rec["device_kinds"]) or "no devices named"
-  return (f"{rec['date']}; Python {rec['python']}, JAX {rec['jax']}, jaxlib {rec['jaxlib']}; "
+  return (f"Python {rec['python']}, JAX {rec['jax']}, jaxlib {rec['jaxlib']}; "
           f"{rec['os']}, {rec['cpus']} CPUs; devices: {devices}; processes: "
           f"{_count(rec['process_count'])}; workers: {_count(rec['num_workers'])}")
 

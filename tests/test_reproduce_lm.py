@@ -2,6 +2,7 @@
 CPU tier's grid, the GPU tier built but not run) and their tables, claims and figures from fake
 run directories (nothing is trained or compiled here)."""
 
+import json
 import math
 import os
 
@@ -154,6 +155,20 @@ def test_t1_lm_table_claims_and_figure(lm_dir, tmp_path):
   assert sorted(p.name for p in written) == ["t1_lm.csv", "t1_lm.md", "t1_lm.png"]
   text = (tmp_path / "out" / "t1_lm.md").read_text()
   assert "Equal-bytes settings at 8 and 32 workers" in text and "off tier" in text  # PowerSGD
+
+
+def test_the_runs_machine_is_named_once_with_the_span_of_their_dates(lm_dir):
+  results_file = os.path.join(lm_dir, sweep_config.run_name("dense", 0),
+                              reproduce_report.RESULTS_FILE)
+  with open(results_file) as f:
+    results = json.load(f)
+  results[provenance.KEY]["date"] = "2000-01-01T00:00:00+00:00"  # the sweep's first run
+  with open(results_file, "w") as f:
+    json.dump(results, f)
+  [machines] = [n for n in t1_lm.provenance_notes(lm_dir, "cpu")
+                if n.startswith("Runs' machines")]
+  assert machines.startswith("Runs' machines (8 runs, 2000-01-01T00:00:00+00:00 to ")
+  assert machines.count("Python ") == 1 and "devices: " in machines
 
 
 def test_f4_lm_table_names_the_best_score(lm_dir, tmp_path):

@@ -132,10 +132,10 @@ def provenance_notes(workdir: str, tier: str) -> list[str]:
   if not runs:
     return [f"Tier {tier}: no finished run yet."]
   seen = lambda key: sorted({str(r.results.get(key)) for r in runs})
-  origins = sorted({provenance.describe(r.results[provenance.KEY]) for r in runs
-                    if provenance.KEY in r.results})
-  commits = sorted({provenance.commit_text(r.results[provenance.KEY]) for r in runs
-                    if provenance.KEY in r.results})
+  records = [r.results[provenance.KEY] for r in runs if provenance.KEY in r.results]
+  machines = sorted({provenance.machine_text(rec) for rec in records})
+  commits = sorted({provenance.commit_text(rec) for rec in records})
+  dates = sorted(rec["date"] for rec in records)
   parent = os.path.dirname(os.path.abspath(workdir))
   tiers_run = [t for t in lm.TIERS if any(
       os.path.exists(os.path.join(parent, f"lm_{t}", d, report_lib.RESULTS_FILE))
@@ -148,8 +148,9 @@ def provenance_notes(workdir: str, tier: str) -> list[str]:
           f"{', '.join(seen('corpus_sha256'))} ({', '.join(seen('corpus_files'))} files, "
           f"{', '.join(seen('corpus_bytes'))} bytes); tokenizer sha256 "
           f"{', '.join(seen('tokenizer_sha256'))}.",
-          "Runs' machines: " + "; ".join(origins) + ". Runs' commits: " + ", ".join(commits)
-          + "."]
+          f"Runs' machines ({len(records)} runs, {dates[0] if dates else '-'} to "
+          f"{dates[-1] if dates else '-'}): " + " | ".join(machines) + ". Runs' commits: "
+          + ", ".join(commits) + "."]
 
 
 def recipe_note(tier: str) -> str:
