@@ -22,9 +22,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-# What the project writes as it goes (the reproduction rewrites paper_figures/ between targets,
-# the benchmarks their results), so a change there says nothing about the code that ran.
-GENERATED_OUTPUTS = ("paper_figures", "benchmarks/results")
+# Where the reproduction and the benchmarks write their tables by default (relative to the
+# repository's root). They rewrite them as they go (the reproduction between targets), so a change
+# there says nothing about the code that ran and does not make a tree dirty.
+PAPER_FIGURES = "paper_figures"
+BENCHMARK_RESULTS = "benchmarks/results"
+GENERATED_OUTPUTS = (PAPER_FIGURES, BENCHMARK_RESULTS)
 # The key under which results files hold the record (beside a run's config in config.json).
 KEY = "provenance"
 # A launcher that starts processes on a user's behalf (experiments.launch, the reproduction's

@@ -35,7 +35,7 @@ from experiments import provenance
 import tasc  # noqa: F401  (registers the method "tasc")
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results"
+DEFAULT_OUT = REPO_ROOT / provenance.BENCHMARK_RESULTS
 
 # Settings that differ from the methods' defaults (config.compression.<method>): PowerSGD at
 # rank 4 (the wire-bytes benchmark's); everything else (density 0.01, TASC's 256-element blocks

@@ -47,7 +47,7 @@ class Options:
     tier: the language-model targets' size (``cpu``: about 1M parameters; ``gpu``: 25M+).
   """
   workdir: str = "runs/paper"
-  out: str = "paper_figures"
+  out: str = provenance.PAPER_FIGURES
   full: bool = False
   data_dir: str = ""
   report_only: bool = False
