@@ -10,8 +10,12 @@ element is summed, written over the residual's buffer and squared while in a reg
 On NVIDIA GPUs a Pallas kernel (Triton) does the same: each program reads a tile of whole
 blocks of ``g`` and ``e`` once, writes their sum over ``e``'s buffer and the tile's block
 energies; the tail that no whole tile covers (fewer than a tile's elements) is summed by XLA and
-written in place. Before its first use the kernel is compiled once on a small buffer; where that
-fails (no Pallas, a Triton that cannot lower it) a warning says so once and the XLA version runs.
+written in place. Its outputs carry the varying manual axes of its inputs, so it runs inside
+``shard_map`` with ``check_vma`` on, under ``vmap`` (simulated workers) and both. Before its first
+use the kernel is compiled once on a small buffer; where that fails (no Pallas, a Triton that
+cannot lower it) a warning says so once and the XLA version runs. A kernel is also chosen where
+each call is traced: one that cannot be traced in that context is reported once, as a warning,
+and the XLA version takes its place, so a kernel never stops a training step.
 
 All versions give the same ``a`` bit for bit; the energies differ by float rounding (the kernels
 sum each block in their own order, XLA in its own), which can only swap blocks whose scores tie
@@ -19,7 +23,8 @@ to rounding. The CPU kernel serves runs whose default backend is the CPU, the Pa
 whose default backend is a GPU (``lax.platform_dependent``: a program compiled for another
 platform, as the bytes of simulated workers are, takes the XLA version); for other dtypes, block
 sizes that are not powers of two (Pallas), or where a kernel is unavailable, the XLA version
-runs.
+runs. ``TASC_ONE_PASS=0`` in the environment switches both kernels off (to compare, or to rule a
+kernel out).
 
 The kernel is compiled the first time it is needed, with ``$CXX`` (else ``c++``) against the
 XLA FFI headers that ship with jaxlib, into ``$XDG_CACHE_HOME/tasc-jax`` (else
@@ -34,6 +39,7 @@ import os
 import pathlib
 import subprocess
 import warnings
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -58,7 +64,9 @@ def residual_and_energies(g: jax.Array, e: jax.Array, block_size: int, *,
   """``(a, energies)``: ``a = g + e`` and ``||a_b||^2`` of each block of ``block_size``.
 
   On CPU and on GPUs, one pass that writes ``a`` over ``e``'s buffer (the module docstring);
-  otherwise XLA's ``g + e`` and :func:`tasc.scores.block_energies`.
+  otherwise XLA's ``g + e`` and :func:`tasc.scores.block_energies`. A kernel that cannot be
+  traced where this is called (inside ``shard_map``, under ``vmap``, for another platform) is
+  reported once, as a warning, and XLA's version runs: the kernel never stops a step.
 
   Args:
     g: a flat buffer (the gradient).
@@ -77,25 +85,42 @@ def residual_and_energies(g: jax.Array, e: jax.Array, block_size: int, *,
     raise ValueError(f"residual_and_energies: g {jax.typeof(g).str_short()} and e "
                      f"{jax.typeof(e).str_short()} must be flat buffers of one shape and dtype")
   two_passes = functools.partial(_two_passes, block_size=block_size)
-  if not one_pass or g.dtype != jnp.float32:
+  kernels = one_pass_kernels(block_size) if one_pass and g.dtype == jnp.float32 else {}
+  if not kernels:
     return two_passes(g, e)
+  try:
+    return jax.lax.platform_dependent(g, e, **kernels, default=two_passes)
+  except Exception as error:  # pylint: disable=broad-except  # any kernel's tracing failure
+    _warn_untraceable(f"{type(error).__name__}: {str(error)[:2000]}")
+    return two_passes(g, e)
+
+
+def one_pass_kernels(block_size: int) -> dict[str, Callable[..., tuple[jax.Array, jax.Array]]]:
+  """The one-pass kernels for the default backend at ``block_size``, by the platform
+  (``lax.platform_dependent``'s names) whose programs call them; empty when none serves it or
+  ``TASC_ONE_PASS=0`` is set (XLA's two passes everywhere, e.g. to compare)."""
+  if os.environ.get("TASC_ONE_PASS", "1") == "0":
+    return {}
   backend = jax.default_backend()
   if backend == "cpu" and kernel_available():
-    kernel = functools.partial(_one_pass, block_size=block_size)
-    return jax.lax.platform_dependent(g, e, cpu=kernel, default=two_passes)
+    return {"cpu": functools.partial(_one_pass, block_size=block_size)}
   if backend == "gpu" and gpu_kernel_available(block_size):
-    kernel = functools.partial(pallas_one_pass, block_size=block_size)
-    return jax.lax.platform_dependent(g, e, cuda=kernel, default=two_passes)
-  return two_passes(g, e)
+    return {"cuda": functools.partial(pallas_one_pass, block_size=block_size)}
+  return {}
 
 
 def one_pass_available(block_size: int) -> bool:
   """Whether :func:`residual_and_energies` makes one pass on the default backend at
-  ``block_size`` (float32 buffers it owns)."""
-  backend = jax.default_backend()
-  if backend == "cpu":
-    return kernel_available()
-  return backend == "gpu" and gpu_kernel_available(block_size)
+  ``block_size`` (float32 buffers it owns, in a context where the kernel traces)."""
+  return bool(one_pass_kernels(block_size))
+
+
+@functools.cache
+def _warn_untraceable(error: str) -> None:
+  """One warning per kind of failure, not one per traced step."""
+  warnings.warn(f"tasc: the one-pass kernel cannot be traced here: {error}; block energies take "
+                "a second pass over the buffer (same results, slower compression)",
+                RuntimeWarning, stacklevel=3)
 
 
 @functools.cache
@@ -167,21 +192,31 @@ def pallas_one_pass(g: jax.Array, e: jax.Array, *, block_size: int,
   if programs == 0:
     return _two_passes(g, e, block_size=block_size)
 
-  def kernel(g_ref, e_ref, a_ref, energies_ref):
+  def kernel(g_ref, e_ref, unused_energies_ref, a_ref, energies_ref):
+    del unused_energies_ref  # the energies' buffer, aliased to the output (below)
     a = g_ref[...] + e_ref[...]
     a_ref[...] = a
     energies_ref[...] = jnp.sum((a * a).reshape(rows, block_size), axis=1)
 
   covered = programs * tile
+  # The outputs vary over every manual axis either input does: inside shard_map (check_vma)
+  # pallas_call needs that type on its outputs, which eval_shape of the sum carries. The
+  # energies are written into a buffer passed in with that type, not a fresh output: Pallas's
+  # interpreter (the CPU tests) starts a fresh output as a value varying over no axis.
+  summed = jax.eval_shape(jnp.add, g, e)
+  varying = tuple(getattr(summed.manual_axis_type, "varying", ()))
+  energies = jnp.zeros((programs * rows,), g.dtype)
+  if varying:
+    energies = jax.lax.pcast(energies, varying, to="varying")
   a, energies = pl.pallas_call(
       kernel, grid=(programs,),
-      in_specs=[pl.BlockSpec((tile,), lambda i: (i,))] * 2,
+      in_specs=[pl.BlockSpec((tile,), lambda i: (i,))] * 2 + [
+          pl.BlockSpec((rows,), lambda i: (i,))],
       out_specs=[pl.BlockSpec((tile,), lambda i: (i,)), pl.BlockSpec((rows,), lambda i: (i,))],
-      out_shape=[jax.ShapeDtypeStruct(g.shape, g.dtype),
-                 jax.ShapeDtypeStruct((programs * rows,), g.dtype)],
-      input_output_aliases={1: 0}, interpret=interpret,
+      out_shape=[summed, summed.update(shape=energies.shape)],
+      input_output_aliases={1: 0, 2: 1}, interpret=interpret,
       # Triton, not Mosaic GPU (some JAX versions' default), whose copies take <= 256 elements.
-      compiler_params=pallas_triton.CompilerParams(num_warps=4, num_stages=1))(g, e)
+      compiler_params=pallas_triton.CompilerParams(num_warps=4, num_stages=1))(g, e, energies)
   if covered == g.size:
     return a, energies
   # The tail kept e's values in the aliased buffer: sum it there.
