@@ -9,16 +9,12 @@ DGC is this sparsifier inside :func:`compressors.momentum_correction`: per worke
 2. *momentum correction*: ``u <- m u + g``, and the accumulation ``a = v + u`` is what gets
    sparsified (``momentum_correction``: chain DGC with plain SGD, no second momentum);
 3. *threshold from a sample* (this compressor): the threshold is the ``density``-quantile of
-   ``|a|`` over a random sample of ``sample_fraction`` of the entries, and of at least
-   ``2 / density`` of them (the DGC authors' code takes as many: the quantile of a sample with
-   fewer than two entries above it is the sample's maximum, far too high on a small buffer),
-   instead of an exact top-k over all of them;
-4. the threshold is corrected as GRACE's DGC does (Xu et al. 2021): up to 10 times, scaled by
-   1.3 while more than ``2k`` entries pass it or by 0.7 while fewer than ``k`` do
-   (``k = round(density * d)``, the capacity); the entries that pass (at most ``2k``, overflow
-   as in :func:`compressors._sparse.select_up_to`) are the candidates, and the ``k`` largest of
-   them are sent (an exact top-k of at most ``2k`` values, cheap), ``v`` keeps the rest. With
-   ``k`` to ``2k`` candidates this is the exact top-k of the whole buffer;
+   ``|a|`` over a random sample of ``sample_fraction`` of the entries (and of at least
+   ``2 / density`` of them), instead of an exact top-k over all of them;
+4. the threshold is corrected as GRACE's DGC does (Xu et al. 2021) until ``k`` to ``2k``
+   entries pass it (``k = round(density * d)``, the capacity), and the ``k`` largest of those
+   are sent, ``v`` keeps the rest (:func:`compressors._sparse.sampled_top_k`: with ``k`` to
+   ``2k`` candidates this is the exact top-k of the whole buffer);
 5. *momentum factor masking*: ``u`` is zeroed where an entry was sent (``momentum_correction``,
    told by ``compress(..., report_sent=True)``);
 6. *warm-up* (this compressor): the density starts at ``warmup_initial_density`` (25%) and falls
@@ -77,22 +73,10 @@ def dgc(density: float, *, sample_fraction: float = 0.01, warmup_steps: int = 0,
   stage_length = max(1, math.ceil(warmup_steps / max(1, len(stage_densities) - 1)))
 
   def encode_at(stage_density, x, state, ctx):
-    capacity = sparse.selection_size(stage_density, x.size, "the buffer", "dgc")
-    sample_key, overflow_key = jax.random.split(ctx.private_key)
-    magnitudes = abs(x)
-    num_samples = min(x.size, max(round(sample_fraction * x.size),
-                                  math.ceil(2 / stage_density)))
-    sample = magnitudes  # every entry: the exact k-th largest magnitude
-    if num_samples < x.size:
-      sample = sample[jax.random.randint(sample_key, (num_samples,), 0, x.size)]
-    num_above = max(1, round(stage_density * num_samples))
-    candidates = min(x.size, 2 * capacity)
-    cut = corrected_threshold(magnitudes, jax.lax.top_k(sample, num_above)[0][-1], capacity,
-                              candidates)
-    indices, count = sparse.select_up_to(magnitudes >= cut, candidates, overflow_key)
-    valid = jnp.arange(candidates) < count
-    _, best = jax.lax.top_k(jnp.where(valid, magnitudes[indices], -1), capacity)
-    return sparse.gather(x, indices[best], jnp.minimum(count, capacity)), state
+    sparse.selection_size(stage_density, x.size, "the buffer", "dgc")
+    indices, count = sparse.sampled_top_k(abs(x), stage_density, sample_fraction,
+                                          ctx.private_key)
+    return sparse.gather(x, indices, count), state
 
   def stage_compressor(stage_density):
     return sparse.all_gather_compressor("dgc", functools.partial(encode_at, stage_density))
@@ -115,26 +99,6 @@ def dgc(density: float, *, sample_fraction: float = 0.01, warmup_steps: int = 0,
 
   return protocol.Compressor(name="dgc", encode=None, decode=None, exchange="all_gather",
                              aggregate=aggregate, validate=validate)
-
-
-def corrected_threshold(magnitudes: jax.Array, cut: jax.Array, low: int, high: int,
-                        rounds: int = 10) -> jax.Array:
-  """GRACE's correction of a sampled threshold: up to ``rounds`` times, ``cut * 1.3`` while more
-  than ``high`` of ``magnitudes`` reach it, ``cut * 0.7`` while fewer than ``low`` do (one pass
-  over the buffer per round; none when the sampled threshold is already right)."""
-  def passing(c):
-    return jnp.sum(magnitudes >= c, dtype=jnp.int32)
-
-  def wrong(state):
-    i, _, n = state
-    return (i < rounds) & ((n < low) | (n > high))
-
-  def rescale(state):
-    i, c, n = state
-    c = jnp.where(n > high, c * 1.3, c * 0.7).astype(c.dtype)
-    return i + 1, c, passing(c)
-
-  return jax.lax.while_loop(wrong, rescale, (0, cut, passing(cut)))[1]
 
 
 def warmup_stages(density: float, initial_density: float) -> list[float]:
