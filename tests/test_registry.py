@@ -117,7 +117,7 @@ def test_a_method_needs_one_builder_and_defaults_for_every_setting():
 
 def test_unknown_settings_and_common_settings_that_do_not_fit_are_named():
   with pytest.raises(ValueError, match="method 'topk' has no setting 'rank'; its settings: "
-                                       r"\['density'\]"):
+                                       r"\['density', 'sample_fraction', 'selection'\]"):
     registry.default_settings("topk", rank=2)
   with pytest.raises(ValueError, match=r"clip_norm=1.0 is momentum correction's local clipping, "
                                        "but momentum_correction=0"):
