@@ -118,19 +118,22 @@ def data_parallel(loss_fn: Callable[..., Any], tx: optax.GradientTransformation,
 
   Raises:
     ValueError: ``tx``'s updates would differ between workers (a wrapper that decides per worker
-      around the compressor, or no compressor), or ``axis_name`` and ``workers_per_device`` do
-      not fit the mesh, before anything compiles.
+      around the compressor, or no compressor), ``axis_name`` and ``workers_per_device`` do
+      not fit the mesh, or a leaf of ``batch`` does not split evenly over the workers, before
+      anything compiles.
   """
   if mesh is None:
     if workers_per_device != 1:
       raise ValueError(f"workers_per_device={workers_per_device!r} needs a mesh (shard_map); "
                        "under pmap (mesh=None) every worker is a device")
+    _check_batch(batch, jax.local_device_count())
     if skip_nonfinite:
       tx = _nonfinite.skip_nonfinite(tx, axis_name=axis_name)
     # pmap differentiates each device's own loss: no copy to type.
     return _on_pmap(_WorkerStep(loss_fn, tx, axis_name, has_aux, step_inputs, skip_nonfinite,
                                 own_copy=lambda params: params), axis_name, donate)
   layout = workers_lib.Workers.on(mesh, axis_name, workers_per_device)
+  _check_batch(batch, layout.count)
   one_each = functools.partial(data_parallel, loss_fn, tx, params=params,
                                batch=batch, axis_name=axis_name, has_aux=has_aux,
                                step_inputs=step_inputs, skip_nonfinite=skip_nonfinite)
@@ -168,6 +171,18 @@ def data_parallel(loss_fn: Callable[..., Any], tx: optax.GradientTransformation,
   return DataParallel(init=init, step=step, specs=specs, mesh=mesh, workers=layout,
                       equivalent=functools.cache(lambda: one_each(mesh=layout.equivalent_mesh()))
                       if simulated else None)
+
+
+def _check_batch(batch: PyTree, num_workers: int) -> None:
+  """Every leaf of ``batch`` splits evenly over ``num_workers`` along its first axis (else the
+  first step fails inside JAX, naming an axis but not the batch)."""
+  for path, leaf in jax.tree_util.tree_leaves_with_path(batch):
+    shape = jax.numpy.shape(leaf)
+    if not shape or shape[0] % num_workers:
+      raise ValueError(
+          f"data_parallel: batch leaf {jax.tree_util.keystr(path) or '(the batch)'} has shape "
+          f"{shape}; every leaf is split over the {num_workers} workers along its first axis, "
+          f"so that axis must be a multiple of {num_workers}")
 
 
 def _state_specs(worker, layout, params, batch) -> PyTree:

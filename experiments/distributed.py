@@ -37,6 +37,10 @@ _SHARED_POOL_FLAGS = {"--xla_cpu_multi_thread_eigen": "false"}
 # On a loaded machine a device may wait long for a core; XLA's CPU collectives abort after 40 s
 # without all participants.
 _TIMEOUT_FLAGS = {"--xla_cpu_collective_call_terminate_timeout_seconds": "3600"}
+# Simulated CPU devices per process. Each is a thread with its own buffers: 10,000 took 34 s to
+# fail at the first check, 100,000 grew memory by 60 MB/s for minutes without a word; the most
+# any benchmark or reproduction asks for is 256.
+MAX_CPU_DEVICES = 4096
 
 
 def process_settings(config) -> tuple[str | None, int, int]:
@@ -78,7 +82,8 @@ def expose_cpu_devices(config) -> None:
   changes nothing, and the mesh checks that enough devices exist.
 
   Raises:
-    ValueError: ``num_devices`` is not divisible by the number of processes.
+    ValueError: ``num_devices`` is not divisible by the number of processes, or asks each
+      process for more than :data:`MAX_CPU_DEVICES` devices.
   """
   if config.num_devices is None:
     return
@@ -87,9 +92,14 @@ def expose_cpu_devices(config) -> None:
     raise ValueError(f"config.num_devices={config.num_devices} must be a positive multiple of the "
                      f"{num_processes} processes")
   local_devices = config.num_devices // num_processes
+  exposed = local_devices * max(1, config.get("workers_per_device", 1))
+  if exposed > MAX_CPU_DEVICES:
+    raise ValueError(
+        f"config.num_devices={config.num_devices} with workers_per_device="
+        f"{config.get('workers_per_device', 1)} over {num_processes} process(es) asks each "
+        f"process for {exposed} devices; allowed: at most {MAX_CPU_DEVICES} per process")
   try:
-    jax.config.update("jax_num_cpu_devices",
-                      local_devices * max(1, config.get("workers_per_device", 1)))
+    jax.config.update("jax_num_cpu_devices", exposed)
   except RuntimeError:  # the backends already run: their device count stays
     return
   flags = re.sub(_DEVICE_COUNT_FLAG + r"=\S*", "", os.environ.get("XLA_FLAGS", ""))

@@ -62,9 +62,13 @@ Failures (see README, "Failure behaviour"):
 * Crashes: the state is the whole position of the run (the data position is the step), and
   checkpoints are written atomically, so a killed run restarted with the same workdir ends bit
   for bit as an uninterrupted one. A workdir whose checkpoints another config wrote is refused
-  (:func:`experiments.validation.check_resume`).
+  (:func:`experiments.validation.check_resume`); a checkpoint that cannot be read is moved aside
+  and the newest readable one restored (:meth:`experiments.checkpoint.Checkpointer.restore_latest`).
+* One run per workdir: a run holds the workdir's lock (:mod:`experiments.lock`) from the end of
+  its checks to its exit; a second run on it is refused, naming the first.
 """
 
+import contextlib
 import functools
 import json
 import os
@@ -76,6 +80,7 @@ from typing import Any, NamedTuple
 from absl import logging
 import jax
 from jax import lax
+from jax.experimental import multihost_utils
 import jax.numpy as jnp
 from jax.sharding import Mesh
 from jax.sharding import NamedSharding
@@ -90,6 +95,7 @@ from experiments import checkpoint
 from experiments import data
 from experiments import distributed
 from experiments import interrupt
+from experiments import lock
 from experiments import logs
 from experiments import methods
 from experiments import models
@@ -563,7 +569,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   Raises:
     ValueError, TypeError, FileNotFoundError: bad config values, unknown names, missing or
       unreadable data, or a workdir holding another config's checkpoints, before anything is
-      compiled.
+      compiled; no checkpoint of the workdir can be read (a newer one that cannot be read is
+      moved aside, and the newest readable one restored: experiments.checkpoint).
+    experiments.lock.WorkdirInUse: another run holds the workdir.
     ReplicaDriftError: the devices' parameters stopped being bit-identical.
     experiments.interrupt.Interrupted: a SIGINT or SIGTERM stopped the run at a step boundary,
       checkpointed (a BaseException, as KeyboardInterrupt).
@@ -575,12 +583,39 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> tuple[dict[str, An
   """:func:`train_and_evaluate`, also returning the final :class:`TrainState`."""
   started = time.time()
   distributed.initialize(config)  # before the stop request: it asks JAX's preemption service
-  with interrupt.StopRequest() as stop:
-    return _train(config, workdir, stop, started)
+  with interrupt.StopRequest() as stop, contextlib.ExitStack() as held:
+    return _train(config, workdir, stop, started,
+                  lock_workdir=lambda: held.enter_context(_workdir_lock(workdir)))
 
 
-def _train(config, workdir, stop: interrupt.StopRequest, started: float):
-  """:func:`train` once the processes have joined; stops where ``stop`` says."""
+@contextlib.contextmanager
+def _workdir_lock(workdir: str):
+  """``workdir``'s lock (:mod:`experiments.lock`), taken once per run: by process 0, which tells
+  the other processes whether it could.
+
+  Raises:
+    experiments.lock.WorkdirInUse: another run holds it (on every process).
+  """
+  if jax.process_count() == 1:
+    with lock.hold(workdir):
+      yield
+    return
+  with contextlib.ExitStack() as held:
+    refusal = ""
+    if jax.process_index() == 0:
+      try:
+        held.enter_context(lock.hold(workdir))
+      except lock.WorkdirInUse as e:
+        refusal = str(e)
+    if not multihost_utils.broadcast_one_to_all(np.int32(not refusal)):
+      raise lock.WorkdirInUse(refusal or f"workdir={workdir!r} is in use by another run (process "
+                                         "0 says which)")
+    yield
+
+
+def _train(config, workdir, stop: interrupt.StopRequest, started: float, lock_workdir):
+  """:func:`train` once the processes have joined; stops where ``stop`` says, holds the workdir
+  from ``lock_workdir()`` on (once the config is checked)."""
   workers = make_workers(config)
   mesh = workers.mesh
   validation.check_config(config, workers.count)
@@ -595,6 +630,7 @@ def _train(config, workdir, stop: interrupt.StopRequest, started: float):
   tx = methods.training_chain(config, learning_rate, workers.axis_name)
   step_inputs = methods.step_inputs(config)
   first_batch = _train_batch(dataset, config, 0)
+  lock_workdir()
   checkpointer = checkpoint.Checkpointer(workdir, keep=config.keep_checkpoints)
   restored = checkpointer.latest_step()
   validation.check_resume(config, workdir, restored)
@@ -612,9 +648,10 @@ def _train(config, workdir, stop: interrupt.StopRequest, started: float):
   program = _build_program(model, task, tx, learning_rate, workers, config, example, step_inputs)
   state = _init_state(init_variables, program, workers, config.seed)
   num_params = sum(x.size for x in jax.tree.leaves(state.params))
-  if restored is not None:
-    logging.warning("%s: resuming from the checkpoint of step %d", workdir, restored)
-    state = checkpointer.restore(restored, state)
+  resumed = checkpointer.restore_latest(state)
+  if resumed is not None:
+    logging.warning("%s: resuming from the checkpoint of step %d", workdir, resumed[0])
+    state = resumed[1]
   start = int(jax.device_get(state.step))
 
   communication = _communication(config, model, task, tx, learning_rate, workers, program,

@@ -2,6 +2,7 @@
 the field, the value and what is allowed."""
 
 import json
+import math
 import numbers
 import os
 
@@ -26,8 +27,10 @@ def _int(name, value, minimum):
 
 
 def _number(name, value, minimum):
-  if isinstance(value, bool) or not isinstance(value, numbers.Real) or value < minimum:
-    raise ValueError(f"config.{name}={value!r} must be a number >= {minimum}")
+  # NaN compares False with everything, so `value < minimum` alone would let it through.
+  if (isinstance(value, bool) or not isinstance(value, numbers.Real)
+      or not math.isfinite(value) or value < minimum):
+    raise ValueError(f"config.{name}={value!r} must be a finite number >= {minimum}")
 
 
 def _fraction(name, value):
@@ -46,10 +49,33 @@ def _bool(name, value):
 
 
 def check_workers(config) -> None:
-  """``config.num_devices`` (None: every device) and ``config.workers_per_device``."""
+  """``config.num_devices`` (None: every device) and ``config.workers_per_device``, and, where
+  the device count is given, the batch sizes against the workers: all of it without JAX, so
+  that a run can check it before JAX starts its devices (:func:`check_batches`)."""
   if config.num_devices is not None:
     _int("num_devices", config.num_devices, 1)
   _int("workers_per_device", config.workers_per_device, 1)
+  if config.num_devices is not None:
+    check_batches(config, config.num_devices * config.workers_per_device)
+
+
+def check_batches(config, num_workers: int) -> None:
+  """``config.batch_size`` and ``eval_batch_size``: ints >= 1 that the workers divide."""
+  for name in ("batch_size", "eval_batch_size"):
+    _int(name, config[name], 1)
+    if config[name] % num_workers:
+      raise ValueError(f"config.{name}={config[name]} must be divisible by the "
+                       f"{num_workers} workers (config.num_devices x workers_per_device)")
+
+
+def check_finite(config) -> None:
+  """Refuses NaN and infinity in every number of ``config``, naming the field: no field means
+  either, and a NaN would pass every range check (its comparisons are all False)."""
+  for name, value in _flatten(config.to_dict()).items():
+    values = value if isinstance(value, (tuple, list)) else (value,)
+    if any(isinstance(v, float) and not math.isfinite(v) for v in values):
+      raise ValueError(f"config.{name}={value!r} is not a finite number; allowed: a finite "
+                       "number (see configs/common.py for the field's range)")
 
 
 def check_config(config, num_workers: int) -> None:
@@ -61,6 +87,7 @@ def check_config(config, num_workers: int) -> None:
   Raises:
     ValueError: the first problem found.
   """
+  check_finite(config)
   data.check_name(config.dataset)
   _choice("model.name", config.model.get("name"), models.MODELS)
   methods.check_method(config.method)
@@ -70,11 +97,7 @@ def check_config(config, num_workers: int) -> None:
   _number("optimizer.weight_decay", config.optimizer.weight_decay, 0)
   _number("schedule.warmup_epochs", config.schedule.warmup_epochs, 0)
   _int("schedule.warmup_steps", config.schedule.warmup_steps, 0)
-  for name in ("batch_size", "eval_batch_size"):
-    _int(name, config[name], 1)
-    if config[name] % num_workers:
-      raise ValueError(f"config.{name}={config[name]} must be divisible by the "
-                       f"{num_workers} workers (config.num_devices x workers_per_device)")
+  check_batches(config, num_workers)
   _int("num_steps", config.num_steps, 0)
   _number("num_epochs", config.num_epochs, 0)
   if (config.num_steps > 0) == (config.num_epochs > 0):

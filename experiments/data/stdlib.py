@@ -40,6 +40,7 @@ import pathlib
 import platform
 import sysconfig
 
+from absl import logging
 import numpy as np
 from tokenizers import ByteLevelBPETokenizer
 
@@ -211,11 +212,18 @@ def build_tokenizer(texts, vocab_size: int, cache_dir: str | None,
 
 def token_stream(shared: tokenizer_lib.Shared, texts, folder: pathlib.Path) -> np.ndarray:
   """``texts`` encoded, each followed by ``<|endoftext|>``, as one ``int32`` stream; cached in
-  ``folder`` under the tokenizer's and the texts' hashes (encoding 12 MB takes seconds)."""
+  ``folder`` under the tokenizer's and the texts' hashes (encoding 12 MB takes seconds). A cached
+  file that cannot be read (cut short, damaged) is derived data: it is named, deleted and
+  encoded again."""
   key = hashlib.sha256(f"{shared.sha256}:{tokenizer_lib.text_sha256(texts)}".encode())
   path = folder / f"tokens-{key.hexdigest()[:24]}.npy"
   if path.exists():
-    return np.load(path)
+    try:
+      return np.load(path)
+    except (ValueError, OSError, EOFError) as e:  # numpy's errors for a file cut short
+      logging.warning("stdlib_lm: the cached token stream %s cannot be read (%s: %s); encoding "
+                      "the texts again", path, type(e).__name__, e)
+      path.unlink(missing_ok=True)  # another process may have deleted it first
   end = shared.tokenizer.token_to_id(END_OF_TEXT)
   stream = np.asarray([i for encoding in shared.tokenizer.encode_batch(list(texts))
                        for i in (*encoding.ids, end)], np.int32)
