@@ -20,6 +20,7 @@ terminal reaches them once, through the launcher. A process still running
 ``_INTERRUPT_GRACE_SECONDS`` after the signal, or when a second signal comes, is killed.
 """
 
+import importlib.util
 import os
 import signal
 import socket
@@ -113,6 +114,14 @@ def launch(args: list[str], num_processes: int, module: str = "experiments.run")
 
 
 def main(argv):
+  # Else every process would print Python's "No module named ..." and the launcher its status.
+  try:
+    found = importlib.util.find_spec(_MODULE.value) is not None
+  except ModuleNotFoundError:  # its package does not exist
+    found = False
+  if not found:
+    sys.exit(f"experiments.launch: --module={_MODULE.value!r} names no module; allowed: "
+             "experiments.run, experiments.sweep")
   sys.exit(launch(argv[1:], _NUM_PROCESSES.value, _MODULE.value))
 
 

@@ -17,6 +17,9 @@ before JAX's first computation (:func:`experiments.distributed.expose_cpu_device
 accelerators the real devices are used, and workers the config asks for beyond them are simulated
 on them (``config.workers_per_device`` asks for simulated workers anywhere).
 
+Bad input (a config value, a data file, a busy workdir, ...) is one line on stderr, without a
+traceback, and exit status 1; ``--verbose`` (or ``TASC_JAX_VERBOSE=1``) shows the traceback.
+
 The last line printed is the summary: test accuracy and loss, steps (and how many were skipped
 for a non-finite gradient), bytes per worker per step against dense. Exit status: 0; 1 on an
 error, or when the run diverged (a final loss that is not finite, or more than
@@ -40,6 +43,7 @@ from experiments import distributed
 from experiments import interrupt
 from experiments import logs
 from experiments import train
+from experiments import validation
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Experiment config file; --config.<field>=<value> overrides a field (fields: "
@@ -56,8 +60,10 @@ def main(argv):
     logging.set_verbosity(logging.WARNING)  # orbax logs every file it writes at INFO
   config = _CONFIG.value
   try:
-    distributed.expose_cpu_devices(config)
-    results = train.train_and_evaluate(config, _WORKDIR.value)
+    with cli.errors_in_one_line("experiments.run"):
+      validation.check_workers(config)  # before JAX builds the devices, which may take minutes
+      distributed.expose_cpu_devices(config)
+      results = train.train_and_evaluate(config, _WORKDIR.value)
   except jax.errors.JaxRuntimeError:
     if jax.process_count() > 1:
       logging.error("process %d of %d: a collective with the other processes failed, most likely "

@@ -15,9 +15,13 @@ field (fields are documented in ``configs/common.py``). Run ``name`` works in
 its checkpoint. After every run ``workdir/summary.csv`` lists all finished runs. All runs share
 one device count.
 
-A run that diverges (see ``experiments.run``) is recorded as such (``diverged`` and
-``divergence`` in ``summary.csv`` and its ``results.json``) and the sweep goes on; the sweep then
-exits with status 1, naming the diverged runs. SIGINT or SIGTERM stops the sweep at the current
+Every run's config, overrides applied, is checked as the runner checks it before the first run
+trains: a config refused is one line naming the run, and nothing trains. A run that diverges (see
+``experiments.run``) is recorded as such (``diverged`` and ``divergence`` in ``summary.csv`` and
+its ``results.json``), and a run that fails when it starts (its data cannot be read, another run
+holds its workdir, ...) is recorded with its error (``error`` in ``summary.csv``); the sweep goes
+on with the other runs and then exits with status 1, naming the failed and the diverged runs. Bad
+input is one line without a traceback (``--verbose`` or ``TASC_JAX_VERBOSE=1`` shows it). SIGINT or SIGTERM stops the sweep at the current
 run's next step boundary, after a checkpoint, and prints the command that resumes it (status 130
 or 143).
 """
@@ -52,7 +56,8 @@ flags.mark_flags_as_required(["config"])
 _OVERRIDES_FLAG = "--config.overrides."
 SUMMARY_FIELDS = ("name", "dataset", "model", "method", "step", "test_accuracy", "test_loss",
                   "train_loss", "wire_bytes", "dense_bytes", "compression_ratio",
-                  "examples_per_sec", "wall_seconds", "skipped_steps", "diverged", "divergence")
+                  "examples_per_sec", "wall_seconds", "skipped_steps", "diverged", "divergence",
+                  "error")
 
 
 def load_config(spec: str) -> ml_collections.ConfigDict:
@@ -90,6 +95,27 @@ def run_configs(sweep: ml_collections.ConfigDict) -> dict[str, ml_collections.Co
   if len(counts) > 1:
     raise ValueError(f"sweep config: all runs must use one num_devices, found {sorted(counts)}")
   return configs
+
+
+def check_runs(configs: dict[str, ml_collections.ConfigDict]) -> None:
+  """Checks every run's config as the runner does when the run starts
+  (:func:`experiments.validation.check_config`), so that a bad value stops the sweep before its
+  first run trains rather than after the runs before it.
+
+  Raises:
+    ValueError: naming each refused run and why, on one line.
+  """
+  refused = []
+  for name, config in configs.items():
+    try:
+      validation.check_workers(config)
+      devices = jax.device_count() if config.num_devices is None else config.num_devices
+      validation.check_config(config, devices * config.workers_per_device)
+    except (ValueError, TypeError, KeyError, NameError) as e:
+      refused.append(f"run {name!r}: {cli.one_line(e)}")
+  if refused:
+    raise ValueError(f"sweep config: {len(refused)} of {len(configs)} runs refused, nothing "
+                     f"trained: {'; '.join(refused)}")
 
 
 def _override(config, overrides, where, prefix):
@@ -169,12 +195,18 @@ def _literal(text: str) -> Any:
     return text
 
 
-def write_summary(workdir: str, names) -> list[dict]:
-  """Writes ``workdir/summary.csv`` with one row per finished run; returns the rows."""
+def write_summary(workdir: str, configs: dict[str, ml_collections.ConfigDict],
+                  failures: dict[str, str] | None = None) -> list[dict]:
+  """Writes ``workdir/summary.csv`` with one row per finished run and per run of ``failures``
+  (name -> error), in the order of ``configs``; returns the rows."""
   rows = []
-  for name in names:
+  for name in configs:
     path = os.path.join(workdir, name, train.RESULTS_FILE)
     if not os.path.exists(path):
+      if failures and name in failures:
+        config = configs[name]
+        rows.append({"name": name, "dataset": config.dataset, "model": config.model.get("name"),
+                     "method": config.method, "error": failures[name]})
       continue
     with open(path) as f:
       results = json.load(f)
@@ -194,17 +226,23 @@ def write_summary(workdir: str, names) -> list[dict]:
 
 def run_sweep(configs: dict[str, ml_collections.ConfigDict], workdir: str) -> list[dict]:
   """Runs every unfinished run of ``configs`` (from :func:`run_configs`) under ``workdir``;
-  returns the summary rows."""
+  returns the summary rows. A run that raises bad input (:data:`experiments.cli.BAD_INPUT`) is
+  recorded with its error (its row's ``error``) and the sweep goes on."""
   is_main = jax.process_index() == 0
+  failures = {}
   for name, config in configs.items():
     run_dir = os.path.join(workdir, name)
     if os.path.exists(os.path.join(run_dir, train.RESULTS_FILE)):
       logging.warning("sweep: %s is finished; skipping", name)
       continue
-    train.train_and_evaluate(config, run_dir)
+    try:
+      train.train_and_evaluate(config, run_dir)
+    except cli.BAD_INPUT as e:
+      failures[name] = cli.one_line(e)
+      logging.error("sweep: run %s failed: %s", name, failures[name])
     if is_main:
-      write_summary(workdir, configs)
-  return write_summary(workdir, configs) if is_main else []
+      write_summary(workdir, configs, failures)
+  return write_summary(workdir, configs, failures) if is_main else []
 
 
 def main(argv):
@@ -212,36 +250,41 @@ def main(argv):
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   if not flags.FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)
-  try:
+  with cli.errors_in_one_line("experiments.sweep"):
     configs = run_configs(_CONFIG.value)
-  except (FileNotFoundError, ValueError) as e:
-    sys.exit(f"experiments.sweep: {e}")
-  first = next(iter(configs.values()))
-  try:
+    first = next(iter(configs.values()))
+    validation.check_workers(first)  # before JAX builds the devices (all runs share them)
     distributed.expose_cpu_devices(first)
+    check_runs(configs)
+  try:
     rows = run_sweep(configs, _WORKDIR.value)
   except (interrupt.Interrupted, KeyboardInterrupt) as e:
     cli.exit_interrupted(e, is_main=distributed.process_settings(first)[2] == 0, name_run=True)
   for row in rows:
-    print(f"{row['name']}: test accuracy {row['test_accuracy']:.4f}, "
-          f"{row['compression_ratio']:.1f}x fewer bytes than dense"
+    print(f"{row['name']}: " + (f"failed: {row['error']}" if row.get("error") else
+                                f"test accuracy {row['test_accuracy']:.4f}, "
+                                f"{row['compression_ratio']:.1f}x fewer bytes than dense")
           + (f"; diverged: {row['divergence']}" if row.get("diverged") else ""), flush=True)
+  failed = [row["name"] for row in rows if row.get("error")]
   diverged = [row["name"] for row in rows if row.get("diverged")]
+  outcomes = []
+  if failed:
+    outcomes.append(f"{len(failed)} of {len(rows)} runs failed ({', '.join(failed)})")
   if diverged:
-    sys.exit(f"experiments.sweep: {len(diverged)} of {len(rows)} runs diverged "
-             f"({', '.join(diverged)}); see {os.path.join(_WORKDIR.value, 'summary.csv')}")
+    outcomes.append(f"{len(diverged)} of {len(rows)} runs diverged ({', '.join(diverged)})")
+  if outcomes:
+    sys.exit(f"experiments.sweep: {'; '.join(outcomes)}; see "
+             f"{os.path.join(_WORKDIR.value, 'summary.csv')}")
 
 
 def _parse_flags(argv: list[str]) -> list[str]:
   """absl's flag parsing, with ``--config.overrides.<field>=<value>`` taken out first and added
   to the sweep config once it is loaded; a bad override is a one-line error."""
-  try:
+  with cli.errors_in_one_line("experiments.sweep", show_traceback=cli.verbose(argv)):
     argv, overrides = take_overrides(argv)
     sys.argv = argv  # ml_collections reads the config's overrides from sys.argv
     rest = cli.flags_parser("experiments.sweep")(argv)
     add_overrides(_CONFIG.value, overrides)
-  except ValueError as e:
-    sys.exit(f"experiments.sweep: {e}")
   return rest
 
 

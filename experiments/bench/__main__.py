@@ -15,6 +15,8 @@ machine still gives stable answers; where the project's goal for a figure is mis
 8 workers simulated on the devices there are (``compressors.workers``); B3 compiles and B4 runs
 on the CPU whatever the platform (bytes, and a loopback network). Results name the device and the
 JAX version.
+Bad input is one line on stderr, without a traceback (``--verbose`` or ``TASC_JAX_VERBOSE=1``
+shows it), and exit status 1.
 See the modules :mod:`experiments.bench.compression`, :mod:`~experiments.bench.step`,
 :mod:`~experiments.bench.bytes` and :mod:`~experiments.bench.links` for what each measures.
 """
@@ -24,6 +26,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from experiments import cli
 from experiments.bench import bytes as bench_bytes
 from experiments.bench import common
 from experiments.bench import compression
@@ -62,6 +65,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                       help="seconds per child process (default: the benchmark's own: 900 for "
                            "compression, 3600 for step, 1800 for bytes and links); slower "
                            "ones are marked skipped")
+  parser.add_argument(cli.VERBOSE_FLAG, action="store_true", help=cli.VERBOSE_HELP)
   args = parser.parse_args(argv)
   if args.repeats < 1:
     parser.error(f"--repeats={args.repeats}; allowed: >= 1")
@@ -76,7 +80,8 @@ def main(argv: Sequence[str] | None = None) -> list[Path]:
   names = list(BENCHMARKS) if args.name == "all" else [args.name]
   written = []
   for name in names:
-    paths = BENCHMARKS[name](args).write(args.out)
+    with cli.errors_in_one_line("experiments.bench", show_traceback=cli.verbose(argv)):
+      paths = BENCHMARKS[name](args).write(args.out)
     written += paths
     print(paths[1].read_text(), flush=True)
   print("wrote " + ", ".join(str(p) for p in written), file=sys.stderr)

@@ -28,6 +28,8 @@ directories under ``--workdir``, default ``runs/paper``) and then regenerates
 each target is a module of this package (:mod:`experiments.reproduce.t1` and the others named
 above), the runs' machinery is :mod:`experiments.reproduce.common` and the outputs'
 :mod:`experiments.reproduce.report`.
+Bad input (a ``--data_dir`` without CIFAR-10, ...) is one line on stderr without a traceback
+(``--verbose`` or ``TASC_JAX_VERBOSE=1`` shows it), exit status 1.
 Training runs go ``--jobs`` at a time (default 2), each in a process of its own. ``--target=all``
 took 89 minutes from scratch on 2 CPU cores (quick settings, 2 jobs; T1 70 min, T2 13, F1 4, F3 2)
 before T2's MNIST-1D runs moved to the runner; those 48 runs now take 8 minutes (2 jobs, 2 busy
@@ -49,6 +51,7 @@ from pathlib import Path
 import jax
 import ml_collections
 
+from experiments import cli
 from experiments import distributed
 from experiments import provenance
 from experiments.reproduce import common
@@ -169,6 +172,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[list[str], common.Opt
                       help="size of the language-model targets (t1_lm, f4_lm, f5)")
   parser.add_argument("--report_only", action="store_true",
                       help="regenerate outputs from existing run directories; run nothing")
+  parser.add_argument(cli.VERBOSE_FLAG, action="store_true", help=cli.VERBOSE_HELP)
   args = parser.parse_args(argv)
   try:
     names = resolve_targets(args.target)
@@ -203,13 +207,14 @@ def main(argv: Sequence[str] | None = None) -> list[Path]:
       ("full" if options.full else "quick")
       + (f", {options.tier} tier" if any(n in LM_TARGETS for n in names) else ""))
   written = []
-  for name in names:
-    start = time.monotonic()
-    LOG.info("%s ...", name)
-    report = TARGETS[name].produce(options)
-    written += report_lib.write_report(report, prov, options.out)
-    written.append(write_index(options.out, prov))
-    LOG.info("%s done in %.0f s", name, time.monotonic() - start)
+  with cli.errors_in_one_line("experiments.reproduce", show_traceback=cli.verbose(argv)):
+    for name in names:
+      start = time.monotonic()
+      LOG.info("%s ...", name)
+      report = TARGETS[name].produce(options)
+      written += report_lib.write_report(report, prov, options.out)
+      written.append(write_index(options.out, prov))
+      LOG.info("%s done in %.0f s", name, time.monotonic() - start)
   return written
 
 

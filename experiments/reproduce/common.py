@@ -111,7 +111,9 @@ def run_sweep_config(sweep, workdir: str, *, jobs: int = 1,
     failures = {}
     for name, config in configs.items():
       try:
-        sweep_lib.run_sweep({name: config}, workdir)
+        rows = sweep_lib.run_sweep({name: config}, workdir)
+        if rows and rows[0].get("error"):  # bad input, which run_sweep records, not raises
+          failures[name] = rows[0]["error"][:300]
       except Exception as e:  # pylint: disable=broad-except  # recorded, the sweep goes on
         logging.exception("reproduce: run %s failed", name)
         failures[name] = f"{type(e).__name__}: {e}".splitlines()[0][:300]
