@@ -21,7 +21,9 @@ Tiers (every one on 8 devices; simulated on CPU):
 * ``small``: 6 layers, 256 wide, 8 heads, vocabulary 4,096, 256 tokens: 5.8M parameters;
   batch 128 (32,768 tokens a step), 2,000 steps.
 * ``base``: 8 layers, 512 wide, 8 heads, vocabulary 8,192, 256 tokens: 29.5M parameters;
-  batch 256 (65,536 tokens a step), 2,000 steps. The GPU tier.
+  batch 256 (65,536 tokens a step), 2,000 steps. The GPU tier: its matrix products run in
+  bfloat16, its parameters, optimizer state and gradients stay float32 (mixed precision,
+  ``config.model.compute_dtype``; ``dtype=float32`` turns it off).
 * ``smoke``: 2 steps of a 1-layer, 16-wide model, for tests.
 
 Expected: validation loss (nats per token, and ``test_bits_per_byte``) in ``results.json``;
@@ -31,7 +33,8 @@ Runtime: ``tiny`` about 0.9 s a step on 2 CPU cores with 8 simulated devices (15
 
 Arguments (``key=value`` joined by commas): the tier (``tiny``/``small``/``base``/``smoke``),
 ``method`` (see ``configs/common.py``), ``steps`` (0: the tier's), ``lr`` (0: the tier's),
-``workers`` (devices; 0: 8), ``seed``, ``cache`` (the tokenizer cache folder).
+``workers`` (devices; 0: 8), ``seed``, ``cache`` (the tokenizer cache folder), ``dtype`` (the
+matrix products' ``float32`` or ``bfloat16``; '': the tier's).
 """
 
 import platform
@@ -46,7 +49,8 @@ TIERS = {
     "small": dict(model=dict(hidden=256, num_layers=6, num_heads=8, max_length=256),
                   vocab_size=4096, seq_len=256, batch_size=128, num_steps=2000,
                   learning_rate=2e-3, eval_sequences=1024),
-    "base": dict(model=dict(hidden=512, num_layers=8, num_heads=8, max_length=256),
+    "base": dict(model=dict(hidden=512, num_layers=8, num_heads=8, max_length=256,
+                            compute_dtype="bfloat16"),
                  vocab_size=8192, seq_len=256, batch_size=256, num_steps=2000,
                  learning_rate=1e-3, eval_sequences=2048),
     "smoke": dict(model=dict(hidden=16, num_layers=1, num_heads=2, max_length=16),
@@ -57,7 +61,7 @@ TIERS = {
 
 def get_config(arg=None):
   args = common.parse_args(arg, variant="tiny", method="dense", steps=0, lr=0.0, workers=0,
-                           seed=0, cache="", smoke=False)
+                           seed=0, cache="", dtype="", smoke=False)
   tier_name = "smoke" if args["smoke"] else args["variant"]
   if tier_name not in TIERS:
     raise ValueError(f"configs/lm_stdlib.py: tier {tier_name!r} is not one of {sorted(TIERS)}")
@@ -68,7 +72,9 @@ def get_config(arg=None):
   c.data = dict(seq_len=tier["seq_len"], vocab_size=tier["vocab_size"], eval_fraction=0.05,
                 eval_sequences=tier["eval_sequences"], cache_dir=args["cache"],
                 python_version=platform.python_version(), corpus_sha256=corpus.sha256)
-  c.model = dict(name="decoder_lm", **tier["model"])
+  c.model = dict(name="decoder_lm", **{"compute_dtype": "float32", **tier["model"]})
+  if args["dtype"]:
+    c.model.compute_dtype = args["dtype"]
   c.method = args["method"]
   c.optimizer.update(dict(name="adamw", learning_rate=args["lr"] or tier["learning_rate"],
                           b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.1))

@@ -4,6 +4,7 @@ Every model also trains end to end in tests/test_runner.py (the configs' smoke v
 """
 
 import math
+import re
 
 import jax
 import jax.numpy as jnp
@@ -148,3 +149,45 @@ def test_gelu_differentiates_a_per_worker_copy_under_shard_map():
                                 out_specs=P("data")))(jnp.ones(4), jnp.ones((8, 4)))
   slope_at_one = 0.5 * (1 + math.erf(1 / math.sqrt(2))) + math.exp(-0.5) / math.sqrt(2 * math.pi)
   np.testing.assert_allclose(grads, np.full((8, 4), slope_at_one), rtol=1e-6)
+
+
+@pytest.mark.parametrize("name,fields,inputs", [
+    ("decoder_lm", dict(vocab_size=300, hidden=32, num_layers=2, num_heads=4, max_length=16),
+     lambda: (jnp.arange(64).reshape(4, 16) % 300,)),
+    ("bert", dict(vocab_size=300, hidden=32, num_layers=2, num_heads=4, intermediate=64,
+                  max_length=16, dropout=0.0),
+     lambda: (jnp.arange(64).reshape(4, 16) % 300, jnp.ones((4, 16), jnp.int32),
+              jnp.array([[1, 3]] * 4))),
+])
+def test_mixed_precision_runs_the_matmuls_in_bfloat16_and_keeps_float32_state(name, fields,
+                                                                             inputs):
+  """``compute_dtype="bfloat16"``: every matrix product with a parameter (projections, MLP,
+  logits) takes bfloat16 operands in both passes, and so do the attention's own products but
+  those of the backward pass through its float32 softmax (flax's ``force_fp32_for_softmax``:
+  products of two ``[batch, heads, ...]`` activations, no parameter); parameters, gradients (what the exchange sees) and logits are
+  float32, and the loss is float32's to bfloat16's precision."""
+  full = models.build_model(dict(name=name, **fields))
+  mixed = models.build_model(dict(name=name, compute_dtype="bfloat16", **fields))
+  params = full.init(jax.random.PRNGKey(0), *inputs())["params"]
+
+  def loss(model, p):
+    return jnp.mean(jax.nn.logsumexp(model.apply({"params": p}, *inputs()), axis=-1))
+
+  hlo = jax.jit(jax.grad(lambda p: loss(mixed, p))).lower(params).as_text()
+  operands = re.findall(r"stablehlo\.dot_general .*: \((.*)\) ->", hlo)
+  wide = [o for o in operands if "f32" in o]
+  assert operands and all("bf16" in o for o in operands if o not in wide), name
+  assert all(re.fullmatch(r"tensor<(\d+x){4}f32>, tensor<(\d+x){4}f32>", o) for o in wide), wide
+  assert len(wide) <= 3 * fields["num_layers"] < len(operands) - len(wide)
+  grads = jax.grad(lambda p: loss(mixed, p))(params)
+  assert {x.dtype for x in jax.tree.leaves(grads)} == {jnp.dtype(jnp.float32)}
+  assert mixed.apply({"params": params}, *inputs()).dtype == jnp.float32
+  np.testing.assert_allclose(loss(mixed, params), loss(full, params), rtol=2e-2)
+
+
+def test_mixed_precision_is_checked_and_the_gpu_tier_uses_it():
+  with pytest.raises(ValueError, match=r"decoder_lm: compute_dtype='float16' must be one of "
+                                       r"\('float32', 'bfloat16'\)"):
+    models.build_model(dict(name="decoder_lm", vocab_size=10, compute_dtype="float16"))
+  assert lm_stdlib.TIERS["base"]["model"]["compute_dtype"] == "bfloat16"
+  assert "compute_dtype" not in lm_stdlib.TIERS["tiny"]["model"]

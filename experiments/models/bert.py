@@ -28,6 +28,7 @@ class BertEncoder(nn.Module):
   max_length: int
   type_vocab_size: int
   dropout: float
+  dtype: jnp.dtype = jnp.float32  # of the matrix products
 
   @nn.compact
   def __call__(self, input_ids, attention_mask, train: bool):
@@ -44,12 +45,13 @@ class BertEncoder(nn.Module):
     for i in range(self.num_layers):
       y = nn.MultiHeadDotProductAttention(
           num_heads=self.num_heads, kernel_init=_init, dropout_rate=self.dropout,
-          deterministic=not train, name=f"layer_{i}_attention")(x, x, mask=mask)
+          deterministic=not train, dtype=self.dtype, force_fp32_for_softmax=True,
+          name=f"layer_{i}_attention")(x, x, mask=mask)
       y = nn.Dropout(self.dropout, deterministic=not train)(y)
       x = nn.LayerNorm(epsilon=1e-12, name=f"layer_{i}_attention_norm")(x + y)
-      y = layers.gelu(
-          nn.Dense(self.intermediate, kernel_init=_init, name=f"layer_{i}_intermediate")(x))
-      y = nn.Dense(self.hidden, kernel_init=_init, name=f"layer_{i}_output")(y)
+      y = layers.gelu(nn.Dense(self.intermediate, kernel_init=_init, dtype=self.dtype,
+                               name=f"layer_{i}_intermediate")(x))
+      y = nn.Dense(self.hidden, kernel_init=_init, dtype=self.dtype, name=f"layer_{i}_output")(y)
       y = nn.Dropout(self.dropout, deterministic=not train)(y)
       x = nn.LayerNorm(epsilon=1e-12, name=f"layer_{i}_output_norm")(x + y)
     return x, word
@@ -67,6 +69,8 @@ class BertMLM(nn.Module):
     max_length: number of position embeddings (512).
     type_vocab_size: number of token types (2).
     dropout: dropout rate on embeddings, attention probabilities and block outputs (0.1).
+    compute_dtype: ``"float32"`` or ``"bfloat16"``, the dtype of the matrix products (mixed
+      precision: :func:`experiments.models.layers.matmul_dtype`).
   """
   vocab_size: int
   hidden: int = 768
@@ -76,10 +80,12 @@ class BertMLM(nn.Module):
   max_length: int = 512
   type_vocab_size: int = 2
   dropout: float = 0.1
+  compute_dtype: str = "float32"
 
   def __post_init__(self):
     layers.check_sizes(self, "bert", ("vocab_size", "hidden", "num_layers", "num_heads",
                                       "intermediate", "max_length"))
+    layers.matmul_dtype(self, "bert")
     super().__post_init__()
 
   @nn.compact
@@ -98,11 +104,14 @@ class BertMLM(nn.Module):
     if input_ids.shape[1] > self.max_length:
       raise ValueError(f"bert: sequence length {input_ids.shape[1]} exceeds "
                        f"max_length={self.max_length}")
+    dtype = layers.matmul_dtype(self, "bert")
     x, word = BertEncoder(self.vocab_size, self.hidden, self.num_layers, self.num_heads,
                           self.intermediate, self.max_length, self.type_vocab_size, self.dropout,
-                          name="encoder")(input_ids, attention_mask, train)
+                          dtype, name="encoder")(input_ids, attention_mask, train)
     x = jnp.take_along_axis(x, masked_positions[..., None], axis=1)
-    x = layers.gelu(nn.Dense(self.hidden, kernel_init=_init, name="mlm_transform")(x))
+    x = layers.gelu(nn.Dense(self.hidden, kernel_init=_init, dtype=dtype,
+                             name="mlm_transform")(x))
     x = nn.LayerNorm(epsilon=1e-12, name="mlm_norm")(x)
     bias = self.param("mlm_bias", nn.initializers.zeros, (self.vocab_size,))
-    return word.attend(x) + bias
+    # Logits in the products' dtype, widened after (see the decoder).
+    return jnp.dot(x.astype(dtype), word.embedding.astype(dtype).T).astype(jnp.float32) + bias

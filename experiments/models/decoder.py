@@ -32,6 +32,8 @@ class DecoderLM(nn.Module):
     mlp_ratio: the MLP's width over ``hidden`` (4 in GPT-2).
     max_length: positions with an embedding (the longest sequence the model takes).
     dropout: dropout rate on embeddings, attention probabilities and block outputs (0: none).
+    compute_dtype: ``"float32"`` or ``"bfloat16"``, the dtype of the matrix products (mixed
+      precision: :func:`experiments.models.layers.matmul_dtype`).
   """
   vocab_size: int
   hidden: int = 128
@@ -40,10 +42,12 @@ class DecoderLM(nn.Module):
   mlp_ratio: int = 4
   max_length: int = 256
   dropout: float = 0.0
+  compute_dtype: str = "float32"
 
   def __post_init__(self):
     layers.check_sizes(self, "decoder_lm", ("vocab_size", "hidden", "num_layers", "num_heads",
                                             "mlp_ratio", "max_length"))
+    layers.matmul_dtype(self, "decoder_lm")
     super().__post_init__()
 
   @nn.compact
@@ -67,17 +71,22 @@ class DecoderLM(nn.Module):
     x = nn.Dropout(self.dropout, deterministic=not train)(x)
     mask = nn.make_causal_mask(tokens)
     residual_init = nn.initializers.normal(0.02 / math.sqrt(2 * self.num_layers))
+    dtype = layers.matmul_dtype(self, "decoder_lm")
     for i in range(self.num_layers):
       y = nn.LayerNorm(name=f"layer_{i}_attention_norm")(x)
       y = nn.MultiHeadDotProductAttention(
           num_heads=self.num_heads, kernel_init=_init, out_kernel_init=residual_init,
-          dropout_rate=self.dropout, deterministic=not train, name=f"layer_{i}_attention")(
-              y, y, mask=mask)
+          dropout_rate=self.dropout, deterministic=not train, dtype=dtype,
+          force_fp32_for_softmax=True, name=f"layer_{i}_attention")(y, y, mask=mask)
+      # The residual stream stays float32: a bfloat16 sublayer output is widened as it is added.
       x = x + nn.Dropout(self.dropout, deterministic=not train)(y)
       y = nn.LayerNorm(name=f"layer_{i}_mlp_norm")(x)
-      y = layers.gelu(nn.Dense(self.mlp_ratio * self.hidden, kernel_init=_init,
+      y = layers.gelu(nn.Dense(self.mlp_ratio * self.hidden, kernel_init=_init, dtype=dtype,
                                name=f"layer_{i}_mlp_in")(y))
-      y = nn.Dense(self.hidden, kernel_init=residual_init, name=f"layer_{i}_mlp_out")(y)
+      y = nn.Dense(self.hidden, kernel_init=residual_init, dtype=dtype,
+                   name=f"layer_{i}_mlp_out")(y)
       x = x + nn.Dropout(self.dropout, deterministic=not train)(y)
     x = nn.LayerNorm(name="final_norm")(x)
-    return embed.attend(x).astype(jnp.float32)
+    # Logits in the products' dtype, widened after: their gradient then enters the products in
+    # that dtype too (a float32 cotangent would widen the backward products).
+    return jnp.dot(x.astype(dtype), embed.embedding.astype(dtype).T).astype(jnp.float32)

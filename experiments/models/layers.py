@@ -2,6 +2,12 @@
 
 ``check_sizes``: the validation of a transformer's sizes and dropout rate, before it is built.
 
+``matmul_dtype``: a transformer's ``compute_dtype``, checked. Mixed precision as GPUs train
+transformers: the parameters, the optimizer's state and the gradients (so the exchange) stay
+float32; only the matrix products (projections, attention scores, the MLP, the logits) run in
+``"bfloat16"``, with float32 accumulation where XLA offers it, and the residual stream, layer
+norms, softmax and loss stay float32. A lower-precision wire stays the compressors' choice.
+
 ``gelu``: the exact GELU, ``x / 2 * erfc(-x / sqrt(2))`` (Hendrycks & Gimpel 2016), as
 ``flax.linen.gelu(x, approximate=False)`` computes it, with the derivative of ``erfc`` written
 out, ``-2 / sqrt(pi) * exp(-x^2)``. JAX 0.12's own rule for that derivative evaluates a
@@ -32,6 +38,18 @@ def gelu(x: jax.Array) -> jax.Array:
   """The exact (erf) GELU of ``x``."""
   sqrt_half = np.sqrt(0.5).astype(x.dtype)
   return 0.5 * x * _erfc(-x * sqrt_half)
+
+
+COMPUTE_DTYPES = ("float32", "bfloat16")
+
+
+def matmul_dtype(model, name: str) -> jnp.dtype:
+  """The dtype of ``model``'s matrix products (its ``compute_dtype``), refused by ``name`` when
+  it is not one of :data:`COMPUTE_DTYPES`."""
+  if model.compute_dtype not in COMPUTE_DTYPES:
+    raise ValueError(f"{name}: compute_dtype={model.compute_dtype!r} must be one of "
+                     f"{COMPUTE_DTYPES} (parameters and gradients stay float32 either way)")
+  return jnp.dtype(model.compute_dtype)
 
 
 def check_sizes(model, name: str, int_fields: tuple[str, ...]) -> None:
