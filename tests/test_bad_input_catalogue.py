@@ -4,10 +4,12 @@ before anything is compiled: each in-process case runs while a listener counts X
 and must count none.
 """
 
+import contextlib
 import json
 import os
 import pickle
 import re
+import socket
 import subprocess
 import sys
 
@@ -23,8 +25,12 @@ from configs import digits
 from configs import imagenet_resnet50
 from configs import quickstart
 from experiments import checkpoint
+from experiments import cli
+from experiments import distributed
+from experiments import lock
 from experiments import sweep
 from experiments import train
+from experiments import validation
 from experiments.data import fake
 import optimizers
 import tasc
@@ -143,6 +149,28 @@ def _sweep_override(tmp_path, **fields):
   sweep.run_configs(ml_collections.ConfigDict({"runs": [run], **fields}))
 
 
+def _busy_workdir(tmp_path):
+  with lock.hold(str(tmp_path / "run")):
+    _run(_digits(), tmp_path)
+
+
+def _sweep_refusing_a_run(tmp_path):
+  """A sweep whose override only TASC's run uses, with a value TASC refuses."""
+  del tmp_path
+  runs = [{"name": m, "config": os.path.join(ROOT, "configs", "digits.py") + f":smoke,method={m}"}
+          for m in ("dense", "topk", "tasc")]
+  configs = sweep.run_configs(ml_collections.ConfigDict(
+      {"runs": runs, "overrides": {"compression": {"tasc": {"density": -1.0}}}}))
+  sweep.check_runs(configs)
+
+
+def _data_parallel_on(batch_rows: int):
+  tx = compressors.compress(compressors.topk(0.5), axis_name="data")
+  params = {"w": np.ones(4, np.float32)}
+  compressors.data_parallel(lambda p, b: (b["x"] @ p["w"]).sum(), tx, harness.mesh(), params,
+                            {"x": np.ones((batch_rows, 4), np.float32)})
+
+
 # ------------------------------------------------------------------------------- the catalogue
 # (id, fails(tmp_path), error type, pattern the message must match)
 _API = [
@@ -181,6 +209,9 @@ _API = [
      ValueError, r"tasc_compress: curvature must be a pytree like the gradients"),
     ("lamb-b1-1.5", lambda t: optimizers.lamb(1e-3, b1=1.5), ValueError,
      r"lamb: b1=1.5 is not allowed; b1 must be in \[0, 1\)"),
+    ("data-parallel-batch-not-divisible", lambda t: _data_parallel_on(250), ValueError,
+     r"data_parallel: batch leaf \['x'\] has shape \(250, 4\); every leaf is split over the 8 "
+     r"workers along its first axis, so that axis must be a multiple of 8"),
     ("hutchinson-zero-probes",
      lambda t: tasc.hutchinson_diagonal(lambda p: (p["w"] ** 2).sum(),
                                         {"w": np.ones(4, np.float32)}, None, 0),
@@ -201,12 +232,30 @@ _CONFIGS = [
      ValueError, r"config.optimizer.name='adagrad' is not allowed; allowed: \[.*'lamb'"),
     ("learning-rate-negative",
      lambda t: _run(_digits(**{"optimizer.learning_rate": -0.1}), t), ValueError,
-     r"config.optimizer.learning_rate=-0.1 must be a number >= 0"),
+     r"config.optimizer.learning_rate=-0.1 must be a finite number >= 0"),
+    ("learning-rate-nan", lambda t: _run(_digits(**{"optimizer.learning_rate": float("nan")}), t),
+     ValueError, r"config.optimizer.learning_rate=nan is not a finite number; allowed: a finite"),
+    ("learning-rate-inf", lambda t: _run(_digits(**{"optimizer.learning_rate": float("inf")}), t),
+     ValueError, r"config.optimizer.learning_rate=inf is not a finite number"),
+    ("nested-field-nan",
+     lambda t: _run(_digits(**{"compression.tasc.curvature_decay": float("nan")}), t),
+     ValueError, r"config.compression.tasc.curvature_decay=nan is not a finite number"),
+    ("weight-decay-nan-range-check", lambda t: validation._number(  # pylint: disable=protected-access
+        "optimizer.weight_decay", float("nan"), 0), ValueError,
+     r"config.optimizer.weight_decay=nan must be a finite number >= 0"),
+    ("device-count-batch-before-jax",
+     lambda t: validation.check_workers(_digits(num_devices=100000)), ValueError,
+     r"config.batch_size=\d+ must be divisible by the 100000 workers"),
+    ("device-count-above-bound",
+     lambda t: distributed.expose_cpu_devices(_digits(num_devices=8192, batch_size=8192,
+                                                      eval_batch_size=8192)), ValueError,
+     r"config.num_devices=8192 .* asks each process for 8192 devices; allowed: at most 4096"),
     ("batch-not-divisible", lambda t: _run(_digits(batch_size=100), t), ValueError,
      r"config.batch_size=100 must be divisible by the 8 workers"),
     ("no-training-length", lambda t: _run(_digits(num_steps=0), t), ValueError,
      r"exactly one of config.num_steps=0 and config.num_epochs=0.0 must be > 0"),
-    ("too-many-devices", lambda t: _run(_digits(num_devices=16), t), ValueError,
+    ("too-many-devices",
+     lambda t: _run(_digits(num_devices=16, batch_size=64, eval_batch_size=64), t), ValueError,
      r"config.num_devices=16 but only 8 cpu devices exist"),
     ("density-via-config",
      lambda t: _run(_digits(**{"method": "topk", "compression.topk.density": 1.5}), t), ValueError,
@@ -250,6 +299,9 @@ _CONFIGS = [
      r"sweep config: run 'a' overrides field 'num_steps' \(int\) with 'many' \(str\)"),
     ("sweep-unknown-field", lambda t: _sweep_override(t, overides={}), ValueError,
      r"sweep config: unknown field 'overides'; allowed: 'runs', 'overrides'"),
+    ("sweep-run-refused-before-any-trains", _sweep_refusing_a_run, ValueError,
+     r"sweep config: 1 of 3 runs refused, nothing trained: run 'tasc': .*tasc: density=-1.0 is "
+     r"outside \(0, 1\]"),
 ]
 _DATA_AND_WORKDIR = [
     ("cifar-dir-missing", lambda t: _cifar_run(t, str(t / "nowhere")), FileNotFoundError,
@@ -272,6 +324,9 @@ _DATA_AND_WORKDIR = [
      r"holds a checkpoint \(step 1\) but its config .*config.json cannot be read"),
     ("workdir-is-a-file", _workdir_is_a_file, ValueError,
      r"workdir='.*run' exists and is not a directory"),
+    ("workdir-in-use", _busy_workdir, lock.WorkdirInUse,
+     rf"workdir='.*run' is in use by another run \(pid {os.getpid()} on host "
+     rf"{re.escape(socket.gethostname())}, since .*\); one run per workdir"),
 ]
 
 
@@ -321,3 +376,66 @@ def test_bad_command_lines_fail_before_jax_starts(argv, pattern, tmp_path):
   assert "no_such_platform" not in messages, "a JAX backend was started"
   if argv[0] == "experiments.launch":
     assert not re.search(r"\|\s+jax$", stderr, re.MULTILINE), "jax was imported"
+
+
+_DIGITS = ["--config=configs/digits.py:smoke", "--workdir=w"]
+# (id, command line, pattern the last line of stderr must match); "w" becomes a fresh workdir, and
+# the run of "run-busy-workdir" finds it held by this process.
+_ONE_LINE = [
+    ("run-typo-nested-field", ["experiments.run", *_DIGITS, "--config.optimzer.learning_rate=0.1"],
+     r"^experiments.run: --config.optimzer.learning_rate=0.1: the config has no field 'optimzer'; "
+     r"Did you mean \"optimizer\" instead of \"optimzer\"\? \(every field: configs/common.py\)$"),
+    ("run-huge-device-count", ["experiments.run", *_DIGITS, "--config.num_devices=100000"],
+     r"^experiments.run: config.batch_size=\d+ must be divisible by the 100000 workers"),
+    ("run-learning-rate-nan", ["experiments.run", *_DIGITS, "--config.optimizer.learning_rate=nan"],
+     r"^experiments.run: config.optimizer.learning_rate=nan is not a finite number"),
+    ("run-method-settings", ["experiments.run", *_DIGITS, "--config.method=topk",
+                             "--config.compression.topk.density=1.5"],
+     r"^experiments.run: config.method='topk' with .*density=1.5 is outside \(0, 1\]"),
+    ("run-busy-workdir", ["experiments.run", *_DIGITS],
+     r"^experiments.run: workdir='.*' is in use by another run \(pid \d+ on host "),
+    ("sweep-refused-run", ["experiments.sweep", "--config=configs/sweeps/quickstart_methods.py:smoke",
+                           "--config.overrides.compression.tasc.density=-1", "--workdir=w"],
+     r"^experiments.sweep: sweep config: 1 of 3 runs refused, nothing trained: run 'tasc': "
+     r".*density=-1.0 is outside"),
+    ("reproduce-out-is-a-file", ["experiments.reproduce", "--target=f2", "--workdir=w",
+                                 "--out=README.md"],
+     r"^experiments.reproduce: \[Errno 17\] File exists: 'README.md'$"),
+    ("bench-bad-size", ["experiments.bench", "compression", "--sizes", "0m", "--out", "w"],
+     r"^experiments.bench: --sizes: '0m' is not a size"),
+    ("launch-unknown-module", ["experiments.launch", "--module=experiments.rnu", "--"],
+     r"^experiments.launch: --module='experiments.rnu' names no module"),
+]
+
+
+def _command_line(argv, tmp_path, *extra, verbose_env=None):
+  argv = [str(tmp_path / "run") if a == "w" else a.replace("=w", f"={tmp_path / 'run'}")
+          for a in argv]
+  env = {k: v for k, v in os.environ.items() if k != cli.VERBOSE_ENV}
+  env.update(JAX_DISABLE_MOST_OPTIMIZATIONS="1", XLA_FLAGS="", JAX_PLATFORMS="cpu")
+  if verbose_env:
+    env[cli.VERBOSE_ENV] = verbose_env
+  return subprocess.run([sys.executable, "-m", *argv, *extra], cwd=ROOT, capture_output=True,
+                        text=True, timeout=180, env=env)
+
+
+@pytest.mark.parametrize("name, argv, pattern",
+                         [pytest.param(*case, id=case[0]) for case in _ONE_LINE])
+def test_bad_input_on_a_command_line_is_one_line_without_a_traceback(name, argv, pattern,
+                                                                      tmp_path):
+  busy = name == "run-busy-workdir"
+  with lock.hold(str(tmp_path / "run")) if busy else contextlib.nullcontext():
+    completed = _command_line(argv, tmp_path)
+  assert completed.returncode == 1, completed.stderr[-3000:]
+  assert "Traceback" not in completed.stderr, completed.stderr[-3000:]
+  last = completed.stderr.strip().splitlines()[-1]
+  assert re.search(pattern, last), completed.stderr[-3000:]
+
+
+@pytest.mark.parametrize("how", ["--verbose", cli.VERBOSE_ENV])
+def test_verbose_shows_the_traceback(how, tmp_path):
+  argv = ["experiments.run", *_DIGITS, "--config.optimzer.learning_rate=0.1"]
+  completed = (_command_line(argv, tmp_path, how) if how == "--verbose"
+               else _command_line(argv, tmp_path, verbose_env="1"))
+  assert completed.returncode == 1
+  assert "Traceback" in completed.stderr and "optimzer" in completed.stderr

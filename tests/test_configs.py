@@ -113,7 +113,7 @@ def _with(**fields):
     (dict(batch_size=100), "config.batch_size=100 must be divisible by the 8 workers"),
     (dict(batch_size=0), "config.batch_size=0 must be an int >= 1"),
     (dict(num_steps=0), "exactly one of config.num_steps=0 and config.num_epochs=0"),
-    (dict(**{"optimizer.learning_rate": -1.0}), "learning_rate=-1.0 must be a number >= 0"),
+    (dict(**{"optimizer.learning_rate": -1.0}), "learning_rate=-1.0 must be a finite number >= 0"),
     (dict(**{"compression.tasc.hessian_every": 0}),
      r"config.method='tasc' with config.compression.tasc=.*hessian_every=0 is below 1"),
     (dict(**{"compression.tasc.density": 1.5}), r"config.compression.tasc=.*density=1.5"),

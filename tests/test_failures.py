@@ -1,17 +1,20 @@
 """What the runner does when things go wrong: a non-finite gradient on one device, replicas that
-drift apart, a run killed at any moment (checkpoint writes included) and restarted, a process of
-a multi-process job that dies.
+drift apart, a run killed at any moment (checkpoint writes included) and restarted, a checkpoint
+that cannot be read, two runs on one workdir, a sweep's run that fails when it starts, a cached
+token stream cut short, a process of a multi-process job that dies.
 
 In-process runs compile with ``jax_disable_most_optimizations`` (the same programs, compiled
 faster); subprocess runs set it through the environment. The subprocess tests (crashes, dead
 processes) are marked slow: ``python -m pytest -q -m slow tests/test_failures.py``.
 """
 
+import csv
 import json
 import os
 import re
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -28,10 +31,13 @@ from experiments import checkpoint
 from experiments import data
 from experiments import interrupt
 from experiments import launch
+from experiments import lock
 from experiments import logs
+from experiments import sweep
 from experiments import train
 from experiments import validation
 from experiments.data import fake
+from experiments.data import stdlib
 from tests import harness
 from tests.test_runner import fast_compiles  # noqa: F401  (an autouse fixture)
 
@@ -226,6 +232,128 @@ def test_resuming_accepts_bookkeeping_changes_and_names_every_other_change(tmp_p
   with pytest.raises(ValueError, match=r"model.hidden: 8 there, 16 now; seed: 0 there, 1 now; "
                                        r"skip_nonfinite: True there, False now\)"):
     validation.check_resume(changed, str(tmp_path), checkpoint_step=2)
+
+
+# --------------------------------------------------------------------------- damaged checkpoints
+
+def _cut_short(path) -> None:
+  with open(path, "r+b") as f:
+    f.truncate(10)
+
+
+def test_an_unreadable_checkpoint_is_moved_aside_and_the_newest_readable_one_restored(tmp_path):
+  """Step 3's metadata and a data file of step 2 cut short: the resume restores step 1, moves
+  3 and 2 aside (kept), and ends bit-identical to the run before the damage, logs included."""
+  config = digits.get_config("smoke,method=topk")
+  config.update_from_flattened_dict({"num_steps": 3, "checkpoint_every": 1,
+                                     "keep_checkpoints": 3})
+  workdir = str(tmp_path / "run")
+  train.train_and_evaluate(config, workdir)
+  uninterrupted, records = checkpoint.load_state(workdir), _training_records(workdir)
+  folder = tmp_path / "run" / "checkpoints"
+  _cut_short(folder / "3" / "default" / "_METADATA")
+  for data_file in (folder / "2" / "default" / "d").iterdir():
+    _cut_short(data_file)
+
+  train.train_and_evaluate(config, workdir)
+  aside = tmp_path / "run" / checkpoint.UNREADABLE_DIR
+  assert sorted(p.name for p in aside.iterdir()) == ["2", "3"]
+  assert sorted(p.name for p in folder.iterdir()) == ["1", "2", "3"]  # 2 and 3 written again
+  _assert_bit_identical(checkpoint.load_state(workdir), uninterrupted)
+  assert _training_records(workdir) == records
+
+
+def test_when_no_checkpoint_can_be_read_the_error_says_how_to_start_afresh(tmp_path):
+  saver = checkpoint.Checkpointer(str(tmp_path), keep=2)
+  state = {"w": np.zeros(3, np.float32)}
+  for step in (1, 2):
+    saver.save(step, state)
+    _cut_short(tmp_path / "checkpoints" / str(step) / "default" / "_METADATA")
+  folder = tmp_path / "checkpoints"
+  with pytest.raises(ValueError, match=rf"none of the 2 checkpoints under {folder} can be read "
+                                       r"\(step 2: JSONDecodeError: .*; step 1: .*\); they are "
+                                       rf"left in place. To start afresh, move {folder} "
+                                       "elsewhere"):
+    saver.restore_latest(state)
+  assert saver.latest_step() == 2 and not (tmp_path / checkpoint.UNREADABLE_DIR).exists()
+  saver.close()
+
+
+# ------------------------------------------------------------------------- one run per workdir
+
+def test_a_workdir_held_by_a_live_process_is_refused_naming_it(tmp_path):
+  holder = subprocess.Popen(
+      [sys.executable, "-c", "import sys, time; from experiments import lock\n"
+       f"with lock.hold({str(tmp_path)!r}):\n  print('held', flush=True); time.sleep(600)"],
+      cwd=ROOT, stdout=subprocess.PIPE, text=True)
+  try:
+    assert holder.stdout.readline() == "held\n"
+    with pytest.raises(lock.WorkdirInUse,
+                       match=rf"is in use by another run \(pid {holder.pid} on host "
+                             rf"{re.escape(socket.gethostname())}, since .*: .* -c .*\); one run "
+                             "per workdir"):
+      with lock.hold(str(tmp_path)):
+        pass
+  finally:
+    holder.kill()
+    holder.wait()
+  with lock.hold(str(tmp_path)):  # its holder is dead: free again
+    pass
+
+
+def test_a_lock_left_by_a_dead_run_is_taken_over_with_a_notice_and_released_at_exit(
+    tmp_path, caplog):
+  dead = subprocess.Popen([sys.executable, "-c", "pass"])
+  dead.wait()
+  stale = {"pid": dead.pid, "host": socket.gethostname(), "since": "yesterday",
+           "command": "python -m experiments.run --workdir=x"}
+  (tmp_path / lock.LOCK_FILE).write_text(json.dumps(stale))
+  with pytest.raises(ZeroDivisionError):  # released however the run ends
+    with lock.hold(str(tmp_path)):
+      held = json.loads((tmp_path / lock.LOCK_FILE).read_text())
+      assert (held["pid"], held["host"]) == (os.getpid(), socket.gethostname())
+      1 / 0  # pylint: disable=pointless-statement
+  assert f"taking over the lock of a run that ended without releasing it (pid {dead.pid}" in (
+      caplog.text)
+  assert (tmp_path / lock.LOCK_FILE).read_text() == ""
+
+
+# ----------------------------------------------------------------------------------- sweeps
+
+def test_a_sweep_run_that_fails_when_it_starts_is_recorded_and_the_others_train(tmp_path):
+  """Run "busy" finds its workdir held by another run: summary.csv records its error, "ok"
+  trains, and the sweep exits 1 naming the failed run."""
+  path = tmp_path / "sweep.py"
+  runs = [{"name": n, "config": "configs/digits.py:smoke"} for n in ("busy", "ok")]
+  path.write_text("import ml_collections\n\n\ndef get_config(arg=None):\n"
+                  f"  return ml_collections.ConfigDict({{'runs': {runs!r}}})\n")
+  workdir = tmp_path / "w"
+  with lock.hold(str(workdir / "busy")):
+    completed = subprocess.run(
+        [sys.executable, "-m", "experiments.sweep", f"--config={path}", f"--workdir={workdir}"],
+        cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=_STARTUP_SECONDS)
+  assert completed.returncode == 1, completed.stderr[-3000:]
+  assert completed.stderr.strip().splitlines()[-1] == (
+      f"experiments.sweep: 1 of 2 runs failed (busy); see {workdir / 'summary.csv'}")
+  with open(workdir / "summary.csv") as f:
+    rows = {r["name"]: r for r in csv.DictReader(f)}
+  assert "is in use by another run" in rows["busy"]["error"] and not rows["busy"]["step"]
+  assert rows["ok"]["error"] == "" and rows["ok"]["step"] == "2"
+  assert "busy: failed: workdir=" in completed.stdout
+
+
+# ------------------------------------------------------------------------------ derived data
+
+def test_a_token_cache_cut_short_is_named_and_encoded_again(tmp_path, caplog):
+  texts = ["def f(x):\n  return x + 1\n", "class A:\n  pass\n"] * 20
+  shared = stdlib.build_tokenizer(texts, vocab_size=300, cache_dir=str(tmp_path))
+  stream = stdlib.token_stream(shared, texts, tmp_path)
+  [cached] = tmp_path.glob("tokens-*.npy")
+  whole = cached.read_bytes()
+  cached.write_bytes(whole[:len(whole) - 8])
+  np.testing.assert_array_equal(stdlib.token_stream(shared, texts, tmp_path), stream)
+  assert f"the cached token stream {cached} cannot be read" in caplog.text
+  assert cached.read_bytes() == whole
 
 
 # --------------------------------------------------------------------------------------- signals

@@ -210,7 +210,8 @@ def test_bad_configs_fail_before_compiling(tmp_path, data_dirs):
     train.train_and_evaluate(_config("cifar10_resnet20", "smoke", data_dir=str(tmp_path / "x")),
                              str(tmp_path))
   with pytest.raises(ValueError, match="config.num_devices=16 but only 8 cpu devices"):
-    train.train_and_evaluate(_config("quickstart", "smoke", num_devices=16), str(tmp_path))
+    train.train_and_evaluate(_config("quickstart", "smoke", num_devices=16, batch_size=64,
+                                     eval_batch_size=64), str(tmp_path))
   assert not os.path.exists(tmp_path / logs.METRICS_FILE)
 
 
