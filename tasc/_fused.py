@@ -7,24 +7,20 @@ costs the memory-bandwidth floor (``g + e``: two reads, one write) plus one more
 CPU a small C++ kernel (``residual_energies.cc``, an XLA FFI custom call) makes one pass: each
 element is summed, written over the residual's buffer and squared while in a register.
 
-On NVIDIA GPUs a Pallas kernel (Triton) does the same: each program reads a tile of whole
-blocks of ``g`` and ``e`` once, writes their sum over ``e``'s buffer and the tile's block
-energies; the tail that no whole tile covers (fewer than a tile's elements) is summed by XLA and
-written in place. Its outputs carry the varying manual axes of its inputs, so it runs inside
-``shard_map`` with ``check_vma`` on, under ``vmap`` (simulated workers) and both. Before its first
-use the kernel is compiled once on a small buffer; where that fails (no Pallas, a Triton that
-cannot lower it) a warning says so once and the XLA version runs. A kernel is also chosen where
-each call is traced: one that cannot be traced in that context is reported once, as a warning,
-and the XLA version takes its place, so a kernel never stops a training step.
+On GPUs XLA's own passes run: XLA's GPU backend fuses the reduction into the sum (multi-output
+fusion), and on an NVIDIA H200 they compressed faster than a Pallas (Triton) kernel of the one
+pass did, with no scratch buffer where the kernel needed a full one (the measurement:
+``benchmarks/results/gpu/``), so no GPU kernel is kept.
 
-All versions give the same ``a`` bit for bit; the energies differ by float rounding (the kernels
-sum each block in their own order, XLA in its own), which can only swap blocks whose scores tie
-to rounding. The CPU kernel serves runs whose default backend is the CPU, the Pallas kernel runs
-whose default backend is a GPU (``lax.platform_dependent``: a program compiled for another
-platform, as the bytes of simulated workers are, takes the XLA version); for other dtypes, block
-sizes that are not powers of two (Pallas), or where a kernel is unavailable, the XLA version
-runs. ``TASC_ONE_PASS=0`` in the environment switches both kernels off (to compare, or to rule a
-kernel out).
+The kernel is chosen where each call is traced: one that cannot be traced in that context
+(inside ``shard_map``, under ``vmap``, for another platform) is reported once, as a warning, and
+the XLA version takes its place, so a kernel never stops a training step. Both versions give the
+same ``a`` bit for bit; the energies differ by float rounding (the kernel sums each block in its
+own order, XLA in its own), which can only swap blocks whose scores tie to rounding. The kernel
+serves runs whose default backend is the CPU (``lax.platform_dependent``: a program compiled for
+another platform takes the XLA version); for other dtypes, or where it is unavailable, the XLA
+version runs. ``TASC_ONE_PASS=0`` in the environment switches the kernel off (to compare, or to
+rule it out).
 
 The kernel is compiled the first time it is needed, with ``$CXX`` (else ``c++``) against the
 XLA FFI headers that ship with jaxlib, into ``$XDG_CACHE_HOME/tasc-jax`` (else
@@ -48,12 +44,6 @@ import numpy as np
 
 from tasc import _scores as scores
 
-try:
-  from jax.experimental import pallas as pl  # pylint: disable=g-import-not-at-top
-  from jax.experimental.pallas import triton as pallas_triton  # pylint: disable=g-import-not-at-top
-except ImportError:  # a JAX without Pallas: the XLA version runs on GPUs
-  pl = pallas_triton = None
-
 SOURCE = pathlib.Path(__file__).with_name("residual_energies.cc")
 _TARGET = "tasc_residual_energies"
 _SYMBOL = "TascResidualEnergies"
@@ -63,10 +53,10 @@ def residual_and_energies(g: jax.Array, e: jax.Array, block_size: int, *,
                           one_pass: bool = True) -> tuple[jax.Array, jax.Array]:
   """``(a, energies)``: ``a = g + e`` and ``||a_b||^2`` of each block of ``block_size``.
 
-  On CPU and on GPUs, one pass that writes ``a`` over ``e``'s buffer (the module docstring);
-  otherwise XLA's ``g + e`` and :func:`tasc.scores.block_energies`. A kernel that cannot be
-  traced where this is called (inside ``shard_map``, under ``vmap``, for another platform) is
-  reported once, as a warning, and XLA's version runs: the kernel never stops a step.
+  On CPU, one pass that writes ``a`` over ``e``'s buffer (the module docstring); otherwise
+  XLA's ``g + e`` and :func:`tasc.scores.block_energies` (one fused pass on GPUs). A kernel that
+  cannot be traced where this is called (inside ``shard_map``, under ``vmap``, for another
+  platform) is reported once, as a warning, and XLA's version runs: it never stops a step.
 
   Args:
     g: a flat buffer (the gradient).
@@ -76,7 +66,7 @@ def residual_and_energies(g: jax.Array, e: jax.Array, block_size: int, *,
       when ``e`` is a buffer the step made or a flat argument of the jit, but when ``e`` is an
       argument seen through a reshape (per-worker state under ``shard_map``, see
       :func:`compressors.drop_device_axis`) XLA's CPU backend copies it in and out: there the
-      two passes, which XLA fuses in place, are cheaper (the same holds on GPUs).
+      two passes, which XLA fuses in place, are cheaper.
 
   Returns:
     ``a`` shaped like ``g``, and ``[ceil(size / B)]`` block energies in ``g``'s dtype.
@@ -97,16 +87,12 @@ def residual_and_energies(g: jax.Array, e: jax.Array, block_size: int, *,
 
 def one_pass_kernels(block_size: int) -> dict[str, Callable[..., tuple[jax.Array, jax.Array]]]:
   """The one-pass kernels for the default backend at ``block_size``, by the platform
-  (``lax.platform_dependent``'s names) whose programs call them; empty when none serves it or
-  ``TASC_ONE_PASS=0`` is set (XLA's two passes everywhere, e.g. to compare)."""
-  if os.environ.get("TASC_ONE_PASS", "1") == "0":
+  (``lax.platform_dependent``'s names) whose programs call them: the CPU kernel where the CPU is
+  the default backend and it builds; empty elsewhere or with ``TASC_ONE_PASS=0`` (XLA's two
+  passes everywhere, e.g. to compare)."""
+  if os.environ.get("TASC_ONE_PASS", "1") == "0" or jax.default_backend() != "cpu":
     return {}
-  backend = jax.default_backend()
-  if backend == "cpu" and kernel_available():
-    return {"cpu": functools.partial(_one_pass, block_size=block_size)}
-  if backend == "gpu" and gpu_kernel_available(block_size):
-    return {"cuda": functools.partial(pallas_one_pass, block_size=block_size)}
-  return {}
+  return {"cpu": functools.partial(_one_pass, block_size=block_size)} if kernel_available() else {}
 
 
 def one_pass_available(block_size: int) -> bool:
@@ -165,84 +151,6 @@ def _one_pass(g: jax.Array, e: jax.Array, *, block_size: int) -> tuple[jax.Array
   call = jax.ffi.ffi_call(_TARGET, (buffer, energies), input_output_aliases={1: 0},
                           vmap_method="sequential")
   return call(g, e, block_size=np.int64(block_size))
-
-
-# A GPU program's tile: about this many elements, whole blocks (Triton wants powers of two).
-_GPU_TILE_ELEMENTS = 4096
-
-
-def pallas_one_pass(g: jax.Array, e: jax.Array, *, block_size: int,
-                    interpret: bool = False) -> tuple[jax.Array, jax.Array]:
-  """``(a, energies)`` as :func:`residual_and_energies`, by the Pallas kernel: one read of ``g``
-  and ``e``, ``a`` written over ``e``'s buffer (``input_output_aliases``).
-
-  Each program takes a tile of ``rows`` whole blocks (``rows * block_size`` about
-  :data:`_GPU_TILE_ELEMENTS`, powers of two); the elements after the last whole tile are summed
-  by XLA and written in place, their energies appended. ``interpret`` runs the kernel in
-  Pallas's interpreter (any backend: tests).
-
-  Raises:
-    ValueError: ``block_size`` is not a power of two.
-  """
-  if block_size & (block_size - 1):
-    raise ValueError(f"pallas_one_pass: block_size={block_size} must be a power of two")
-  rows = max(1, _GPU_TILE_ELEMENTS // block_size)
-  tile = rows * block_size
-  programs = g.size // tile
-  if programs == 0:
-    return _two_passes(g, e, block_size=block_size)
-
-  def kernel(g_ref, e_ref, unused_energies_ref, a_ref, energies_ref):
-    del unused_energies_ref  # the energies' buffer, aliased to the output (below)
-    a = g_ref[...] + e_ref[...]
-    a_ref[...] = a
-    energies_ref[...] = jnp.sum((a * a).reshape(rows, block_size), axis=1)
-
-  covered = programs * tile
-  # The outputs vary over every manual axis either input does: inside shard_map (check_vma)
-  # pallas_call needs that type on its outputs, which eval_shape of the sum carries. The
-  # energies are written into a buffer passed in with that type, not a fresh output: Pallas's
-  # interpreter (the CPU tests) starts a fresh output as a value varying over no axis.
-  summed = jax.eval_shape(jnp.add, g, e)
-  varying = tuple(getattr(summed.manual_axis_type, "varying", ()))
-  energies = jnp.zeros((programs * rows,), g.dtype)
-  if varying:
-    energies = jax.lax.pcast(energies, varying, to="varying")
-  a, energies = pl.pallas_call(
-      kernel, grid=(programs,),
-      in_specs=[pl.BlockSpec((tile,), lambda i: (i,))] * 2 + [
-          pl.BlockSpec((rows,), lambda i: (i,))],
-      out_specs=[pl.BlockSpec((tile,), lambda i: (i,)), pl.BlockSpec((rows,), lambda i: (i,))],
-      out_shape=[summed, summed.update(shape=energies.shape)],
-      input_output_aliases={1: 0, 2: 1}, interpret=interpret,
-      # Triton, not Mosaic GPU (some JAX versions' default), whose copies take <= 256 elements.
-      compiler_params=pallas_triton.CompilerParams(num_warps=4, num_stages=1))(g, e, energies)
-  if covered == g.size:
-    return a, energies
-  # The tail kept e's values in the aliased buffer: sum it there.
-  tail = g[covered:] + e[covered:]
-  return (jax.lax.dynamic_update_slice(a, tail, (covered,)),
-          jnp.concatenate([energies, scores.block_energies(tail, block_size)]))
-
-
-@functools.cache
-def gpu_kernel_available(block_size: int) -> bool:
-  """Whether the Pallas kernel compiles for the default GPU at ``block_size`` (tried once on a
-  small buffer; a failure is reported once, as a warning)."""
-  if pl is None or block_size & (block_size - 1):
-    return False
-  rows = max(1, _GPU_TILE_ELEMENTS // block_size)
-  probe = jax.ShapeDtypeStruct((2 * rows * block_size + 1,), jnp.float32)
-  try:
-    jax.jit(functools.partial(pallas_one_pass, block_size=block_size)).lower(
-        probe, probe).compile()
-  except Exception as error:  # pylint: disable=broad-except  # any lowering or compile failure
-    warnings.warn(f"tasc: the one-pass GPU kernel (Pallas) does not compile here: "
-                  f"{type(error).__name__}: {str(error)[:2000]}; block energies take a second "
-                  "pass over the buffer (same results, slower compression)", RuntimeWarning,
-                  stacklevel=2)
-    return False
-  return True
 
 
 def _two_passes(g: jax.Array, e: jax.Array, *, block_size: int) -> tuple[jax.Array, jax.Array]:
