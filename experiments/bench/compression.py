@@ -308,7 +308,8 @@ def report(args) -> common.Report:
           "feedback, encoding, the new residual and state). TASC's goal is on it.",
           "methods as experiments.methods builds them (density 0.01, TASC blocks of 256 with "
           "Hutchinson scores from the state's curvature EMA, PowerSGD rank 4 on a "
-          f"(d/{POWERSGD_COLUMNS}) x {POWERSGD_COLUMNS} matrix); topk is exact lax.top_k.",
+          f"(d/{POWERSGD_COLUMNS}) x {POWERSGD_COLUMNS} matrix); topk with its default selection "
+          "(exact lax.top_k on CPU, a corrected sampled threshold on GPUs).",
           "state B/param: the optax state per parameter (two-phase methods hold the owner's "
           "memory for 1/n of the buffer; with one worker here that is a full buffer); temp "
           "B/param: XLA's scratch memory for one update.",
