@@ -21,8 +21,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from compressors import axes
-from compressors import collectives
+from compressors.network import axes
+from compressors.network import collectives
 from compressors import protocol
 
 PyTree = Any
@@ -89,15 +89,15 @@ def compress(compressor: protocol.Compressor, *, axis_name: axes.AxisName,
     seed: seeds the keys of randomised compressors (random-k, stochastic rounding); the shared
       key is identical on all workers, so it must be the same seed everywhere.
     schedule: how summable payloads are all-reduced: a name of
-      :data:`compressors.collectives.SCHEDULES` (``"psum"``, XLA's all-reduce, by default;
+      :data:`compressors.network.collectives.SCHEDULES` (``"psum"``, XLA's all-reduce, by default;
       ``"ring"``, ``"butterfly"``, ``"rabenseifner"``, ``"hierarchical"`` over
       ``axis_name=(slow, fast)``); ``"auto"``, the fastest on ``topology`` by the alpha-beta
-      model for each payload's size; or a :class:`compressors.planner.Plan` with one choice per
+      model for each payload's size; or a :class:`compressors.network.planner.Plan` with one choice per
       buffer (one when fused, one per leaf otherwise), whose schedule each buffer's payload uses
       (the density stays the compressor's: build the compressor from the plan's densities).
       Explicit schedules come out of ``ppermute``, which JAX types as varying: run them under
       ``shard_map(..., check_vma=False)``.
-    topology: the :class:`compressors.topology.Topology` of the workers, for ``"auto"``; its
+    topology: the :class:`compressors.network.topology.Topology` of the workers, for ``"auto"``; its
       device count must equal the workers along ``axis_name``.
     report_sent: keep in the state (``CompressState.sent``) which entries each worker sent at
       the latest step, for wrappers that need it (:func:`compressors.momentum_correction`);
@@ -301,7 +301,7 @@ def _schedules(schedule: Any, topology: Any,
     for name in names:
       if name not in collectives.SCHEDULES:
         raise ValueError(f"compress: the plan chose {name!r}, which is not a schedule of "
-                         f"compressors.collectives.SCHEDULES ({tuple(collectives.SCHEDULES)})")
+                         f"compressors.network.collectives.SCHEDULES ({tuple(collectives.SCHEDULES)})")
       collectives.SCHEDULES[name].check(num_axes, axis_name, "compress (the plan)")
 
     def from_plan(i, count):
@@ -313,7 +313,7 @@ def _schedules(schedule: Any, topology: Any,
   if schedule == "auto":
     if topology is None:
       raise ValueError("compress: schedule='auto' needs topology= (a "
-                       "compressors.topology.Topology describing the workers' links)")
+                       "compressors.network.topology.Topology describing the workers' links)")
   else:
     collectives.check_schedule(schedule).check(num_axes, axis_name, "compress")
   return lambda i, count: schedule

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 from compressors import checks
 from compressors import protocol
 from compressors import registry
-from compressors import topology as topology_lib
+from compressors.network import topology as topology_lib
 
 _CASTS = {"float16": jnp.float16, "bfloat16": jnp.bfloat16}
 

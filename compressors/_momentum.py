@@ -33,7 +33,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from compressors import axes
+from compressors.network import axes
 
 PyTree = Any
 

@@ -82,7 +82,7 @@ def non_summable_exchange(exchange: str | None, caller: str) -> str:
   """Resolves the exchange of a compressor whose payloads cannot be summed.
 
   With ``B`` the bytes of one worker's compressed buffer and ``n`` workers, one worker sends
-  (:mod:`compressors.wire`):
+  (:mod:`compressors.parallel.hlo_bytes`):
 
   * ``"two_phase"``: an all-to-all of ``n`` chunks, ``(n-1)/n B``, then an all-gather of the
     owner's re-encoded chunk, ``(n-1)/n B``: ``2 (n-1)/n B < 2 B`` whatever ``n``;

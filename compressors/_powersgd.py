@@ -43,7 +43,7 @@ import jax.numpy as jnp
 
 from compressors import protocol
 from compressors import registry
-from compressors import topology as topology_lib
+from compressors.network import topology as topology_lib
 
 
 class PowerSGDState(NamedTuple):

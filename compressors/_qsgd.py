@@ -30,7 +30,7 @@ import jax.numpy as jnp
 from compressors import protocol
 from compressors import _packing as packing
 from compressors import registry
-from compressors import topology as topology_lib
+from compressors.network import topology as topology_lib
 
 NORMS = ("l2", "max")
 # Codes fit int16, and the float32 ratio s |v_i| / ||v|| < 2**15 keeps 9 bits of fraction for the

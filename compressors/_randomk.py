@@ -17,7 +17,7 @@ from compressors import checks
 from compressors import protocol
 from compressors import _sparse as sparse
 from compressors import registry
-from compressors import topology as topology_lib
+from compressors.network import topology as topology_lib
 
 # Draws beyond their mean that sampling by rejection makes (see _draws_for): the chance that
 # they still hold fewer than k distinct indices is far below 1e-12, and even then the result is

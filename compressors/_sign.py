@@ -33,7 +33,7 @@ import jax.numpy as jnp
 from compressors import protocol
 from compressors import _packing as packing
 from compressors import registry
-from compressors import topology as topology_lib
+from compressors.network import topology as topology_lib
 
 ONEBIT_SCALES = ("rms", "seide")
 

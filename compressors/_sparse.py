@@ -18,7 +18,7 @@ import jax.numpy as jnp
 
 from compressors import protocol
 from compressors import registry
-from compressors import topology as topology_lib
+from compressors.network import topology as topology_lib
 
 
 class SparsePayload(NamedTuple):

@@ -30,7 +30,7 @@ import jax.numpy as jnp
 from compressors import protocol
 from compressors import _packing as packing
 from compressors import registry
-from compressors import topology as topology_lib
+from compressors.network import topology as topology_lib
 
 EXCHANGES = ("psum", "two_phase", "all_gather")
 CODE_BITS = 2

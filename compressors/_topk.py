@@ -23,7 +23,7 @@ from compressors import checks
 from compressors import protocol
 from compressors import _sparse as sparse
 from compressors import registry
-from compressors import topology as topology_lib
+from compressors.network import topology as topology_lib
 
 SELECTIONS = ("auto", "exact", "sampled")
 

@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from compressors import registry
-from compressors import topology as topology_lib
+from compressors.network import topology as topology_lib
 
 #: Tier name -> how many times fewer bytes than the dense all-reduce.
 TIERS = {"30x": 30.0, "100x": 100.0, "300x": 300.0, "1000x": 1000.0}

@@ -63,9 +63,9 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from compressors import axes
-from compressors import collectives
-from compressors import topology as topology_lib
+from compressors.network import axes
+from compressors.network import collectives
+from compressors.network import topology as topology_lib
 
 PyTree = Any
 EXCHANGES = ("psum", "all_gather", "two_phase")
@@ -87,9 +87,9 @@ class Context(NamedTuple):
     extras: named extra arguments the compressor asked for (``Compressor.extra_args``), each
       flattened into the buffer's layout (e.g. ``"curvature"`` as ``f32[d]``).
     schedule: how :meth:`all_reduce` sums: ``"psum"``, a schedule of
-      :data:`compressors.collectives.SCHEDULES`, or ``"auto"`` (the fastest on ``topology`` by
+      :data:`compressors.network.collectives.SCHEDULES`, or ``"auto"`` (the fastest on ``topology`` by
       the cost model, chosen per payload size at trace time).
-    topology: the :class:`compressors.topology.Topology` ``"auto"`` plans for, else None.
+    topology: the :class:`compressors.network.topology.Topology` ``"auto"`` plans for, else None.
     owns_buffers: whether the gradient and residual buffers may be overwritten in place at no
       cost: True when the step made them (several leaves concatenated into one buffer) or when
       each is a flat leaf compressed locally (``axis_name`` None: the jit's own argument).

@@ -7,7 +7,7 @@ declared in one :class:`Method` at the bottom of the module that implements it:
 * its own typed settings (a frozen dataclass whose fields all have defaults): the runner's
   ``config.compression.<name>`` block;
 * its error-feedback default (its paper's);
-* its cost-model entry: how :mod:`compressors.topology` prices one exchange (time and bytes);
+* its cost-model entry: how :mod:`compressors.network.topology` prices one exchange (time and bytes);
 * what sets its bytes (its *budget*: ``density``, ``rank``, ...), so that
   :mod:`compressors.equal_bytes` can set methods to equal bytes per step;
 * optionally, per-step inputs its ``update`` takes (TASC's curvature), and how to make them.
@@ -31,7 +31,7 @@ import optax
 from compressors import _compress
 from compressors import _momentum
 from compressors import protocol
-from compressors import topology as topology_lib
+from compressors.network import topology as topology_lib
 
 Shapes = Sequence[tuple[int, ...]]
 
@@ -77,9 +77,9 @@ class Method:
     name: the name runs use (``config.method``).
     summary: one line: the method and its paper.
     settings: a frozen dataclass of the method's own settings, every field with a default.
-    cost: ``(settings, shapes, topology, schedule) -> compressors.topology.Cost`` of one
+    cost: ``(settings, shapes, topology, schedule) -> compressors.network.topology.Cost`` of one
       exchange of gradients whose leaves have ``shapes``, summable payloads all-reduced by
-      ``schedule`` (a name of :data:`compressors.collectives.SCHEDULES`, or ``"auto"``).
+      ``schedule`` (a name of :data:`compressors.network.collectives.SCHEDULES`, or ``"auto"``).
     compressor: ``settings -> Compressor``, run through :func:`compressors.compress`; or
     transformation: ``(settings, *, axis_name, error_feedback, fuse, seed, report_sent) ->``
       an optax transformation, for methods that are more than ``compress(compressor)`` (TASC).

@@ -2,7 +2,7 @@
 
 Data parallelism over a 1-D ``Mesh`` named ``"data"`` that spans every device of every process,
 with ``config.workers_per_device`` workers on each device (1: a worker is a device; more:
-simulated workers, :mod:`compressors.workers`, on the axis ``"worker"``, so that one accelerator
+simulated workers, :mod:`compressors.parallel.workers`, on the axis ``"worker"``, so that one accelerator
 studies many workers). The training step is a ``jax.shard_map`` over that mesh: each worker
 computes the gradient of its own batch, and the configured optax chain
 (:mod:`experiments.methods`) does all the communication: its first transformation compresses,
@@ -249,14 +249,14 @@ def _build_program(model, task, tx, learning_rate, workers, config, example,
   specs = TrainState(step=P(), params=P(), model_state=workers.spec,
                      opt_state=workers.layout(_opt_state_specs(tx, workers, example, make_inputs,
                                                                step_inputs is not None)))
-  opt_axes = compressors.workers.per_worker_axes(specs.opt_state)
+  opt_axes = compressors.parallel.workers.per_worker_axes(specs.opt_state)
   # Simulated workers are untyped: shard_map's replication types know only mesh axes.
   shard_map = functools.partial(jax.shard_map, mesh=mesh, check_vma=workers.per_device == 1)
 
   def worker_step(step, params, model_state, opt_state, batch, with_inputs):
     old_model_state = model_state
     rng = jax.random.fold_in(jax.random.fold_in(dropout_key, step),
-                             compressors.axes.worker_index(axis))
+                             compressors.network.axes.worker_index(axis))
     loss_fn = loss_of(model_state, rng)
     # Differentiate with respect to the worker's own copy of the replicated parameters: the
     # gradient of an unvarying input would be summed over devices by shard_map's autodiff, a

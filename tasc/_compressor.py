@@ -65,7 +65,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from compressors import axes
+from compressors.network import axes
 from compressors import checks
 from compressors import protocol
 from tasc import _fused as fused

@@ -44,7 +44,7 @@ import jax.numpy as jnp
 import optax
 from jax.flatten_util import ravel_pytree
 
-from compressors import axes
+from compressors.network import axes
 
 PyTree = Any
 LossFn = Callable[..., jax.Array]

@@ -17,7 +17,7 @@ per axis, ``{slow: rho, fast: rho_fast}``:
   node's sum, which is less noisy than one device's gradient.
 * ``rho_fast = rho``: the same blocks travel on both axes. One support is chosen from scores
   summed over every device, and the compact ``[K, block_size]`` payload is all-reduced
-  hierarchically (:func:`compressors.collectives.hierarchical_all_reduce`: reduce-scatter over
+  hierarchically (:func:`compressors.network.collectives.hierarchical_all_reduce`: reduce-scatter over
   the fast axis, all-reduce of ``1/g`` of it over the slow axis, all-gather over the fast axis).
   The slow links again carry ``1/g`` of the payload and the fast links only the payload rather
   than the dense gradient.
@@ -37,11 +37,11 @@ import numpy as np
 import optax
 
 import compressors
-from compressors import axes
+from compressors.network import axes
 from compressors import checks
 from compressors import equal_bytes
 from compressors import registry
-from compressors import topology as topology_lib
+from compressors.network import topology as topology_lib
 from tasc import _compressor as compressor_lib
 from tasc import _hessian as hessian
 from tasc import _scores as scores
@@ -96,10 +96,10 @@ def tasc_compress(*, axis_name: axes.AxisName,
       layer-wise allocation emerges from the ranking); ``False`` applies ``density`` per leaf.
     seed: seed of :func:`compressors.compress` (TASC itself draws no random numbers).
     schedule: the all-reduce algorithm (``"psum"``, one of
-      :data:`compressors.collectives.SCHEDULES`, ``"auto"`` with ``topology``, or a
-      :class:`compressors.planner.Plan`; see :func:`compressors.compress`); with the same
+      :data:`compressors.network.collectives.SCHEDULES`, ``"auto"`` with ``topology``, or a
+      :class:`compressors.network.planner.Plan`; see :func:`compressors.compress`); with the same
       density on both axes the default ``"psum"`` becomes ``"hierarchical"``.
-    topology: the workers' :class:`compressors.topology.Topology`, for ``schedule="auto"``.
+    topology: the workers' :class:`compressors.network.topology.Topology`, for ``schedule="auto"``.
     wire_dtype: ``"float32"`` or ``"float16"``: the precision of the block scores and the
       payload on the wire; float16 halves the bytes, error feedback keeps the rounding (see
       :mod:`tasc._wire`).

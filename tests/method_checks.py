@@ -20,7 +20,7 @@ enough for every default density and TASC's 256-element blocks):
 * the bytes on the wire, read from the compiled program, are within 5% of the method's
   cost-model entry;
 * 8 workers as 8 devices, as 2 devices x 4 simulated workers and as 1 device x 8 simulated
-  workers (:mod:`compressors.workers`) send the same bytes per step and train to the same
+  workers (:mod:`compressors.parallel.workers`) send the same bytes per step and train to the same
   parameters, to the rounding of sums taken in another order.
 """
 

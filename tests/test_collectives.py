@@ -9,8 +9,8 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 import compressors
-from compressors import collectives
-from compressors import topology
+from compressors.network import collectives
+from compressors.network import topology
 from tests import harness
 
 WORKER_COUNTS = (2, 3, 4, 5, 8)

@@ -6,8 +6,8 @@ import itertools
 import numpy as np
 import pytest
 
-from compressors import planner
-from compressors import topology
+from compressors.network import planner
+from compressors.network import topology
 
 DENSITIES = (1.0, 0.1, 0.01, 0.001)
 

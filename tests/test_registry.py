@@ -13,7 +13,7 @@ import pytest
 
 import compressors
 from compressors import registry
-from compressors import topology
+from compressors.network import topology
 from configs import quickstart
 from experiments import methods
 from experiments import train

@@ -16,7 +16,7 @@ import pytest
 
 import compressors
 from compressors import registry
-from compressors import topology as topo
+from compressors.network import topology as topo
 from configs.paper import f1
 from configs.paper import f2
 from configs.paper import f3

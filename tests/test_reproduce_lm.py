@@ -11,7 +11,7 @@ import pytest
 
 from compressors import equal_bytes
 from compressors import registry
-from compressors import topology as topo
+from compressors.network import topology as topo
 from configs.paper import lm
 from configs.paper import t1_lm as sweep_config
 from experiments import provenance

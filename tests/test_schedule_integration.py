@@ -9,8 +9,8 @@ from jax.sharding import PartitionSpec as P
 
 import compressors
 import tasc
-from compressors import planner
-from compressors import topology as topo
+from compressors.network import planner
+from compressors.network import topology as topo
 from tests import harness
 
 N = 8

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import pytest
 
 import compressors
-from compressors import topology
+from compressors.network import topology
 from tests import harness
 
 ALPHA, BANDWIDTH, GAMMA = 7e-6, 2.5e9, 3e-11

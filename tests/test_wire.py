@@ -134,7 +134,7 @@ ENTRY %main (p: f32[64]) -> f32[64] {
 }
 """
   mesh = jax.sharding.Mesh(np.array(jax.devices()).reshape(4, 2), ("a", "b"))
-  report = compressors.wire.parse_hlo(text, mesh)
+  report = compressors.parallel.hlo_bytes.parse_hlo(text, mesh)
   assert report.collectives[0].group_size == 4
   assert report.collectives[0].axes == ("a",)  # groups {0,2,4,6},{1,3,5,7}: same b, all a
   assert report.total == 2 * 3 / 4 * 256
@@ -169,7 +169,7 @@ ENTRY %main.1 (param.1: f32[1024]) -> f32[1024] {
 @pytest.mark.parametrize("version", sorted(_TWO_LEVEL_HLO))
 def test_both_replica_group_forms_give_the_same_bytes_per_axis(version):
   mesh = jax.sharding.Mesh(np.array(jax.devices()).reshape(2, 4), ("node", "gpu"))
-  report = compressors.wire.parse_hlo(_TWO_LEVEL_HLO[version], mesh)
+  report = compressors.parallel.hlo_bytes.parse_hlo(_TWO_LEVEL_HLO[version], mesh)
   assert [c.group_size for c in report.collectives] == [4, 2, 8, 4]
   assert report.by_axis == {("gpu",): 3 / 4 * 4096 * 2, ("node",): 2 * 1 / 2 * 1024,
                             ("node", "gpu"): 2 * 7 / 8 * 32}
@@ -200,14 +200,14 @@ ENTRY %main (p: f32[64]) -> f32[64] {{
     ("mesh['data'=1,'worker'=8] {'data'}", [[i] for i in range(8)]),
 ])
 def test_mesh_axes_replica_groups_match_xla_grouping(groups, expected):
-  got = compressors.wire._replica_groups(f"replica_groups={groups}, to_apply=%add", 8, "%ar")
+  got = compressors.parallel.hlo_bytes._replica_groups(f"replica_groups={groups}, to_apply=%add", 8, "%ar")
   assert got == expected
-  report = compressors.wire.parse_hlo(_one_all_reduce(groups))
+  report = compressors.parallel.hlo_bytes.parse_hlo(_one_all_reduce(groups))
   assert report.collectives[0].group_size == len(expected[0])
 
 
 def test_unreadable_replica_groups_name_the_instruction():
   with pytest.raises(ValueError, match=r"%ar \(all-reduce\).*no form this parser knows"):
-    compressors.wire.parse_hlo(_one_all_reduce("groups<8>(0..7)"))
+    compressors.parallel.hlo_bytes.parse_hlo(_one_all_reduce("groups<8>(0..7)"))
   with pytest.raises(ValueError, match=r"%ar.*'c'.*names no axis"):
-    compressors.wire.parse_hlo(_one_all_reduce("mesh['a'=2,'b'=4] {'c'}"))
+    compressors.parallel.hlo_bytes.parse_hlo(_one_all_reduce("mesh['a'=2,'b'=4] {'c'}"))

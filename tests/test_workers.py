@@ -1,4 +1,4 @@
-"""compressors.workers: simulated workers (shard_map over devices x vmap over workers) give every
+"""compressors.parallel.workers: simulated workers (shard_map over devices x vmap over workers) give every
 collective the values of as many devices, rank for rank."""
 
 import functools
@@ -10,8 +10,8 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import compressors
-from compressors import axes
-from compressors import collectives
+from compressors.network import axes
+from compressors.network import collectives
 from tests import harness
 
 N = 8

@@ -1,4 +1,4 @@
-"""F2 settings: communication time from the alpha-beta cost model (compressors.topology).
+"""F2 settings: communication time from the alpha-beta cost model (compressors.network.topology).
 
   python -m experiments.reproduce --target=f2
 

@@ -12,7 +12,7 @@ machine still gives stable answers; where the project's goal for a figure is mis
 ``goal`` column says so. Options narrow a run: ``--sizes 1m resnet50``, ``--methods dense tasc``,
 ``--workers 2 4 8``, ``--processes 2``, ``--repeats``, ``--timeout`` (per child process, seconds).
 ``--platform gpu`` (or ``auto``: the GPU where there is one) times B1 and B2 on the GPU, B2 with
-8 workers simulated on the devices there are (``compressors.workers``); B3 compiles and B4 runs
+8 workers simulated on the devices there are (``compressors.parallel.workers``); B3 compiles and B4 runs
 on the CPU whatever the platform (bytes, and a loopback network). Results name the device and the
 JAX version.
 Bad input is one line on stderr, without a traceback (``--verbose`` or ``TASC_JAX_VERBOSE=1``

@@ -14,7 +14,7 @@ rate-limited with a token bucket (``tc ... tbf rate R``), and times
 * ``psum`` per size and one large dense all-reduce (25M float32 by default);
 * a local add of two large buffers (the reduction cost ``gamma``).
 
-It then builds the :class:`compressors.topology.Topology` these figures describe and reports
+It then builds the :class:`compressors.network.topology.Topology` these figures describe and reports
 model against measurement. Usage::
 
   python -m experiments.bench.calibrate --processes 2 --rate 1gbit   # needs root for ip netns
@@ -46,8 +46,8 @@ from jax.sharding import PartitionSpec as P
 import ml_collections
 import numpy as np
 
-from compressors import collectives
-from compressors import topology
+from compressors.network import collectives
+from compressors.network import topology
 from experiments import distributed
 from experiments.bench import common
 
@@ -176,7 +176,7 @@ class Calibration:
     return self.predicted["allreduce"] / self.allreduce_seconds - 1
 
   def topology(self):
-    """The fitted loopback as a :class:`compressors.topology.Topology` (a negative fitted
+    """The fitted loopback as a :class:`compressors.network.topology.Topology` (a negative fitted
     ``alpha`` counts as 0)."""
     return _loopback(self.processes, self.alpha, self.beta, self.gamma, self.shared)
 

@@ -2,7 +2,7 @@
 
 Eight workers in one process: on the CPU, eight simulated CPU devices (no network: the
 collectives are memory copies); on a GPU (``--platform gpu``), the workers simulated on the
-devices there are (:mod:`compressors.workers`: one H100 holds all eight). The runner's models
+devices there are (:mod:`compressors.parallel.workers`: one H100 holds all eight). The runner's models
 (:mod:`experiments.models`: ResNet-20 on CIFAR-shaped random images, BERT-tiny masked-LM on
 random tokens; on GPUs also ResNet-50 on ImageNet-shaped images and BERT-base, at batches that
 fill the device) and losses (:mod:`experiments.tasks`), and each method's transformation as the
@@ -123,7 +123,7 @@ def measure(request: dict) -> dict:
     tx = methods_lib.make_chain(common.method_config(method), 0.1, workers.axis_name)
     opt_specs = workers.layout(compressors.state_specs(
         tx, params, workers.equivalent_mesh(abstract=True), workers.axis_name))
-    opt_axes = compressors.workers.per_worker_axes(opt_specs)
+    opt_axes = compressors.parallel.workers.per_worker_axes(opt_specs)
     specs = (P(), workers.spec, opt_specs)
 
     def worker_step(params, model_state, opt_state, local_batch):
@@ -240,7 +240,7 @@ def report(args) -> common.Report:
           "0.9 after the exchange.",
           "dense: compress(dense()), one f32 all-reduce; times are the fastest of alternated "
           "steps after a warm-up. On the CPU: 2 shared cores simulating 8 devices. Simulated "
-          "workers (compressors.workers) share a device: their collectives move no bytes, so "
+          "workers (compressors.parallel.workers) share a device: their collectives move no bytes, so "
           "the ratio is the methods' compute against dense's.",
           f"goal: TASC's step <= {GOAL_RATIO['cpu']}x dense's on CPU, "
           f"<= {GOAL_RATIO['gpu']}x on GPUs for the GPU-sized models.",

@@ -1,4 +1,4 @@
-"""F2: communication time from the alpha-beta cost model (:mod:`compressors.topology`).
+"""F2: communication time from the alpha-beta cost model (:mod:`compressors.network.topology`).
 
 VGG-19 on one and two nodes of 8 V100s (TASC's published speed-ups), ResNet-50 scaling from 8 to
 512 GPUs with an assumed compute time per step, and TASC's shared-support all-reduce against
@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import matplotlib
 import numpy as np
 
-from compressors import topology as topo
+from compressors.network import topology as topo
 from configs.paper import f2 as f2_config
 from experiments import models
 from experiments.bench import common as bench_common
@@ -127,7 +127,7 @@ def price(settings, workdir: str) -> None:
   config = {"topology": settings.topology, "gpus_per_node": settings.gpus_per_node,
             "densities": list(settings.densities), "block_size": settings.block_size,
             "vgg": settings.vgg.to_dict(), "scaling": settings.scaling.to_dict(),
-            "sparse": settings.sparse.to_dict(), "cost_model": "compressors.topology"}
+            "sparse": settings.sparse.to_dict(), "cost_model": "compressors.network.topology"}
   report_lib.write_run(workdir, config, [{"step": i, **r} for i, r in enumerate(records)],
                        {"records": len(records)})
 
@@ -215,7 +215,7 @@ def report(settings, workdir: str, *, full: bool) -> Report:
       rows=rows, claims=claims(settings, vgg, scaling, sparse),
       configs=[f"configs/paper/f2.py{':full=true' if full else ''}"],
       notes=[
-          f"Topology: compressors.topology.{settings.topology} (V100s on NVLink2 150 GB/s per "
+          f"Topology: compressors.network.topology.{settings.topology} (V100s on NVLink2 150 GB/s per "
           "direction, one 25 Gbit/s NIC per node shared by its 8 GPUs; nominal datasheet "
           "figures, typical latencies: not calibrated).",
           f"TASC: block scores (1 float per {settings.block_size}-element block) all-reduced, "

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from compressors import topology as topo
+from compressors.network import topology as topo
 from configs.paper import f3 as f3_config
 from experiments.bench import calibrate
 from experiments.bench import links as bench_links
@@ -214,7 +214,7 @@ def report(settings, workdir: str, *, full: bool, skipped: str | None) -> Report
       "Model: experiments.bench.calibrate fits alpha and beta from ping-pong times over the same "
       "shaped loopback (the fitted rate is in the table; a ring-shift test decides whether "
       "the processes share one medium or get independent links), then "
-      "compressors.topology prices the exchange's collectives (dense: one all-reduce; top-k: "
+      "compressors.network.topology prices the exchange's collectives (dense: one all-reduce; top-k: "
       "all-gather of values and indices; TASC: all-reduce of the block scores, then of the "
       "shared blocks). The model prices communication only; 'model + compute' adds the "
       "measured compute.",

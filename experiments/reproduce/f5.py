@@ -10,7 +10,7 @@ For each T1-LM row, a step takes
   TASC's scores and curvature) included;
 * modelled: :func:`compressors.registry.cost` of the run's own settings (its config.json) on a
   flat cluster of 8 or 32 workers joined by the 1 Gbit/s or 10 Gbit/s preset of
-  :mod:`compressors.topology` (``ETHERNET_1G``, ``CLOUD_10G``; nominal alpha and beta, not the
+  :mod:`compressors.network.topology` (``ETHERNET_1G``, ``CLOUD_10G``; nominal alpha and beta, not the
   calibration F3 fits on a loopback). At 32 workers the loss curve is still the 8-worker run's:
   only the communication is re-priced.
 
@@ -25,7 +25,7 @@ import math
 import numpy as np
 
 from compressors import registry
-from compressors import topology as topo
+from compressors.network import topology as topo
 from configs.paper import lm
 from configs.paper import t1_lm as sweep_config
 from experiments.reproduce import common

@@ -2,7 +2,7 @@
 
 TASC (Dong, Keutzer et al.) schedules its structured sparse all-reduce, mixing ring and
 butterfly, by integer programming; this is that planner over the cost model of
-:mod:`compressors.topology`. Each gradient bucket ``b`` gets exactly one option ``o`` =
+:mod:`compressors.network.topology`. Each gradient bucket ``b`` gets exactly one option ``o`` =
 (algorithm, density), a binary ``x[b, o]``; buckets are exchanged one after another, so the
 communication time is ``sum t[b, o] x[b, o]`` and the retained importance
 ``sum r[b, o] x[b, o]``, where ``r[b, o]`` is the bucket's importance profile at the option's
@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 from scipy import optimize
 
-from compressors import topology as topo
+from compressors.network import topology as topo
 
 DEFAULT_DENSITIES = (1.0, 0.1, 0.01, 0.001)
 
@@ -115,7 +115,7 @@ class Plan:
 
 
 def default_algorithms(topology: topo.Topology) -> tuple[str, ...]:
-  """The schedules of :data:`compressors.collectives.SCHEDULES` that run on ``topology``
+  """The schedules of :data:`compressors.network.collectives.SCHEDULES` that run on ``topology``
   (``"psum"``, priced as ``"ring"``, left out)."""
   return topo.schedules_for(topology)
 
@@ -150,7 +150,7 @@ def plan(buckets: Sequence[Bucket], topology: topo.Topology, *,
     time_budget: seconds; maximise retained importance within it. Exclusive with
       ``min_importance``.
     min_importance: fraction in [0, 1] of the total importance to keep; minimise time.
-    algorithms: schedules of :data:`compressors.collectives.SCHEDULES` that run on
+    algorithms: schedules of :data:`compressors.network.collectives.SCHEDULES` that run on
       ``topology`` (default :func:`default_algorithms`): a plan is run by
       ``compressors.compress(..., schedule=plan)``, which carries each bucket's shared-support
       payload (TASC's blocks, random-k's values) with its schedule. Per-worker supports (top-k's

@@ -41,7 +41,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from compressors import collectives
+from compressors.network import collectives
 
 #: Algorithms the cost model prices. The first five run as ``collectives.all_reduce``
 #: schedules; at density < 1 they carry a shared-support payload (the same ``k`` coordinates

@@ -16,7 +16,7 @@ them once::
 
 It runs the step under ``jax.shard_map`` over a mesh axis, or under ``jax.pmap`` over the local
 devices (``mesh=None``); the long form stays documented (README) for steps it does not cover.
-``workers_per_device=W`` runs W simulated workers on each device (:mod:`compressors.workers`),
+``workers_per_device=W`` runs W simulated workers on each device (:mod:`compressors.parallel.workers`),
 with the transformation built over ``axis_name=("data", "worker")``::
 
   tx = optax.chain(compressors.compress(compressors.topk(0.01), axis_name=("data", "worker")),
@@ -34,11 +34,11 @@ import optax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from compressors import _nonfinite
-from compressors import _per_worker
-from compressors import axes
-from compressors import wire
-from compressors import workers as workers_lib
+from compressors.parallel import nonfinite
+from compressors.parallel import per_worker
+from compressors.network import axes
+from compressors.parallel import hlo_bytes
+from compressors.parallel import workers as workers_lib
 
 PyTree = Any
 
@@ -57,9 +57,9 @@ class DataParallel(NamedTuple):
       ``skip_nonfinite``), the steps skipped so far; ``aux`` (with ``has_aux``), every worker's
       aux stacked along a leading worker axis.
     specs: the state's ``PartitionSpec``s on :attr:`mesh` (:func:`compressors.state_specs`,
-      laid out by :meth:`compressors.workers.Workers.layout`); None under pmap.
+      laid out by :meth:`compressors.parallel.workers.Workers.layout`); None under pmap.
     mesh: the mesh the step runs on; None under pmap.
-    workers: where the workers run (:class:`compressors.workers.Workers`); None under pmap.
+    workers: where the workers run (:class:`compressors.parallel.workers.Workers`); None under pmap.
     equivalent: ``() -> DataParallel``: the same step with one worker per device on
       ``workers.count`` devices, whose compiled program gives the bytes (itself with one worker
       per device); None under pmap.
@@ -72,7 +72,7 @@ class DataParallel(NamedTuple):
   equivalent: Callable[[], "DataParallel"] | None = None
 
   def wire_bytes(self, params: PyTree, state: PyTree, batch: PyTree, *,
-                 with_inputs: bool = False) -> wire.WireBytes:
+                 with_inputs: bool = False) -> hlo_bytes.WireBytes:
     """Bytes one worker sends per step, read from the compiled step (compiled, never run): with
     several workers per device, from the program of one worker per device."""
     if self.workers is not None and self.workers.per_device > 1:
@@ -81,7 +81,7 @@ class DataParallel(NamedTuple):
       return one_each.wire_bytes(shapes(params, P()), shapes(state, one_each.specs),
                                  shapes(batch, one_each.workers.spec),
                                  with_inputs=with_inputs)
-    return wire.wire_bytes(functools.partial(self.step, with_inputs=with_inputs), params,
+    return hlo_bytes.wire_bytes(functools.partial(self.step, with_inputs=with_inputs), params,
                            state, batch, mesh=self.mesh)
 
 
@@ -104,7 +104,7 @@ def data_parallel(loss_fn: Callable[..., Any], tx: optax.GradientTransformation,
       inputs make per-worker).
     axis_name: the axis (or tuple of axes) over which workers hold different batches; with
       ``workers_per_device > 1``, mesh axes and then the simulated workers' axis, e.g.
-      ``("data", "worker")`` (:mod:`compressors.workers`).
+      ``("data", "worker")`` (:mod:`compressors.parallel.workers`).
     workers_per_device: workers simulated on each device (``jax.vmap``), each with its own
       share of the batch and its own state, as if each were a device.
     has_aux: ``loss_fn`` returns ``(loss, aux)``.
@@ -128,7 +128,7 @@ def data_parallel(loss_fn: Callable[..., Any], tx: optax.GradientTransformation,
                        "under pmap (mesh=None) every worker is a device")
     _check_batch(batch, jax.local_device_count())
     if skip_nonfinite:
-      tx = _nonfinite.skip_nonfinite(tx, axis_name=axis_name)
+      tx = nonfinite.skip_nonfinite(tx, axis_name=axis_name)
     # pmap differentiates each device's own loss: no copy to type.
     return _on_pmap(_WorkerStep(loss_fn, tx, axis_name, has_aux, step_inputs, skip_nonfinite,
                                 own_copy=lambda params: params), axis_name, donate)
@@ -137,7 +137,7 @@ def data_parallel(loss_fn: Callable[..., Any], tx: optax.GradientTransformation,
   one_each = functools.partial(data_parallel, loss_fn, tx, params=params,
                                batch=batch, axis_name=axis_name, has_aux=has_aux,
                                step_inputs=step_inputs, skip_nonfinite=skip_nonfinite)
-  wrapped = _nonfinite.skip_nonfinite(tx, axis_name=axis_name) if skip_nonfinite else tx
+  wrapped = nonfinite.skip_nonfinite(tx, axis_name=axis_name) if skip_nonfinite else tx
   worker = _WorkerStep(loss_fn, wrapped, axis_name, has_aux, step_inputs, skip_nonfinite,
                        layout.own_copy)
   simulated = layout.per_device > 1
@@ -202,7 +202,7 @@ def _state_specs(worker, layout, params, batch) -> PyTree:
         mesh=mesh, in_specs=(P(), P(axis)), out_specs=P(axis), check_vma=False),
         params, batch)
     extras = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), extras)
-  return _per_worker.state_specs(worker.tx, params, mesh, axis, **extras)
+  return per_worker.state_specs(worker.tx, params, mesh, axis, **extras)
 
 
 def _worker_rows(batch: PyTree, per_device: int) -> PyTree:

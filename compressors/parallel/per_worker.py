@@ -27,7 +27,7 @@ import jax.extend
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from compressors import axes
+from compressors.network import axes
 
 PyTree = Any
 

@@ -4,7 +4,7 @@ A study of compression needs many workers at a real model size, and one accelera
 memory of 8-64 workers of a ResNet-20 or a small transformer. :class:`Workers` runs
 ``per_device`` workers on every device of a mesh: ``jax.shard_map`` over the mesh axes and
 ``jax.vmap`` over the last axis of ``axis_name`` (the simulated axis), so that the collectives of
-a transformation built with that ``axis_name`` span devices x workers (:mod:`compressors.axes`),
+a transformation built with that ``axis_name`` span devices x workers (:mod:`compressors.network.axes`),
 ranks row-major: worker ``w`` of device ``d`` is rank ``d * per_device + w``. Each worker has its
 own batch shard, its own state and its own random fold, exactly as on :attr:`Workers.count`
 devices; the values equal those devices' to the reassociation of sums (a collective sums the
@@ -29,7 +29,7 @@ import jax
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
-from compressors import axes
+from compressors.network import axes
 
 PyTree = Any
 

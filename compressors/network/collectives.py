@@ -4,7 +4,7 @@ Every schedule here runs inside ``shard_map``/``pmap`` where ``axis_name`` is bo
 loops are unrolled at trace time, so the compiled HLO holds one ``collective-permute`` per step
 and no while loop; what moves on the wire can be read straight off the program
 (:func:`compressors.wire_bytes`) and matches the step lists of :func:`schedule`, which the cost
-model (:mod:`compressors.topology`) prices.
+model (:mod:`compressors.network.topology`) prices.
 
 Algorithms (Thakur, Rabenseifner & Gropp, "Optimization of collective communication operations
 in MPICH", IJHPCA 2005; p workers, n elements):
@@ -44,7 +44,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from compressors import axes
+from compressors.network import axes
 
 INDEX_DTYPE = jnp.int32
 
@@ -69,7 +69,7 @@ class Schedule(NamedTuple):
   """One all-reduce algorithm: how it runs, what the cost model prices, where it applies.
 
   :data:`SCHEDULES` is the one table that :func:`compressors.compress` runs payloads with,
-  :mod:`compressors.topology` prices and :mod:`compressors.planner` chooses from, so the planner
+  :mod:`compressors.network.topology` prices and :mod:`compressors.network.planner` chooses from, so the planner
   never proposes an algorithm ``compress`` cannot run.
 
   Attributes:

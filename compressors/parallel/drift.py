@@ -11,7 +11,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from compressors import axes
+from compressors.network import axes
 
 
 def checksum(tree: Any) -> jax.Array:
