@@ -12,10 +12,10 @@ A process that dies leaves the others blocked in a collective: gloo does not not
 coordination service (hosted by process 0) does: a process that has sent no heartbeat for
 ``config.distributed.heartbeat_timeout_seconds`` is declared dead, and every other process is
 then terminated by JAX with "Terminating process because the JAX distributed service detected
-fatal errors ... another task died" (exit status 134), within that timeout (SIGKILL of process 1
-of 2 ended the other 13.9 s later with the default 20 s). If process 0 dies, the service dies
-with it and the others stop as soon as they lose their connection to it (0.3 s after a SIGKILL
-of process 0, measured the same way); no timeout is waited for.
+fatal errors ... another task died" (exit status 134), within that timeout. If process 0 dies,
+the service dies with it and the others stop as soon as they lose their connection to it; no
+timeout is waited for (``tests/test_failures.py`` kills a process and checks that the others
+stop).
 
 SIGTERM goes to JAX's preemption service in a multi-process run: the runner stops every process
 at the same step boundary, after a checkpoint (:mod:`experiments.interrupt`).

@@ -22,20 +22,17 @@ Targets (``--target=NAME``, several comma-separated, or ``all``):
   communication time on 1 and 10 Gbit/s clusters of 8 and 32 workers.
 
 Each target runs what it needs (finished runs are skipped, unfinished ones resume; run
-directories under ``--workdir``, default ``runs/paper``) and then regenerates
-``paper_figures/NAME.md``, ``.csv`` and ``.png`` from the run directories alone, and the index
+directories under ``--workdir``, default ``runs/paper``) and then regenerates its ``NAME.md``,
+``.csv`` and ``.png`` in ``paper_figures/`` from the run directories alone, and the index
 ``paper_figures/README.md``. Settings live in ``configs/paper/`` (quick by default, ``--full``);
 each target is a module of this package (:mod:`experiments.reproduce.t1` and the others named
 above), the runs' machinery is :mod:`experiments.reproduce.common` and the outputs'
 :mod:`experiments.reproduce.report`.
 Bad input (a ``--data_dir`` without CIFAR-10, ...) is one line on stderr without a traceback
 (``--verbose`` or ``TASC_JAX_VERBOSE=1`` shows it), exit status 1.
-Training runs go ``--jobs`` at a time (default 2), each in a process of its own. ``--target=all``
-took 89 minutes from scratch on 2 CPU cores (quick settings, 2 jobs; T1 70 min, T2 13, F1 4, F3 2)
-before T2's MNIST-1D runs moved to the runner; those 48 runs now take 8 minutes (2 jobs, 2 busy
-cores). The language-model targets (``--tier=cpu``, the default) add 99 minutes: T1-LM's 20 runs
-58, F4-LM's 18 runs 41, F5 none of its own. ``--tier=gpu`` (25M+ parameters, 8 and 32 simulated
-workers per GPU) needs a GPU and has not been run.
+Training runs go ``--jobs`` at a time (default 2), each in a process of its own; how long the
+targets took is in ``README.md``'s Results. ``--tier=gpu`` (25M+ parameters, 8 and 32
+simulated workers per GPU) needs a GPU.
 """
 
 import argparse
