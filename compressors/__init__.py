@@ -27,10 +27,6 @@ nothing outside it; every other module is public, and everything a user needs is
 re-exported here (``__all__``).
 """
 
-# The method modules register themselves (compressors.registry) when imported, here in the
-# order methods are listed: the baselines, the sparsifiers, the quantizers, low rank.
-from compressors import _dense, _topk, _randomk, _threshold, _dgc  # noqa: F401
-from compressors import _qsgd, _terngrad, _sign, _powersgd  # noqa: F401
 from compressors import network
 from compressors import parallel
 from compressors import registry

@@ -64,16 +64,18 @@ def cast(dtype, *, exchange: str | None = None) -> protocol.Compressor:
   return protocol.Compressor(name=f"cast_{name}", encode=encode, decode=decode, exchange=exchange)
 
 
-registry.register(registry.Method(
-    name="dense", summary="no compression: one float32 all-reduce of the gradient (the baseline)",
-    settings=registry.NoSettings, compressor=lambda s: dense(), error_feedback=False,
-    cost=lambda s, shapes, topology, schedule: topology_lib.all_reduce_cost(
-        schedule, topology, registry.num_elements(shapes))))
-
-for _name, _dtype in (("fp16", "float16"), ("bf16", "bfloat16")):
-  registry.register(registry.Method(
-      name=_name, summary=f"the gradient sent as {_dtype}, divided by the workers first",
-      settings=registry.NoSettings, compressor=lambda s, dtype=_dtype: cast(dtype),
-      error_feedback=False,
-      cost=lambda s, shapes, topology, schedule: topology_lib.all_reduce_cost(
-          schedule, topology, registry.num_elements(shapes), itemsize=2)))
+METHODS = (
+    registry.Method(
+        name="dense",
+        summary="no compression: one float32 all-reduce of the gradient (the baseline)",
+        settings=registry.NoSettings, compressor=lambda s: dense(), error_feedback=False,
+        cost=lambda s, shapes, topology, schedule: topology_lib.all_reduce_cost(
+            schedule, topology, registry.num_elements(shapes))),
+    *(registry.Method(
+        name=name, summary=f"the gradient sent as {dtype}, divided by the workers first",
+        settings=registry.NoSettings, compressor=lambda s, dtype=dtype: cast(dtype),
+        error_feedback=False,
+        cost=lambda s, shapes, topology, schedule: topology_lib.all_reduce_cost(
+            schedule, topology, registry.num_elements(shapes), itemsize=2))
+      for name, dtype in (("fp16", "float16"), ("bf16", "bfloat16"))),
+)

@@ -123,11 +123,11 @@ class DGCSettings:
   warmup_initial_density: float = 0.25
 
 
-registry.register(registry.Method(
+METHODS = (registry.Method(
     name="dgc", summary="Deep Gradient Compression: momentum correction around a sampled "
     "threshold, with warm-up (Lin et al. 2018)", settings=DGCSettings,
     compressor=lambda s: dgc(s.density, sample_fraction=s.sample_fraction,
                              warmup_steps=s.warmup_steps,
                              warmup_initial_density=s.warmup_initial_density),
     momentum=lambda s: (s.momentum, s.clip_norm), budget="density",
-    cost=lambda s, shapes, topology, schedule: sparse.payload_cost(s.density, shapes, topology)))
+    cost=lambda s, shapes, topology, schedule: sparse.payload_cost(s.density, shapes, topology)),)

@@ -205,9 +205,9 @@ def _cost(s: PowerSGDSettings, shapes, topology, schedule) -> topology_lib.Cost:
   return topology_lib.total(parts)
 
 
-registry.register(registry.Method(
+METHODS = (registry.Method(
     name="powersgd", summary="rank-r approximation by one power iteration, per matrix leaf "
     "(Vogels et al. 2019)", settings=PowerSGDSettings, fuse=False, budget="rank",
     compressor=lambda s: powersgd(s.rank, start_step=s.start_step,
                                   min_compression_rate=s.min_compression_rate),
-    cost=_cost))
+    cost=_cost),)

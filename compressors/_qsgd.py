@@ -144,9 +144,9 @@ def _cost(s: QSGDSettings, shapes, topology, schedule) -> topology_lib.Cost:
   return topology_lib.two_phase_cost(topology, -(-chunk * width // 8) + 4 * buckets, 4 * chunk)
 
 
-registry.register(registry.Method(
+METHODS = (registry.Method(
     name="qsgd", summary="unbiased stochastic quantisation to s levels per bucket norm "
     "(Alistarh et al. 2017)", settings=QSGDSettings, error_feedback=False,
     compressor=lambda s: qsgd(s.levels, norm=s.norm, bucket_size=s.bucket_size,
                               exchange=s.exchange),
-    cost=_cost))
+    cost=_cost),)

@@ -118,9 +118,9 @@ class RandomkSettings:
   rescale: bool = False
 
 
-registry.register(registry.Method(
+METHODS = (registry.Method(
     name="randomk", summary="k entries at indices shared by all workers, all-reduced (Stich et "
     "al. 2018)", settings=RandomkSettings,
     compressor=lambda s: randomk(s.density, rescale=s.rescale), budget="density",
     cost=lambda s, shapes, topology, schedule: topology_lib.all_reduce_cost(
-        schedule, topology, max(1, round(s.density * registry.num_elements(shapes))))))
+        schedule, topology, max(1, round(s.density * registry.num_elements(shapes))))),)

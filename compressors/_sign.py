@@ -166,17 +166,19 @@ def _sign_cost(scale_bytes: int):
   return cost
 
 
-registry.register(registry.Method(
-    name="signsgd", summary="signs with majority vote (Bernstein et al. 2018)",
-    settings=SignSettings, error_feedback=False,
-    compressor=lambda s: signsgd(exchange=s.exchange), cost=_sign_cost(0)))
-registry.register(registry.Method(
-    name="efsignsgd", summary="scaled signs with error feedback (Karimireddy et al. 2019)",
-    settings=SignSettings, compressor=lambda s: efsignsgd(exchange=s.exchange),
-    cost=_sign_cost(4)))
-registry.register(registry.Method(
-    name="onebit", summary="1-bit SGD / 1-bit Adam's compressor with error feedback (Seide et al. "
-    "2014; Tang et al. 2021)", settings=OnebitSettings,
-    compressor=lambda s: onebit(scale=s.scale, exchange=s.exchange),
-    cost=lambda s, shapes, topology, schedule: _sign_cost(4 if s.scale == "rms" else 8)(
-        s, shapes, topology, schedule)))
+METHODS = (
+    registry.Method(
+        name="signsgd", summary="signs with majority vote (Bernstein et al. 2018)",
+        settings=SignSettings, error_feedback=False,
+        compressor=lambda s: signsgd(exchange=s.exchange), cost=_sign_cost(0)),
+    registry.Method(
+        name="efsignsgd", summary="scaled signs with error feedback (Karimireddy et al. 2019)",
+        settings=SignSettings, compressor=lambda s: efsignsgd(exchange=s.exchange),
+        cost=_sign_cost(4)),
+    registry.Method(
+        name="onebit", summary="1-bit SGD / 1-bit Adam's compressor with error feedback (Seide "
+        "et al. 2014; Tang et al. 2021)", settings=OnebitSettings,
+        compressor=lambda s: onebit(scale=s.scale, exchange=s.exchange),
+        cost=lambda s, shapes, topology, schedule: _sign_cost(4 if s.scale == "rms" else 8)(
+            s, shapes, topology, schedule)),
+)

@@ -117,7 +117,7 @@ def _cost(s: TernGradSettings, shapes, topology, schedule) -> topology_lib.Cost:
   return topology_lib.onebit_cost(topology, n, bits=CODE_BITS)
 
 
-registry.register(registry.Method(
+METHODS = (registry.Method(
     name="terngrad", summary="ternary codes with a shared scale, summed as integers (Wen et al. "
     "2017)", settings=TernGradSettings, error_feedback=False,
-    compressor=lambda s: terngrad(exchange=s.exchange), cost=_cost))
+    compressor=lambda s: terngrad(exchange=s.exchange), cost=_cost),)

@@ -50,9 +50,9 @@ class ThresholdSettings:
   max_density: float = 0.01
 
 
-registry.register(registry.Method(
+METHODS = (registry.Method(
     name="threshold", summary="entries above a fixed magnitude, at a fixed capacity (Strom "
     "2015)", settings=ThresholdSettings,
     compressor=lambda s: threshold(s.value, max_density=s.max_density), budget="max_density",
     cost=lambda s, shapes, topology, schedule: sparse.payload_cost(s.max_density, shapes,
-                                                                    topology)))
+                                                                    topology)),)

@@ -70,11 +70,11 @@ class TopkSettings:
   sample_fraction: float = 0.01
 
 
-registry.register(registry.Method(
+METHODS = (registry.Method(
     name="topk", summary="magnitude top-k, values and indices all-gathered (Aji & Heafield "
     "2017; Stich et al. 2018); exact, or a corrected sampled threshold on accelerators",
     settings=TopkSettings,
     compressor=lambda s: topk(s.density, selection=s.selection,
                               sample_fraction=s.sample_fraction), budget="density",
     cost=lambda s, shapes, topology, schedule: topology_lib.topk_allgather_cost(
-        topology, max(1, round(s.density * registry.num_elements(shapes))))))
+        topology, max(1, round(s.density * registry.num_elements(shapes))))),)

@@ -2,7 +2,8 @@
 
 A *method* is what a run names in ``config.method``: a compressor and the transformation that
 runs it, with everything a runner, a benchmark, a sweep or the cost model needs to know of it,
-declared in one :class:`Method` at the bottom of the module that implements it:
+declared in one :class:`Method` in the ``METHODS`` tuple at the bottom of the module that
+implements it:
 
 * its own typed settings (a frozen dataclass whose fields all have defaults): the runner's
   ``config.compression.<name>`` block;
@@ -14,22 +15,27 @@ declared in one :class:`Method` at the bottom of the module that implements it:
 
 Everything else reads the registry: ``experiments`` builds configs, validation, benchmark method
 lists, sweeps and the paper's tables from :func:`names`; tests run every registered method through
-the same checks. Adding a method is its module (with its :func:`register` call) and its test.
-A method outside this package registers the same way (``tasc`` does, on import).
+the same checks.
+
+The built-in methods, TASC's among them, are listed by name in :data:`BUILTIN` with the module
+that declares each; the registry imports those modules on its first lookup, so that every
+built-in is known without importing anything for its side effect, in the order of
+:data:`BUILTIN`, and importing a method module changes nothing. Adding a built-in method is its
+module, its line in :data:`BUILTIN` and its test; a method outside the project registers with
+:func:`register`.
 
 With :mod:`compressors`' ``__init__``, this module is the package's face: the only modules that
-import the wrapper (:func:`compressors.compress`) that runs compressors; compressors never do.
+use the wrapper (:func:`compressors.compress`) that runs compressors; compressors never import it.
 """
 
 import dataclasses
+import importlib
 import math
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import optax
 
-from compressors import _compress
-from compressors import _momentum
 from compressors import protocol
 from compressors.network import topology as topology_lib
 
@@ -129,36 +135,73 @@ class NoSettings:
   """The settings of a method that has none of its own."""
 
 
+# name -> the module whose ``METHODS`` declares it, in the order :func:`names` lists them: the
+# baselines, the sparsifiers, the quantizers, low rank, TASC. Module names, not imports: a method
+# module imports this registry, and TASC's package imports compressors, which must not import it
+# back (experiments -> tasc -> compressors).
+BUILTIN = (
+    ("dense", "compressors._dense"), ("fp16", "compressors._dense"),
+    ("bf16", "compressors._dense"), ("topk", "compressors._topk"),
+    ("randomk", "compressors._randomk"), ("threshold", "compressors._threshold"),
+    ("dgc", "compressors._dgc"), ("qsgd", "compressors._qsgd"),
+    ("terngrad", "compressors._terngrad"), ("signsgd", "compressors._sign"),
+    ("efsignsgd", "compressors._sign"), ("onebit", "compressors._sign"),
+    ("powersgd", "compressors._powersgd"), ("tasc", "tasc._transform"),
+)
+
 _METHODS: dict[str, Method] = {}
+_builtins_loaded = False
+
+
+def _registered() -> dict[str, Method]:
+  """The registered methods, the built-ins (:data:`BUILTIN`) imported on the first call."""
+  global _builtins_loaded
+  if not _builtins_loaded:
+    declared = {}
+    for module_name in dict.fromkeys(module for _, module in BUILTIN):
+      module = importlib.import_module(module_name)
+      methods = {m.name: m for m in module.METHODS}
+      listed = [name for name, listed_in in BUILTIN if listed_in == module_name]
+      if sorted(methods) != sorted(listed):
+        raise RuntimeError(f"registry: {module_name}.METHODS declares {sorted(methods)}, but "
+                           f"registry.BUILTIN lists {sorted(listed)} for it")
+      declared.update(methods)
+    _METHODS.update({name: declared[name] for name, _ in BUILTIN})
+    _builtins_loaded = True
+  return _METHODS
 
 
 def register(method: Method, *, replace: bool = False) -> Method:
-  """Adds ``method`` to the registry (``replace=True`` overwrites one of the same name)."""
+  """Adds ``method`` to the registry (``replace=True`` overwrites one of the same name, a built-in
+  too)."""
   if not isinstance(method, Method):
     raise TypeError(f"registry.register: expected a registry.Method, got {method!r}")
-  if method.name in _METHODS and not replace:
+  registered = _registered()
+  if method.name in registered and not replace:
     raise ValueError(f"registry.register: a method named {method.name!r} is registered "
                      "already; pass replace=True to overwrite it")
-  _METHODS[method.name] = method
+  registered[method.name] = method
   return method
 
 
 def unregister(name: str) -> None:
-  """Removes the method ``name`` (a KeyError naming the known ones if there is none)."""
+  """Removes the method ``name`` (a ValueError naming the known ones if there is none)."""
   get(name)
   del _METHODS[name]
 
 
 def names() -> tuple[str, ...]:
-  """The registered methods, in registration order."""
-  return tuple(_METHODS)
+  """The registered methods: the built-ins in the order of :data:`BUILTIN`, then the others in
+  registration order."""
+  return tuple(_registered())
 
 
 def get(name: str) -> Method:
   """The method called ``name``; ValueError listing the registered ones otherwise."""
-  if name not in _METHODS:
-    raise ValueError(f"method {name!r} is not registered; registered methods: {list(_METHODS)}")
-  return _METHODS[name]
+  registered = _registered()
+  if name not in registered:
+    raise ValueError(f"method {name!r} is not registered; registered methods: {list(registered)}")
+  return registered[name]
 
 
 def default_settings(name: str, **overrides) -> Any:
@@ -189,6 +232,10 @@ def transformation(name: str, settings: Any = None, *, axis_name,
   Raises:
     ValueError: settings the method refuses, or common settings that do not fit it.
   """
+  # Imported here, not at the top: the method modules import this registry, and they never
+  # import the wrapper that runs them.
+  from compressors import _compress  # pylint: disable=import-outside-toplevel
+  from compressors import _momentum  # pylint: disable=import-outside-toplevel
   method = get(name)
   settings = method.settings() if settings is None else settings
   if not isinstance(settings, method.settings):

@@ -38,7 +38,6 @@ import typing
 import ml_collections
 
 from compressors import registry
-import tasc  # noqa: F401  (registers the method "tasc")
 
 # A process silent this long counts as dead and the job stops; jax.distributed's default (100 s)
 # leaves the survivors blocked in a collective for that long.

@@ -6,8 +6,8 @@ per worker inside ``shard_map`` over the data axis and is the only place where g
 devices: ``config.method`` names a method of :mod:`compressors.registry` (``dense`` is a plain
 all-reduce through the same wrapper, so every method's bytes are measured the same way), built
 from ``config.compression``'s shared settings and its own block ``config.compression.<method>``.
-Nothing here names a method: a method registered anywhere (``tasc`` registers on import) is
-available to every config.
+Nothing here names a method: every built-in method and any method registered with
+``registry.register`` is available to every config.
 """
 
 import dataclasses
@@ -18,7 +18,6 @@ import optax
 import compressors
 from compressors import registry
 import optimizers
-import tasc  # noqa: F401  (registers the method "tasc")
 
 AXIS_NAME = "data"
 

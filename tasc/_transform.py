@@ -349,7 +349,7 @@ def _budget(s: TascSettings, shapes, cost, target: float) -> TascSettings | None
                                cost, target)
 
 
-registry.register(registry.Method(
+METHODS = (registry.Method(
     name="tasc", summary="TASC: Hessian-aware block scores, one block support shared by all "
     "workers, the blocks all-reduced", settings=TascSettings, transformation=_transformation,
-    step_inputs=_curvature_refresh, cost=_cost, budget=_budget))
+    step_inputs=_curvature_refresh, cost=_cost, budget=_budget),)

@@ -13,7 +13,6 @@ from compressors import equal_bytes
 from compressors import registry
 from configs.paper import lm
 from configs.paper import t1_lm
-import tasc  # noqa: F401  (registers the method "tasc")
 from tests import harness
 from tests import subprocess_devices
 from tests.test_runner import fast_compiles  # noqa: F401  (an autouse fixture)

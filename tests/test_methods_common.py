@@ -8,7 +8,6 @@ no test code of its own.
 import pytest
 
 from compressors import registry
-import tasc  # noqa: F401  (registers the method "tasc")
 from tests import method_checks
 
 

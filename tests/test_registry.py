@@ -3,9 +3,12 @@ the runner's smoke config and every shared check (tests/method_checks.py), with 
 the trainer makes without naming it, and no change anywhere else. Also the registry's own API.
 """
 
+import ast
 import dataclasses
 import json
 import os
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -19,6 +22,7 @@ from experiments import methods
 from experiments import train
 from tests import method_checks
 
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _TRACED_INPUTS = []
 
 
@@ -139,3 +143,42 @@ def test_the_trainer_and_configs_name_no_method():
   assert set(registry.names()) <= set(config.compression)
   assert methods.settings(config) == registry.default_settings(
       "tasc", **config.compression.tasc.to_dict())
+
+
+def test_a_fresh_process_knows_every_builtin_without_importing_a_method_module():
+  """Registration is no import side effect: the registry alone lists TASC, and importing it
+  does not import the wrapper that runs compressors into the method modules' dependencies."""
+  script = ("import sys\n"
+            "from compressors import registry\n"
+            "assert 'tasc' not in sys.modules, 'importing the registry imported tasc'\n"
+            "assert registry.names() == tuple(name for name, _ in registry.BUILTIN)\n"
+            "assert 'tasc' in registry.names()\n"
+            "assert registry.get('tasc').name == 'tasc'\n")
+  subprocess.run([sys.executable, "-c", script], check=True, cwd=_ROOT, timeout=300)
+
+
+def test_method_modules_declare_and_do_not_register_or_import_the_wrapper():
+  """Each built-in module declares its ``METHODS`` (read by the registry); none calls
+  ``register`` nor imports ``_compress``/``_momentum``, and the registry imports neither at
+  module level."""
+  for module_name in dict.fromkeys(module for _, module in registry.BUILTIN) | {
+      "compressors.registry": None}:
+    path = os.path.join(_ROOT, *module_name.split(".")) + ".py"
+    with open(path) as f:
+      tree = ast.parse(f.read())
+    imported = {alias.name for node in tree.body if isinstance(node, ast.ImportFrom)
+                for alias in node.names}
+    assert not imported & {"_compress", "_momentum"}, module_name
+    calls = [node for node in ast.walk(tree) if isinstance(node, ast.Call)
+             and isinstance(node.func, ast.Attribute) and node.func.attr == "register"]
+    assert not calls, f"{module_name} calls register; declare METHODS instead"
+
+
+def test_a_module_whose_methods_disagree_with_the_builtin_table_is_named(monkeypatch):
+  monkeypatch.setattr(registry, "_METHODS", {})
+  monkeypatch.setattr(registry, "_builtins_loaded", False)
+  monkeypatch.setattr(registry, "BUILTIN", registry.BUILTIN + (("sign2", "compressors._sign"),))
+  with pytest.raises(RuntimeError, match=r"compressors._sign.METHODS declares \['efsignsgd', "
+                                         r"'onebit', 'signsgd'\], but registry.BUILTIN lists "
+                                         r"\['efsignsgd', 'onebit', 'sign2', 'signsgd'\]"):
+    registry.names()

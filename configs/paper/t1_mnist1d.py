@@ -19,7 +19,6 @@ import ml_collections
 
 from compressors import registry
 from configs import common
-import tasc  # noqa: F401  (registers the method "tasc")
 
 CONFIG = "configs/paper/mnist1d.py"
 

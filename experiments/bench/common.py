@@ -32,7 +32,6 @@ from compressors import registry
 from configs import common as config_common
 from experiments import methods
 from experiments import provenance
-import tasc  # noqa: F401  (registers the method "tasc")
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_OUT = REPO_ROOT / provenance.BENCHMARK_RESULTS
