@@ -77,7 +77,7 @@ def _in_config(config, own, build):
                     f"{dataclasses.asdict(own)}: {err}") from err
 
 
-SCHEDULES = ("constant", "cosine", "step", "warmup_poly", "mlperf_lars")
+LR_SCHEDULES = ("constant", "cosine", "step", "warmup_poly", "mlperf_lars")
 
 
 def learning_rate_schedule(config, steps_per_epoch: int, total_steps: int) -> optax.Schedule:

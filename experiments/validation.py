@@ -92,7 +92,7 @@ def check_config(config, num_workers: int) -> None:
   _choice("model.name", config.model.get("name"), models.MODELS)
   methods.check_method(config.method)
   _choice("optimizer.name", config.optimizer.name, methods.OPTIMIZERS)
-  _choice("schedule.name", config.schedule.name, methods.SCHEDULES)
+  _choice("schedule.name", config.schedule.name, methods.LR_SCHEDULES)
   _number("optimizer.learning_rate", config.optimizer.learning_rate, 0)
   _number("optimizer.weight_decay", config.optimizer.weight_decay, 0)
   _number("schedule.warmup_epochs", config.schedule.warmup_epochs, 0)

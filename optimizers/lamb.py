@@ -84,13 +84,13 @@ def lamb(
     TypeError: a hyper-parameter has the wrong type.
   """
   caller = "lamb"
-  _validation.check_learning_rate(caller, learning_rate)
-  b1 = _validation.check_unit_interval(caller, "b1", b1)
-  b2 = _validation.check_unit_interval(caller, "b2", b2)
-  eps = _validation.check_positive(caller, "eps", eps)
-  weight_decay = _validation.check_non_negative(caller, "weight_decay", weight_decay)
-  bias_correction = _validation.check_bool(caller, "bias_correction", bias_correction)
-  trust_clip = _validation.check_trust_clip(caller, trust_clip)
+  _validation.check_learning_rate(learning_rate, caller)
+  b1 = _validation.check_unit_interval(b1, "b1", caller)
+  b2 = _validation.check_unit_interval(b2, "b2", caller)
+  eps = _validation.check_positive(eps, "eps", caller)
+  weight_decay = _validation.check_non_negative(weight_decay, "weight_decay", caller)
+  bias_correction = _validation.check_bool(bias_correction, "bias_correction", caller)
+  trust_clip = _validation.check_trust_clip(trust_clip, caller)
 
   if trust_clip is None:
     trust_ratio = optax.scale_by_trust_ratio()

@@ -69,13 +69,13 @@ def lars(
     TypeError: a hyper-parameter has the wrong type.
   """
   caller = "lars"
-  _validation.check_learning_rate(caller, learning_rate)
-  momentum = _validation.check_unit_interval(caller, "momentum", momentum)
-  weight_decay = _validation.check_non_negative(caller, "weight_decay", weight_decay)
-  trust_coefficient = _validation.check_positive(caller, "trust_coefficient", trust_coefficient)
-  eps = _validation.check_non_negative(caller, "eps", eps)
-  denominator = _validation.check_choice(caller, "denominator", denominator, DENOMINATORS)
-  nesterov = _validation.check_bool(caller, "nesterov", nesterov)
+  _validation.check_learning_rate(learning_rate, caller)
+  momentum = _validation.check_unit_interval(momentum, "momentum", caller)
+  weight_decay = _validation.check_non_negative(weight_decay, "weight_decay", caller)
+  trust_coefficient = _validation.check_positive(trust_coefficient, "trust_coefficient", caller)
+  eps = _validation.check_non_negative(eps, "eps", caller)
+  denominator = _validation.check_choice(denominator, "denominator", DENOMINATORS, caller)
+  nesterov = _validation.check_bool(nesterov, "nesterov", caller)
 
   if denominator == "paper":
     layer_adaptation = scale_by_layerwise_trust_ratio(

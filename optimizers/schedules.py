@@ -54,12 +54,12 @@ def warmup_polynomial_decay(
     An optax schedule (step count -> learning rate).
   """
   caller = "warmup_polynomial_decay"
-  _validation.check_non_negative(caller, "peak_value", peak_value)
-  _validation.check_non_negative(caller, "end_value", end_value)
-  _validation.check_non_negative(caller, "init_value", init_value)
-  _validation.check_positive(caller, "power", power)
-  warmup_steps = _validation.check_int(caller, "warmup_steps", warmup_steps, 0)
-  total_steps = _validation.check_int(caller, "total_steps", total_steps, warmup_steps + 1)
+  _validation.check_non_negative(peak_value, "peak_value", caller)
+  _validation.check_non_negative(end_value, "end_value", caller)
+  _validation.check_non_negative(init_value, "init_value", caller)
+  _validation.check_positive(power, "power", caller)
+  warmup_steps = _validation.check_int(warmup_steps, "warmup_steps", 0, caller)
+  total_steps = _validation.check_int(total_steps, "total_steps", warmup_steps + 1, caller)
   decay = optax.polynomial_schedule(peak_value, end_value, power, total_steps - warmup_steps)
   if warmup_steps == 0:
     return decay
@@ -86,10 +86,10 @@ def scale_learning_rate(base_learning_rate: float, batch_size: int, *, base_batc
   """
   caller = "scale_learning_rate"
   base_learning_rate = _validation.check_non_negative(
-      caller, "base_learning_rate", base_learning_rate)
-  batch_size = _validation.check_int(caller, "batch_size", batch_size, 1)
-  base_batch_size = _validation.check_int(caller, "base_batch_size", base_batch_size, 1)
-  rule = _validation.check_choice(caller, "rule", rule, SCALING_RULES)
+      base_learning_rate, "base_learning_rate", caller)
+  batch_size = _validation.check_int(batch_size, "batch_size", 1, caller)
+  base_batch_size = _validation.check_int(base_batch_size, "base_batch_size", 1, caller)
+  rule = _validation.check_choice(rule, "rule", SCALING_RULES, caller)
   ratio = batch_size / base_batch_size
   return base_learning_rate * (ratio if rule == "linear" else math.sqrt(ratio))
 
@@ -112,7 +112,7 @@ def mlperf_lars_preset(batch_size: int) -> MLPerfLarsPreset:
     ``MLPerfLarsPreset``: (10, 5) below 16384, (25, 5) below 32768, (31.2, 25) from 32768,
     end learning rate 1e-4, power 2 (see the module docstring for the source).
   """
-  batch_size = _validation.check_int("mlperf_lars_preset", "batch_size", batch_size, 1)
+  batch_size = _validation.check_int(batch_size, "batch_size", 1, "mlperf_lars_preset")
   if batch_size < 16384:
     return MLPerfLarsPreset(base_learning_rate=10.0, warmup_epochs=5)
   if batch_size < 32768:
@@ -138,9 +138,9 @@ def mlperf_lars_schedule(batch_size: int, steps_per_epoch: int,
   """
   caller = "mlperf_lars_schedule"
   preset = mlperf_lars_preset(batch_size)
-  steps_per_epoch = _validation.check_int(caller, "steps_per_epoch", steps_per_epoch, 1)
+  steps_per_epoch = _validation.check_int(steps_per_epoch, "steps_per_epoch", 1, caller)
   warmup_steps = preset.warmup_epochs * steps_per_epoch
-  train_steps = _validation.check_int(caller, "train_steps", train_steps, warmup_steps + 1)
+  train_steps = _validation.check_int(train_steps, "train_steps", warmup_steps + 1, caller)
   return warmup_polynomial_decay(
       preset.base_learning_rate, warmup_steps, train_steps + 1,
       end_value=preset.end_learning_rate, power=preset.power)

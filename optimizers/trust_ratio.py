@@ -50,10 +50,10 @@ def scale_by_layerwise_trust_ratio(
     A stateless :class:`optax.GradientTransformation` that needs ``params``.
   """
   caller = "scale_by_layerwise_trust_ratio"
-  _validation.check_positive(caller, "trust_coefficient", trust_coefficient)
-  _validation.check_non_negative(caller, "eps", eps)
-  _validation.check_non_negative(caller, "weight_decay", weight_decay)
-  trust_clip = _validation.check_trust_clip(caller, trust_clip)
+  _validation.check_positive(trust_coefficient, "trust_coefficient", caller)
+  _validation.check_non_negative(eps, "eps", caller)
+  _validation.check_non_negative(weight_decay, "weight_decay", caller)
+  trust_clip = _validation.check_trust_clip(trust_clip, caller)
 
   def update_fn(updates, state, params=None):
     if params is None:
