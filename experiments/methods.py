@@ -11,12 +11,18 @@ Nothing here names a method: every built-in method and any method registered wit
 """
 
 import dataclasses
+import functools
+import json
 from typing import Any
 
+import jax
+import jax.numpy as jnp
 import optax
 
 import compressors
+from compressors import equal_bytes
 from compressors import registry
+from experiments import models
 import optimizers
 
 AXIS_NAME = "data"
@@ -75,6 +81,57 @@ def _in_config(config, own, build):
   except (ValueError, TypeError) as err:
     raise type(err)(f"config.method={config.method!r} with config.compression.{config.method}="
                     f"{dataclasses.asdict(own)}: {err}") from err
+
+
+def parameter_shapes(config) -> tuple[tuple[int, ...], ...]:
+  """The shapes of the parameters of ``config.model``, a language model of
+  ``config.data.vocab_size`` tokens read ``config.data.seq_len`` at a time (traced with
+  ``jax.eval_shape``: nothing is allocated or run, and no corpus is read).
+
+  Raises:
+    ValueError: a config without ``data.vocab_size`` and ``data.seq_len``.
+  """
+  missing = [f for f in ("vocab_size", "seq_len") if f not in config.data]
+  if missing:
+    raise ValueError(f"config.data has no {missing}: parameter shapes are traced for a language "
+                     "model's config (configs/lm_stdlib.py)")
+  return _traced_shapes(json.dumps(config.model.to_dict(), sort_keys=True),
+                        config.data.vocab_size, config.data.seq_len)
+
+
+@functools.cache
+def _traced_shapes(model_json: str, vocab_size: int, seq_len: int):
+  model = models.build_model(json.loads(model_json), vocab_size=vocab_size)
+  # Abstract inputs only: a concrete array would start JAX's backend before the runner has set
+  # the number of CPU devices.
+  variables = jax.eval_shape(model.init, jax.ShapeDtypeStruct((2,), jnp.uint32),
+                             jax.ShapeDtypeStruct((1, seq_len), jnp.int32))
+  return tuple(x.shape for x in jax.tree.leaves(variables["params"]))
+
+
+def equal_bytes_settings(config) -> tuple[Any, equal_bytes.Solution | None]:
+  """``(settings, solution)``: the method's settings (:func:`settings`) with its budget solved
+  for ``config.equal_bytes`` (``ratio``: bytes per step dense's over this; ``workers``), by
+  :func:`compressors.equal_bytes.solve` on :func:`parameter_shapes`; ``solution`` is None, and
+  the settings as configured, for a method whose bytes are fixed or a config without the
+  request."""
+  own = settings(config)
+  request = config.get("equal_bytes")
+  if request is None or registry.get(config.method).budget is None:
+    return own, None
+  solution = equal_bytes.solve(config.method, parameter_shapes(config), request.workers,
+                               request.ratio, own)
+  return solution.settings, solution
+
+
+def fill_equal_bytes(config) -> None:
+  """Writes :func:`equal_bytes_settings` into ``config.compression.<method>``, so that the run
+  trains, and its ``config.json`` records, the solved settings. What runs a config calls this
+  before training (a config is data: it records the request, and only experiments trace the
+  model to solve it)."""
+  solved, solution = equal_bytes_settings(config)
+  if solution is not None:
+    config.compression[config.method].update(dataclasses.asdict(solved))
 
 
 LR_SCHEDULES = ("constant", "cosine", "step", "warmup_poly", "mlperf_lars")

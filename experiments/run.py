@@ -42,6 +42,7 @@ from experiments import cli
 from experiments import distributed
 from experiments import interrupt
 from experiments import logs
+from experiments import methods
 from experiments import train
 from experiments import validation
 
@@ -61,6 +62,7 @@ def main(argv):
   config = _CONFIG.value
   try:
     with cli.errors_in_one_line("experiments.run"):
+      methods.fill_equal_bytes(config)
       validation.check_workers(config)  # before JAX builds the devices, which may take minutes
       distributed.expose_cpu_devices(config)
       results = train.train_and_evaluate(config, _WORKDIR.value)

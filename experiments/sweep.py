@@ -44,6 +44,7 @@ from ml_collections import config_flags
 from experiments import cli
 from experiments import distributed
 from experiments import interrupt
+from experiments import methods
 from experiments import train
 from experiments import validation
 
@@ -90,6 +91,7 @@ def run_configs(sweep: ml_collections.ConfigDict) -> dict[str, ml_collections.Co
     config = load_config(run["config"])
     for overrides in (sweep.get("overrides", {}), run.get("overrides", {})):
       _override(config, overrides, f"run {name!r}", "")
+    methods.fill_equal_bytes(config)  # after the overrides, which may change the request
     configs[name] = config
   counts = {c.num_devices for c in configs.values()}
   if len(counts) > 1:

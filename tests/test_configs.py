@@ -1,8 +1,11 @@
 """Configs: every file loads in every variant, and bad values fail clearly before compiling."""
 
+import ast
 import glob
 import importlib
 import os
+import subprocess
+import sys
 
 import ml_collections
 import pytest
@@ -175,3 +178,43 @@ def test_warmup_longer_than_training_is_rejected():
   config = _get("quickstart")
   with pytest.raises(ValueError, match="warmup_epochs=2.0 is 20 steps, not fewer than the 20"):
     methods.learning_rate_schedule(config, steps_per_epoch=10, total_steps=20)
+
+
+CONFIG_MODULES = sorted(
+    os.path.relpath(p, ROOT)[:-3].replace(os.sep, ".")
+    for p in glob.glob(os.path.join(ROOT, "configs", "**", "*.py"), recursive=True)
+    if not p.endswith("__init__.py"))
+
+_CONFIGS_ARE_DATA = """
+import importlib, sys
+modules = sys.argv[1:]
+for name in modules:
+  importlib.import_module(name)
+assert "experiments" not in sys.modules, "importing configs imported experiments"
+for name in modules:
+  module = sys.modules[name]
+  if hasattr(module, "get_config"):
+    module.get_config()
+loaded = sorted(m for m in sys.modules if m.split(".")[0] == "experiments")
+assert not loaded, f"get_config imported {loaded}"
+"""
+
+
+def test_no_config_imports_experiments():
+  """Configs are data: no module under configs/ imports ``experiments`` (what traces a model or
+  reads a corpus lives there)."""
+  for name in CONFIG_MODULES:
+    with open(os.path.join(ROOT, *name.split(".")) + ".py") as f:
+      tree = ast.parse(f.read())
+    imported = [alias.name for node in ast.walk(tree) if isinstance(node, ast.Import)
+                for alias in node.names]
+    imported += [node.module for node in ast.walk(tree)
+                 if isinstance(node, ast.ImportFrom) and node.module]
+    assert not [m for m in imported if m.split(".")[0] == "experiments"], name
+
+
+def test_getting_every_config_reads_no_corpus_and_traces_no_model():
+  """In a fresh process, importing every config and calling each ``get_config()`` leaves
+  ``experiments`` (the corpus reader, the models) unimported."""
+  subprocess.run([sys.executable, "-c", _CONFIGS_ARE_DATA, *CONFIG_MODULES], check=True,
+                 cwd=ROOT, timeout=600)

@@ -13,18 +13,25 @@ from compressors import equal_bytes
 from compressors import registry
 from configs.paper import lm
 from configs.paper import t1_lm
+from experiments import methods
 from tests import harness
 from tests import subprocess_devices
 from tests.test_runner import fast_compiles  # noqa: F401  (an autouse fixture)
 
+def cpu_shapes() -> tuple[tuple[int, ...], ...]:
+  """The parameter shapes of the reproduction's CPU tier."""
+  return methods.parameter_shapes(lm.get_config("tier=cpu"))
+
+
 def solutions(num_workers: int) -> list[equal_bytes.Solution]:
   """The solutions T1-LM's runs train with: every budgeted method at every tier."""
-  return [lm.method_settings("cpu", name, ratio, num_workers)[1]
+  return [methods.equal_bytes_settings(lm.get_config(
+              f"method={name},ratio={ratio},workers={num_workers}"))[1]
           for name in t1_lm.BUDGETED for ratio in equal_bytes.TIERS.values()]
 
 
 def hlo_bytes(solution: equal_bytes.Solution, mesh) -> float:
-  params = [jax.ShapeDtypeStruct(s, jnp.float32) for s in lm.parameter_shapes("cpu")]
+  params = [jax.ShapeDtypeStruct(s, jnp.float32) for s in cpu_shapes()]
   tx = registry.transformation(solution.method, solution.settings, axis_name="data")
   return harness.update_bytes(tx, params, mesh).total
 
@@ -89,8 +96,8 @@ def test_bad_tiers_and_budgets_are_refused():
 
 def test_tasc_picks_blocks_whose_scores_take_at_most_a_quarter_of_the_bytes():
   """float32 scores cost twice float16's, so the same tier takes blocks twice as large."""
-  f32 = equal_bytes.solve("tasc", lm.parameter_shapes("cpu"), 8, "100x")
-  f16 = equal_bytes.solve("tasc", lm.parameter_shapes("cpu"), 8, "100x",
+  f32 = equal_bytes.solve("tasc", cpu_shapes(), 8, "100x")
+  f16 = equal_bytes.solve("tasc", cpu_shapes(), 8, "100x",
                           registry.default_settings("tasc", wire_dtype="float16"))
   assert (f32.settings.block_size, f16.settings.block_size) == (512, 256)
   assert json.loads(json.dumps(f32.settings.__dict__))["density"] == f32.settings.density

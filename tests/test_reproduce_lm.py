@@ -14,6 +14,7 @@ from compressors import registry
 from compressors.network import topology as topo
 from configs.paper import lm
 from configs.paper import t1_lm as sweep_config
+from experiments import methods
 from experiments import provenance
 from experiments.reproduce import __main__ as reproduce
 from experiments.reproduce import common
@@ -56,21 +57,44 @@ def test_the_cpu_grid_runs_every_method_with_one_recipe():
       if (score, block) != ("saliency", 256)}
 
 
+def _solved(arg: str):
+  """``configs/paper/lm.py:arg`` as the runner trains it: its equal-bytes request solved."""
+  config = lm.get_config(arg)
+  methods.fill_equal_bytes(config)
+  return config
+
+
 def test_each_budgeted_method_is_solved_onto_its_tier():
-  dense = equal_bytes.method_bytes("dense", lm.parameter_shapes("cpu"), 8)
+  shapes = methods.parameter_shapes(lm.get_config("tier=cpu"))
+  dense = equal_bytes.method_bytes("dense", shapes, 8)
   for method in ("topk", "randomk", "dgc", "tasc"):
-    c = lm.get_config(f"method={method},ratio=300")
+    c = _solved(f"method={method},ratio=300")
     settings = registry.default_settings(method, **c.compression[method].to_dict())
-    sent = equal_bytes.method_bytes(method, lm.parameter_shapes("cpu"), 8, settings)
+    sent = equal_bytes.method_bytes(method, shapes, 8, settings)
     assert dense / sent == pytest.approx(300, rel=0.1), method
-  assert lm.get_config("method=tasc").compression.tasc.block_size == 256  # the solver's
-  assert lm.get_config("method=tasc,block=1024").compression.tasc.block_size == 1024
+    again = c.compression[method].to_dict()
+    methods.fill_equal_bytes(c)
+    assert c.compression[method].to_dict() == again, f"{method}: solving twice changed it"
+  assert _solved("method=tasc").compression.tasc.block_size == 256  # the solver's
+  assert _solved("method=tasc,block=1024").compression.tasc.block_size == 1024
   assert lm.get_config("method=topk").compression.error_feedback is True
+
+
+def test_the_pinned_unmet_blocks_are_the_solvers():
+  """``configs/paper/t1_lm.py`` skips F4-LM's rows at :data:`UNMET_BLOCKS` without solving
+  (a config traces no model): exactly the block sizes the solver cannot fit to the headline
+  tier on either tier's model."""
+  ratio = equal_bytes.TIERS[sweep_config.HEADLINE]
+  for tier in ("cpu", "gpu"):
+    unmet = {block for block in sweep_config.BLOCK_SIZES
+             if not methods.equal_bytes_settings(lm.get_config(
+                 f"tier={tier},method=tasc,ratio={ratio},block={block}"))[1].feasible}
+    assert unmet == set(sweep_config.UNMET_BLOCKS), tier
 
 
 def test_the_gpu_tier_builds_at_25m_parameters_and_32_workers():
   """The GPU tier cannot run here (no GPU); its configs must build and its model be >= 25M."""
-  assert registry.num_elements(lm.parameter_shapes("gpu")) >= 25_000_000
+  assert registry.num_elements(methods.parameter_shapes(lm.get_config("tier=gpu"))) >= 25_000_000
   c = lm.get_config("tier=gpu,method=tasc,workers=32")
   assert (c.num_devices, c.batch_size, c.data.seq_len, c.model.hidden) == (32, 256, 256, 512)
   sweep = sweep_config.get_config("tier=gpu,seeds=1")
@@ -107,8 +131,8 @@ def test_the_targets_are_registered_with_a_tier_flag():
 def _fake_run(workdir, label, seed, *, method, val_losses, step_s=0.5, wire=1000.0,
               ratio=100.0, **args):
   """A finished run of ``label``: validation losses at steps 10, 20, ...; ``step_s`` a step."""
-  config = lm.get_config(",".join(f"{k}={v}" for k, v in dict(method=method, seed=seed,
-                                                              **args).items())).to_dict()
+  config = _solved(",".join(f"{k}={v}" for k, v in dict(method=method, seed=seed,
+                                                         **args).items())).to_dict()
   records = [{"step": 10 * (i + 1), "loss": loss + 0.1,
               "examples_per_sec": config["batch_size"] / step_s}
              for i, loss in enumerate(val_losses)]
@@ -197,8 +221,9 @@ def test_f5_adds_modelled_communication_to_measured_compute(lm_dir, tmp_path):
   report = f5.report(lm_dir, tier="cpu", seeds=2)
   rows = {(r["method"], r["link"], r["workers"]): r for r in report.rows}
   dense = rows[("dense", "1 Gbit/s", 8)]
+  shapes = methods.parameter_shapes(lm.get_config("tier=cpu"))
   expected = topo.dense_cost("psum", topo.Topology.flat(8, topo.ETHERNET_1G),
-                             registry.num_elements(lm.parameter_shapes("cpu"))).time
+                             registry.num_elements(shapes)).time
   assert dense["compute_s"] == pytest.approx(0.5) and dense["comm_s"] == pytest.approx(expected)
   tasc = rows[("tasc_100x", "1 Gbit/s", 8)]
   # 100x fewer bytes, but two all-reduces whose latency (2 (p - 1) alpha each) does not shrink.

@@ -19,11 +19,12 @@ Tiers (``tier``):
   batch 256 (65,536 tokens a step), 300 steps, ``workers`` (8 or 32) workers simulated on one
   GPU. Not run here (no GPU); its step count is an estimate for the issue's 20 minutes.
 
-Equal bytes (``ratio``): a method with a budget (top-k, random-k, DGC: density; PowerSGD: rank;
-TASC: density at its block size) gets the setting whose bytes per step land nearest dense's over
-``ratio`` at ``workers`` workers (:func:`compressors.equal_bytes.solve`, from the cost model that
-``tests/test_equal_bytes.py`` checks against the compiled HLO); dense, fp16 and onebit send fixed
-bytes and ignore it. TASC sends float16 on the wire (scores and payload), which halves the bytes
+Equal bytes (``ratio``): the config records the request (``config.equal_bytes``: ``ratio``,
+``workers``); when the run starts, :func:`experiments.methods.fill_equal_bytes` gives a method
+with a budget (top-k, random-k, DGC: density; PowerSGD: rank; TASC: density at its block size)
+the setting whose bytes per step land nearest dense's over ``ratio`` at ``workers`` workers
+(:func:`compressors.equal_bytes.solve`, from the cost model that ``tests/test_equal_bytes.py``
+checks against the compiled HLO); dense, fp16 and onebit send fixed bytes and ignore it. TASC sends float16 on the wire (scores and payload), which halves the bytes
 of the block scores, refreshes its Hutchinson curvature every 10 steps (one probe, on each
 worker's own batch: compute, no bytes) and, unless ``block`` is given, takes the block size the
 solver picks (the smallest whose scores take at most a quarter of the bytes). DGC runs without
@@ -36,17 +37,11 @@ topk, randomk, dgc, powersgd, tasc, or any registered method), ``ratio`` (the ti
 tokenizer's cache folder; '' for the default).
 """
 
-import dataclasses
-import functools
+import ml_collections
 
-import jax
-import jax.numpy as jnp
-
-from compressors import equal_bytes
 from compressors import registry
 from configs import common
 from configs import lm_stdlib
-from experiments import models
 
 # tier -> (lm_stdlib tier, overrides of its sizes and length)
 TIERS = {
@@ -61,31 +56,13 @@ METHOD_SETTINGS = {
 ERROR_FEEDBACK = ("topk", "randomk")  # the issue's "top-k with error feedback"; DGC has its own
 
 
-@functools.cache
-def parameter_shapes(tier: str) -> tuple[tuple[int, ...], ...]:
-  """The shapes of the tier's model's parameters (traced with ``jax.eval_shape``: nothing is
-  allocated or run)."""
-  name, sizes = TIERS[tier]
-  spec = lm_stdlib.TIERS[name]
-  model = models.build_model(dict(name="decoder_lm", **spec["model"]),
-                             vocab_size=spec["vocab_size"])
-  # Abstract inputs only: a concrete array would start JAX's backend before the runner has set
-  # the number of CPU devices.
-  variables = jax.eval_shape(model.init, jax.ShapeDtypeStruct((2,), jnp.uint32),
-                             jax.ShapeDtypeStruct((1, sizes["seq_len"]), jnp.int32))
-  return tuple(x.shape for x in jax.tree.leaves(variables["params"]))
-
-
-def method_settings(tier: str, method: str, ratio: float, workers: int, **tasc_options):
-  """``(settings, solution)``: the method's settings at the tier (``solution`` is the
-  :class:`compressors.equal_bytes.Solution`, None for a method without a budget)."""
-  extra = {**METHOD_SETTINGS.get(method, {}),
-           **({k: v for k, v in tasc_options.items() if v} if method == "tasc" else {})}
-  settings = registry.default_settings(method, **extra)
-  if registry.get(method).budget is None:
-    return settings, None
-  solution = equal_bytes.solve(method, parameter_shapes(tier), workers, ratio, settings)
-  return solution.settings, solution
+def method_block(method: str, **tasc_options) -> dict:
+  """The fields of ``config.compression.<method>`` every run of the method sets besides its
+  budget (TASC's ``tasc_options`` too, those given: a 0 or '' keeps TASC's default)."""
+  block = dict(METHOD_SETTINGS.get(method, {}))
+  if method == "tasc":
+    block.update({k: v for k, v in tasc_options.items() if v})
+  return block
 
 
 def get_config(arg=None):
@@ -94,6 +71,9 @@ def get_config(arg=None):
                            support="global", seed=0, cache="")
   if args["tier"] not in TIERS:
     raise ValueError(f"configs/paper/lm.py: tier={args['tier']!r}; allowed: {sorted(TIERS)}")
+  if args["method"] not in registry.names():
+    raise ValueError(f"configs/paper/lm.py: method={args['method']!r}; allowed: "
+                     f"{list(registry.names())}")
   if not args["ratio"] > 1:
     raise ValueError(f"configs/paper/lm.py: ratio={args['ratio']!r}; allowed: > 1")
   if args["workers"] < 2:
@@ -106,11 +86,12 @@ def get_config(arg=None):
   c.batch_size = sizes["batch_size"]
   c.eval_every = sizes["eval_every"]
   c.checkpoint_every = c.num_steps // 2
-  settings, _ = method_settings(
-      args["tier"], args["method"], args["ratio"], args["workers"],
-      score=args["score"], sensitivity=args["sensitivity"], block_size=args["block"],
-      support=args["support"])
-  c.compression[args["method"]].update(dataclasses.asdict(settings))
+  c.compression[args["method"]].update(method_block(
+      args["method"], score=args["score"], sensitivity=args["sensitivity"],
+      block_size=args["block"], support=args["support"]))
+  # The request, as data: experiments.methods.fill_equal_bytes solves the method's budget when
+  # the run starts (it traces the model, which a config does not).
+  c.equal_bytes = ml_collections.ConfigDict(dict(ratio=args["ratio"], workers=args["workers"]))
   if args["method"] in ERROR_FEEDBACK:
     c.compression.error_feedback = True
   return c

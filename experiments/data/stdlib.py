@@ -23,11 +23,11 @@ into the repository.
 * Metric: validation loss in nats per token, and in bits per byte of source text
   (``test_bits_per_byte``: the summed loss over ln 2, divided by the UTF-8 bytes the scored tokens
   stand for), which does not depend on the tokenizer.
-* Provenance: the Python version and a sha256 of the corpus (every file's path and content) are
-  pinned in the config by ``configs/lm_stdlib.py`` (``config.data.python_version``,
-  ``config.data.corpus_sha256``; '' accepts whatever is found), checked here, and recorded in
-  ``results.json`` with the tokenizer's hash (``config.data.tokenizer_sha256`` pins that one too:
-  a cached tokenizer with another hash is refused).
+* Provenance: the Python version and a sha256 of the corpus (every file's path and content),
+  computed here when the corpus is read, are recorded in ``results.json`` with the tokenizer's
+  hash. A config may pin each (``config.data.python_version``, which ``configs/lm_stdlib.py``
+  sets, ``config.data.corpus_sha256``, ``config.data.tokenizer_sha256``; '' accepts whatever is
+  found): a corpus or a cached tokenizer with another hash is refused.
 """
 
 import dataclasses

@@ -28,6 +28,7 @@ from compressors import registry
 from compressors.network import topology as topo
 from configs.paper import lm
 from configs.paper import t1_lm as sweep_config
+from experiments import methods
 from experiments.reproduce import common
 from experiments.reproduce import t1_lm
 from experiments.reproduce.report import Claim
@@ -55,8 +56,8 @@ def comm_seconds(run, tier: str, link: topo.Link, workers: int) -> float:
   method = run.config["method"]
   own = run.config["compression"].get(method, {})
   settings = registry.default_settings(method, **own) if own else None
-  return registry.cost(method, lm.parameter_shapes(tier), topo.Topology.flat(workers, link),
-                       settings).time
+  shapes = methods.parameter_shapes(lm.get_config(f"tier={tier}"))
+  return registry.cost(method, shapes, topo.Topology.flat(workers, link), settings).time
 
 
 def time_to(steps: np.ndarray, loss: np.ndarray, seconds_per_step: float,

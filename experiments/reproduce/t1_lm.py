@@ -16,6 +16,7 @@ import numpy as np
 from compressors import equal_bytes
 from configs.paper import lm
 from configs.paper import t1_lm as sweep_config
+from experiments import methods
 from experiments import provenance
 from experiments.reproduce import common
 from experiments.reproduce import report as report_lib
@@ -113,7 +114,8 @@ def solver_rows(tier: str) -> list[dict]:
     for method in sweep_config.BUDGETED:
       row = {"tier": tier_name, "method": method}
       for workers in (8, 32):
-        settings, solution = lm.method_settings(tier, method, ratio, workers)
+        settings, solution = methods.equal_bytes_settings(lm.get_config(
+            f"tier={tier},method={method},ratio={ratio},workers={workers}"))
         budget = {k: getattr(settings, k) for k in ("density", "rank", "block_size")
                   if hasattr(settings, k)}
         row[f"w{workers}"] = (", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
