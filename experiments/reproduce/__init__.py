@@ -6,5 +6,6 @@ the targets :mod:`.t1` (with its TASC settings investigation), :mod:`.t1_cifar10
 ``produce(options) -> report.Report``: it runs what is missing and builds its report from the run
 directories alone. :mod:`.common` holds the command line's options and runs sweep configs, in
 child processes where asked; :mod:`.report` reads and writes run directories and writes the
-outputs (Markdown, CSV, PNG) with their provenance. Importing this package imports none of them.
+outputs (Markdown, CSV, PNG) with their provenance, the figures drawn with :mod:`.plots`.
+Importing this package imports none of them.
 """

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from configs.paper import f1 as f1_config
 from experiments.bench import bytes as bench_bytes
 from experiments.reproduce import common
+from experiments.reproduce import plots
 from experiments.reproduce import report as report_lib
 from experiments.reproduce.report import Claim
 from experiments.reproduce.report import Report
@@ -170,22 +171,20 @@ def report(settings, workdir: str, *, full: bool) -> Report:
 
   def plot(fig):
     workers = sorted({r["workers"] for r in rows})
-    for i, size in enumerate(sizes):
-      ax = fig.add_axes([0.07 + 0.49 * i, 0.3, 0.41, 0.62])
+    panels = plots.panels_in_a_row(fig, len(sizes), step=0.49, bottom=0.3, width=0.41,
+                                   height=0.62)
+    for i, (size, ax) in enumerate(zip(sizes, panels)):
       for method in methods:
         points = sorted((r["workers"], r["slow_axis_bytes"] / 1e6) for r in rows
                         if r["size"] == size and r["method"] == method and r["slow_axis_bytes"])
         if points:
           ax.plot(*zip(*points), marker="o", label=labels.get(method, method))
-      ax.set_xscale("log", base=2)
-      ax.set_xticks(workers, [str(n) for n in workers])
+      plots.log2_axis(ax, workers)
       ax.minorticks_off()
       ax.set_yscale("log")
-      ax.set_xlabel("workers")
-      ax.set_ylabel("MB sent per device per exchange (compiled HLO)")
       elements = next((r["elements"] for r in rows if r["size"] == size and r["elements"]), None)
-      ax.set_title(f"{size} gradient" + (f" ({elements:,} float32)" if elements else ""))
-      ax.grid(alpha=0.3)
+      plots.decorate(ax, xlabel="workers", ylabel="MB sent per device per exchange (compiled HLO)",
+                     title=f"{size} gradient" + (f" ({elements:,} float32)" if elements else ""))
       if i == 0:
         fig.legend(loc="center", bbox_to_anchor=(0.5, 0.16), ncol=4, fontsize=9)
 

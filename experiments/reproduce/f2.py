@@ -7,6 +7,7 @@ every case in seconds, into one run directory that the report reads back. Settin
 ``configs/paper/f2.py``.
 """
 
+import functools
 import math
 import os
 
@@ -20,6 +21,7 @@ from configs.paper import f2 as f2_config
 from experiments import models
 from experiments.bench import common as bench_common
 from experiments.reproduce import common
+from experiments.reproduce import plots
 from experiments.reproduce import report as report_lib
 from experiments.reproduce.report import Claim
 from experiments.reproduce.report import Report
@@ -149,89 +151,110 @@ def report(settings, workdir: str, *, full: bool) -> Report:
   vgg = [r for r in records if r["part"] == "vgg"]
   scaling = [r for r in records if r["part"] == "scaling"]
   sparse = [r for r in records if r["part"] == "sparse"]
-  run_dir = report_lib.relative(workdir)
-  rows = []
-  for r in vgg:
-    rows.append({"case": f"VGG-19 ({r['parameters']:,} params), {r['nodes']} node(s) x "
-                         f"{settings.gpus_per_node}", "scheme": f"tasc density {r['density']:g}",
-                 "value": r["speedup_vs_ring"], "unit": "x faster than dense ring",
-                 "detail": f"ring {r['dense_ring_s'] * 1e3:.2f} ms, best dense "
-                           f"({r['dense_best_schedule']}) {r['dense_best_s'] * 1e3:.2f} ms, tasc "
-                           f"{r['tasc_s'] * 1e3:.3f} ms ({r['tasc_schedules']}); "
-                           f"{r['speedup_vs_best_dense']:.1f}x vs best dense",
-                 "run_dir": run_dir})
-  for r in scaling:
-    rows.append({"case": f"ResNet-50 on {r['gpus']} GPUs", "scheme": r["scheme"],
-                 "value": r["speedup"], "unit": "x speed-up over 1 GPU (no overlap)",
-                 "detail": f"comm {r['comm_s'] * 1e3:.2f} ms vs compute "
-                           f"{r['compute_s'] * 1e3:.0f} ms, efficiency {r['efficiency']:.1%}, "
-                           f"{r['speedup_overlapped']:.0f}x with full overlap",
-                 "run_dir": run_dir})
-  for r in sparse:
-    rows.append({"case": f"{r['model']} ({r['parameters']:,}), {r['topology']} "
-                         f"{r['nodes']}x{r['gpus'] // r['nodes']}",
-                 "scheme": f"tasc shared support, density {r['density']:g}",
-                 "value": r["speedup_vs_ring"], "unit": "x faster than dense ring",
-                 "detail": f"sparse butterfly (SparCML, per-worker supports): "
-                           f"{r['sparse_butterfly_speedup']:.1f}x", "run_dir": run_dir})
-
-  def plot(fig):
-    ax0 = fig.add_axes([0.05, 0.2, 0.2, 0.72])
-    labels = [f"{r['nodes']}x{settings.gpus_per_node}\n{r['density']:g}" for r in vgg]
-    ax0.bar(range(len(vgg)), [r["speedup_vs_ring"] for r in vgg], label="vs dense ring")
-    ax0.bar(range(len(vgg)), [r["speedup_vs_best_dense"] for r in vgg], width=0.4,
-            label="vs best dense schedule")
-    for nodes, published in ((1, 2.6), (2, 11.0)):
-      xs = [i for i, r in enumerate(vgg) if r["nodes"] == nodes]
-      if xs:
-        ax0.plot([min(xs) - 0.4, max(xs) + 0.4], [published] * 2, color="black", ls="--")
-    ax0.set_xticks(range(len(vgg)), labels, fontsize=8)
-    ax0.set_yscale("log")
-    ax0.set_ylabel("TASC communication speed-up (model)")
-    ax0.set_title("VGG-19: TASC vs dense\n(dashes: claims 2.6x, 11x)", fontsize=9)
-    ax0.legend(fontsize=8, loc="upper left")
-    ax = fig.add_axes([0.32, 0.2, 0.3, 0.72])
-    for scheme in dict.fromkeys(r["scheme"] for r in scaling):
-      points = [(r["gpus"], r["speedup"]) for r in scaling if r["scheme"] == scheme]
-      ax.plot(*zip(*points), marker="o", label=scheme)
-    if scaling:
-      gpus = sorted({r["gpus"] for r in scaling})
-      ax.plot(gpus, gpus, color="grey", ls=":", label="linear")
-      ax.plot([512], [462], marker="*", markersize=12, color="black", ls="",
-              label="AIACC claim: 462x on 512")
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log", base=2)
-    ax.set_xlabel("GPUs (8 per node, 25 Gbit/s between nodes)")
-    ax.set_ylabel("modelled speed-up over one GPU")
-    ax.set_title("ResNet-50 scaling (cost model, no overlap)", fontsize=9)
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-    _plot_sparse(fig.add_axes([0.68, 0.2, 0.31, 0.72]), sparse)
-
   return Report(
       name="f2", title="F2: modelled communication time (alpha-beta cost model)",
       columns=[("case", "case"), ("scheme", "scheme"), ("value", "value"), ("unit", "unit"),
                ("detail", "detail"), ("run_dir", "run dir")],
-      rows=rows, claims=claims(settings, vgg, scaling, sparse),
+      rows=table_rows(settings, vgg, scaling, sparse, report_lib.relative(workdir)),
+      claims=claims(settings, vgg, scaling, sparse),
       configs=[f"configs/paper/f2.py{':full=true' if full else ''}"],
-      notes=[
-          f"Topology: compressors.network.topology.{settings.topology} (V100s on NVLink2 150 GB/s per "
-          "direction, one 25 Gbit/s NIC per node shared by its 8 GPUs; nominal datasheet "
-          "figures, typical latencies: not calibrated).",
-          f"TASC: block scores (1 float per {settings.block_size}-element block) all-reduced, "
-          "then K blocks, each by the schedule the model finds fastest (ring, butterfly, "
-          "Rabenseifner or hierarchical); compute and compression kernels are not priced.",
-          f"Scaling: compute time per step assumed {settings.scaling.batch_per_gpu} images / "
-          f"{settings.scaling.images_per_second:g} images/s = "
-          f"{settings.scaling.batch_per_gpu / settings.scaling.images_per_second * 1e3:.0f} ms "
-          "(a V100's ResNet-50 mixed-precision training throughput, NVIDIA's published figure "
-          "is about 1,200-1,400 images/s); speed-up = GPUs x compute / (compute + "
-          "communication), no overlap; full overlap in the detail column. The 462x claim is "
-          "for P100s, whose slower compute hides communication better.",
-          "Models: VGG-19 for CIFAR (TASC's VGG-19 experiments), ResNet-50 25,557,032 and "
-          "BERT-base 109,482,240 parameters, float32 gradients.",
-      ],
-      plot=plot)
+      notes=notes(settings),
+      plot=functools.partial(plot, settings, vgg, scaling, sparse))
+
+
+def table_rows(settings, vgg: list[dict], scaling: list[dict], sparse: list[dict],
+               run_dir: str) -> list[dict]:
+  """F2's table: one row per VGG-19 case, ResNet-50 scaling point and sparse all-reduce case."""
+  table = []
+  for r in vgg:
+    table.append({"case": f"VGG-19 ({r['parameters']:,} params), {r['nodes']} node(s) x "
+                          f"{settings.gpus_per_node}", "scheme": f"tasc density {r['density']:g}",
+                  "value": r["speedup_vs_ring"], "unit": "x faster than dense ring",
+                  "detail": f"ring {r['dense_ring_s'] * 1e3:.2f} ms, best dense "
+                            f"({r['dense_best_schedule']}) {r['dense_best_s'] * 1e3:.2f} ms, "
+                            f"tasc {r['tasc_s'] * 1e3:.3f} ms ({r['tasc_schedules']}); "
+                            f"{r['speedup_vs_best_dense']:.1f}x vs best dense",
+                  "run_dir": run_dir})
+  for r in scaling:
+    table.append({"case": f"ResNet-50 on {r['gpus']} GPUs", "scheme": r["scheme"],
+                  "value": r["speedup"], "unit": "x speed-up over 1 GPU (no overlap)",
+                  "detail": f"comm {r['comm_s'] * 1e3:.2f} ms vs compute "
+                            f"{r['compute_s'] * 1e3:.0f} ms, efficiency {r['efficiency']:.1%}, "
+                            f"{r['speedup_overlapped']:.0f}x with full overlap",
+                  "run_dir": run_dir})
+  for r in sparse:
+    table.append({"case": f"{r['model']} ({r['parameters']:,}), {r['topology']} "
+                          f"{r['nodes']}x{r['gpus'] // r['nodes']}",
+                  "scheme": f"tasc shared support, density {r['density']:g}",
+                  "value": r["speedup_vs_ring"], "unit": "x faster than dense ring",
+                  "detail": f"sparse butterfly (SparCML, per-worker supports): "
+                            f"{r['sparse_butterfly_speedup']:.1f}x", "run_dir": run_dir})
+  return table
+
+
+def notes(settings) -> list[str]:
+  """F2's assumptions: the topology, what TASC's cost counts, the compute time, the models."""
+  return [
+      f"Topology: compressors.network.topology.{settings.topology} (V100s on NVLink2 150 GB/s "
+      "per direction, one 25 Gbit/s NIC per node shared by its 8 GPUs; nominal datasheet "
+      "figures, typical latencies: not calibrated).",
+      f"TASC: block scores (1 float per {settings.block_size}-element block) all-reduced, "
+      "then K blocks, each by the schedule the model finds fastest (ring, butterfly, "
+      "Rabenseifner or hierarchical); compute and compression kernels are not priced.",
+      f"Scaling: compute time per step assumed {settings.scaling.batch_per_gpu} images / "
+      f"{settings.scaling.images_per_second:g} images/s = "
+      f"{settings.scaling.batch_per_gpu / settings.scaling.images_per_second * 1e3:.0f} ms "
+      "(a V100's ResNet-50 mixed-precision training throughput, NVIDIA's published figure "
+      "is about 1,200-1,400 images/s); speed-up = GPUs x compute / (compute + "
+      "communication), no overlap; full overlap in the detail column. The 462x claim is "
+      "for P100s, whose slower compute hides communication better.",
+      "Models: VGG-19 for CIFAR (TASC's VGG-19 experiments), ResNet-50 25,557,032 and "
+      "BERT-base 109,482,240 parameters, float32 gradients.",
+  ]
+
+
+def plot(settings, vgg: list[dict], scaling: list[dict], sparse: list[dict], fig) -> None:
+  """F2's figure: VGG-19's speed-ups, ResNet-50's scaling, the sparse all-reduce's speed-ups."""
+  _plot_vgg(fig.add_axes([0.05, 0.2, 0.2, 0.72]), vgg, settings.gpus_per_node)
+  _plot_scaling(fig.add_axes([0.32, 0.2, 0.3, 0.72]), scaling)
+  _plot_sparse(fig.add_axes([0.68, 0.2, 0.31, 0.72]), sparse)
+
+
+def _plot_vgg(ax, vgg: list[dict], gpus_per_node: int) -> None:
+  """TASC's modelled speed-up on VGG-19 against dense, a bar per (nodes, density), the
+  published claims dashed over their node counts."""
+  labels = [f"{r['nodes']}x{gpus_per_node}\n{r['density']:g}" for r in vgg]
+  ax.bar(range(len(vgg)), [r["speedup_vs_ring"] for r in vgg], label="vs dense ring")
+  ax.bar(range(len(vgg)), [r["speedup_vs_best_dense"] for r in vgg], width=0.4,
+         label="vs best dense schedule")
+  for nodes, published in ((1, 2.6), (2, 11.0)):
+    xs = [i for i, r in enumerate(vgg) if r["nodes"] == nodes]
+    if xs:
+      ax.plot([min(xs) - 0.4, max(xs) + 0.4], [published] * 2, color="black", ls="--")
+  ax.set_xticks(range(len(vgg)), labels, fontsize=8)
+  ax.set_yscale("log")
+  plots.decorate(ax, ylabel="TASC communication speed-up (model)",
+                 title="VGG-19: TASC vs dense\n(dashes: claims 2.6x, 11x)", title_size=9,
+                 legend_size=8, legend_loc="upper left", grid=None)
+
+
+def _plot_scaling(ax, scaling: list[dict]) -> None:
+  """ResNet-50's modelled speed-up over one GPU against the GPU count, one line per scheme,
+  beside linear scaling and AIACC's claim."""
+  for scheme in dict.fromkeys(r["scheme"] for r in scaling):
+    points = [(r["gpus"], r["speedup"]) for r in scaling if r["scheme"] == scheme]
+    ax.plot(*zip(*points), marker="o", label=scheme)
+  if scaling:
+    gpus = sorted({r["gpus"] for r in scaling})
+    ax.plot(gpus, gpus, color="grey", ls=":", label="linear")
+    ax.plot([512], [462], marker="*", markersize=12, color="black", ls="",
+            label="AIACC claim: 462x on 512")
+  ax.set_xscale("log", base=2)
+  ax.set_yscale("log", base=2)
+  plots.decorate(ax, xlabel="GPUs (8 per node, 25 Gbit/s between nodes)",
+                 ylabel="modelled speed-up over one GPU",
+                 title="ResNet-50 scaling (cost model, no overlap)", title_size=9,
+                 legend_size=8)
 
 
 def _plot_sparse(ax, sparse: list[dict]) -> None:

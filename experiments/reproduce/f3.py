@@ -8,6 +8,7 @@ each on the fitted loopback (:func:`predicted_times`). Every setting lands in a 
 ``ip netns``; without them nothing runs and the report says why.
 """
 
+import functools
 import json
 import logging
 import math
@@ -22,6 +23,7 @@ from configs.paper import f3 as f3_config
 from experiments.bench import calibrate
 from experiments.bench import links as bench_links
 from experiments.reproduce import common
+from experiments.reproduce import plots
 from experiments.reproduce import report as report_lib
 from experiments.reproduce.report import Claim
 from experiments.reproduce.report import Report
@@ -175,33 +177,6 @@ def report(settings, workdir: str, *, full: bool, skipped: str | None) -> Report
   rows = rows_from_runs(settings, workdir)
   measured = [r for r in rows if r["status"] == "measured"]
 
-  def plot(fig):
-    for i, rate in enumerate(settings.rates):
-      sub = [r for r in measured if r["rate"] == rate]
-      ax = fig.add_axes([0.07 + 0.49 * i, 0.3, 0.42, 0.6])
-      x = np.arange(len(sub))
-      model = np.array([r["predicted_s"] or 0.0 for r in sub])
-      ax.bar(x - 0.2, [r["measured_s"] for r in sub], width=0.4, color="tab:blue",
-             label="measured exchange (compute included)")
-      ax.bar(x + 0.2, model, width=0.4, color="tab:orange",
-             label="model: communication (calibrated alpha-beta)")
-      ax.bar(x + 0.2, [r["compute_s"] or 0.0 for r in sub], bottom=model, width=0.4,
-             color="tab:orange", alpha=0.35, label="+ the method's compute alone (measured)")
-      ax.set_xticks(x, [f"{r['processes']} proc.\n{r['method']}" for r in sub], fontsize=8)
-      ax.set_yscale("log")
-      values = [v for r in sub for v in (r["measured_s"], r["predicted_s"]) if v]
-      if values:
-        ax.set_ylim(min(values) / 2, max(values) * 2)
-      ax.set_ylabel("seconds per exchange")
-      fits = dict.fromkeys((r["processes"], r["fitted_gbit"]) for r in sub)
-      ax.set_title(f"loopback shaped to {rate}; fitted " + (", ".join(
-          f"{g:.2g} Gbit/s ({p} proc.)" for p, g in fits) or "-"), fontsize=10)
-      ax.grid(alpha=0.3, axis="y")
-      if i == 0:
-        fig.legend(loc="center", bbox_to_anchor=(0.5, 0.15), ncol=3, fontsize=9)
-    fig.suptitle(f"F3: one exchange of {settings.elements:,} float32 between processes, "
-                 "measured vs the model", fontsize=11)
-
   notes = [
       f"{settings.elements:,} float32 elements (quick settings; full: ResNet-50's 25,557,032); "
       f"top-k and TASC at density {settings.density:g}, TASC blocks of {settings.block_size} "
@@ -235,7 +210,38 @@ def report(settings, workdir: str, *, full: bool, skipped: str | None) -> Report
                ("link_model", "model's link"), ("status", "status"), ("run_dir", "run dir")],
       rows=rows, claims=claims(measured),
       configs=[f"configs/paper/f3.py{':full=true' if full else ''}"], notes=notes,
-      plot=plot if measured else None)
+      plot=functools.partial(plot, settings, measured) if measured else None)
+
+
+def plot(settings, measured: list[dict], fig) -> None:
+  """F3's figure, a panel per rate: each exchange's measured time beside the model's
+  communication and the method's compute."""
+  panels = plots.panels_in_a_row(fig, len(settings.rates), step=0.49, bottom=0.3, width=0.42,
+                                 height=0.6)
+  for i, (rate, ax) in enumerate(zip(settings.rates, panels)):
+    sub = [r for r in measured if r["rate"] == rate]
+    x = np.arange(len(sub))
+    model = np.array([r["predicted_s"] or 0.0 for r in sub])
+    ax.bar(x - 0.2, [r["measured_s"] for r in sub], width=0.4, color="tab:blue",
+           label="measured exchange (compute included)")
+    ax.bar(x + 0.2, model, width=0.4, color="tab:orange",
+           label="model: communication (calibrated alpha-beta)")
+    ax.bar(x + 0.2, [r["compute_s"] or 0.0 for r in sub], bottom=model, width=0.4,
+           color="tab:orange", alpha=0.35, label="+ the method's compute alone (measured)")
+    ax.set_xticks(x, [f"{r['processes']} proc.\n{r['method']}" for r in sub], fontsize=8)
+    ax.set_yscale("log")
+    values = [v for r in sub for v in (r["measured_s"], r["predicted_s"]) if v]
+    if values:
+      ax.set_ylim(min(values) / 2, max(values) * 2)
+    fits = dict.fromkeys((r["processes"], r["fitted_gbit"]) for r in sub)
+    plots.decorate(ax, ylabel="seconds per exchange",
+                   title=f"loopback shaped to {rate}; fitted " + (", ".join(
+                       f"{g:.2g} Gbit/s ({p} proc.)" for p, g in fits) or "-"),
+                   title_size=10, grid="y")
+    if i == 0:
+      fig.legend(loc="center", bbox_to_anchor=(0.5, 0.15), ncol=3, fontsize=9)
+  fig.suptitle(f"F3: one exchange of {settings.elements:,} float32 between processes, "
+               "measured vs the model", fontsize=11)
 
 
 def claims(rows: Sequence[dict]) -> list[Claim]:

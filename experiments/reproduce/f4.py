@@ -9,6 +9,7 @@ import numpy as np
 
 from configs.paper import t1_mnist1d
 from experiments.reproduce import common
+from experiments.reproduce import plots
 from experiments.reproduce import report as report_lib
 from experiments.reproduce import t1
 from experiments.reproduce.report import Claim
@@ -62,11 +63,10 @@ def report(workdir: str, *, seeds: int, full: bool) -> Report:
         ax.fill_between(steps, values.min(axis=0), values.max(axis=0), alpha=0.15,
                         color=line.get_color())
     ax.set_yscale("log")
-    ax.set_xlabel("step")
-    ax.set_ylabel("training loss (mean over seeds; band: min-max)")
-    ax.set_title("F4: Hessian-aware vs magnitude block selection at 1% density, error feedback")
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
+    plots.decorate(
+        ax, xlabel="step", ylabel="training loss (mean over seeds; band: min-max)",
+        title="F4: Hessian-aware vs magnitude block selection at 1% density, error feedback",
+        legend_size=8)
 
   by = {r["method"]: r for r in rows if "late_loss_mean" in r}
   hutch, none = by.get("tasc_d0.01_hutchinson"), by.get("tasc_d0.01_none")

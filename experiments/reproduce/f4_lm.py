@@ -13,6 +13,7 @@ import numpy as np
 
 from configs.paper import t1_lm as sweep_config
 from experiments.reproduce import common
+from experiments.reproduce import plots
 from experiments.reproduce import t1_lm
 from experiments.reproduce.report import Claim
 from experiments.reproduce.report import Report
@@ -92,12 +93,11 @@ def report(workdir: str, *, tier: str, seeds: int) -> Report:
       if values.shape[0] > 1:
         ax.fill_between(steps, values.min(axis=0), values.max(axis=0), alpha=0.12,
                         color=line.get_color())
-    ax.set_xlabel("step")
-    ax.set_ylabel("training loss, nats/token (mean; band: min-max over seeds)")
-    ax.set_title(f"F4-LM ({tier} tier): TASC variants at {sweep_config.HEADLINE}, "
-                 "error feedback", fontsize=11)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=9, loc="upper left", bbox_to_anchor=(1.02, 1.0))
+    plots.decorate(ax, xlabel="step",
+                   ylabel="training loss, nats/token (mean; band: min-max over seeds)",
+                   title=f"F4-LM ({tier} tier): TASC variants at {sweep_config.HEADLINE}, "
+                         "error feedback", title_size=11)
+    plots.legend_beside(ax)
 
   return Report(
       name="f4_lm",

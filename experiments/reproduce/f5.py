@@ -20,6 +20,7 @@ never reach it, a second speed-up compares the times to the *common* loss, the h
 rows' final validation losses, which every row reaches.
 """
 
+import functools
 import math
 
 import numpy as np
@@ -30,6 +31,7 @@ from configs.paper import lm
 from configs.paper import t1_lm as sweep_config
 from experiments import methods
 from experiments.reproduce import common
+from experiments.reproduce import plots
 from experiments.reproduce import t1_lm
 from experiments.reproduce.report import Claim
 from experiments.reproduce.report import Report
@@ -89,6 +91,29 @@ def report(workdir: str, *, tier: str, seeds: int) -> Report:
             if label in sweep_config.grid(tier, "t1")
             and not any(label.endswith(f"_{t}") for t in ("30x", "300x", "1000x"))]
   curves = {label: c for label in labels if (c := curve(workdir, label, seeds)) is not None}
+  rows = time_rows(curves, tier)
+  table = [{k: v for k, v in r.items() if k not in ("steps", "loss")} for r in rows]
+  return Report(
+      name="f5",
+      title=f"F5: time to accuracy on 1 and 10 Gbit/s links, stdlib language model ({tier} tier)",
+      columns=[("method", "row"), ("workers", "workers"), ("link", "link"),
+               ("compute_s", "compute s/step (measured)"),
+               ("comm_s", "communication s/step (modelled)"), ("step_s", "s/step"),
+               ("final_val_loss", "final val loss"),
+               ("time_to_dense_s", "s to dense's final loss"),
+               ("speedup", "speed-up vs dense"),
+               ("time_to_common_s", "s to the common loss"),
+               ("speedup_common", "speed-up vs dense to the common loss"), ("seeds", "seeds")],
+      rows=table, claims=claims(table),
+      configs=[f"configs/paper/t1_lm.py:tier={tier},subset=t1", "configs/paper/lm.py"],
+      notes=[__doc__.split("\n\n", 1)[1].replace("\n", " ").strip(),
+             t1_lm.recipe_note(tier), *t1_lm.provenance_notes(workdir, tier)],
+      plot=functools.partial(plot, rows, list(curves), tier))
+
+
+def time_rows(curves: dict, tier: str) -> list[dict]:
+  """One row per (row of ``curves``, link, workers): its step time and its time to dense's
+  final loss and to the loss every row reaches (with the curve, ``steps`` and ``loss``)."""
   rows = []
   for label, (steps, loss, runs) in curves.items():
     compute = float(np.mean([step_seconds(r) for r in runs]))
@@ -115,44 +140,28 @@ def report(workdir: str, *, tier: str, seeds: int) -> Report:
     row["speedup"] = dense_time / reach if math.isfinite(reach) else None
     row["reached"] = "yes" if math.isfinite(reach) else "no (never reaches dense's final loss)"
     row["speedup_common"] = dense["time_to_common_s"] / row["time_to_common_s"]
+  return rows
 
-  def plot(fig):
-    panels = fig.subplots(2, 2, sharey=True)
-    fig.subplots_adjust(left=0.07, right=0.8, bottom=0.09, top=0.92, hspace=0.35, wspace=0.08)
-    for (link_name, workers), ax in zip([(l, w) for l in LINKS for w in WORKERS], panels.flat):
-      for row in rows:
-        if (row["link"], row["workers"]) == (link_name, workers):
-          ax.plot(row["steps"] * row["step_s"], row["loss"], marker="o", ms=3,
-                  label=row["method"], color=_colour(row["method"], list(curves)))
-      ax.set_xlim(left=0)
-      ax.set_title(f"{workers} workers, {link_name}", fontsize=10)
-      ax.grid(alpha=0.3)
-      ax.set_xlabel("compute (measured) + comm. (modelled), s")
-      ax.tick_params(labelsize=8)
-    for ax in panels[:, 0]:
-      ax.set_ylabel("validation loss, nats/token")
-    handles, names = panels.flat[0].get_legend_handles_labels()
-    fig.legend(handles, names, fontsize=9, loc="upper left", bbox_to_anchor=(0.81, 0.92))
-    fig.suptitle(f"F5 ({tier} tier): validation loss vs measured compute + modelled "
-                 "communication (mean over seeds)", fontsize=11)
 
-  table = [{k: v for k, v in r.items() if k not in ("steps", "loss")} for r in rows]
-  return Report(
-      name="f5",
-      title=f"F5: time to accuracy on 1 and 10 Gbit/s links, stdlib language model ({tier} tier)",
-      columns=[("method", "row"), ("workers", "workers"), ("link", "link"),
-               ("compute_s", "compute s/step (measured)"),
-               ("comm_s", "communication s/step (modelled)"), ("step_s", "s/step"),
-               ("final_val_loss", "final val loss"),
-               ("time_to_dense_s", "s to dense's final loss"),
-               ("speedup", "speed-up vs dense"),
-               ("time_to_common_s", "s to the common loss"),
-               ("speedup_common", "speed-up vs dense to the common loss"), ("seeds", "seeds")],
-      rows=table, claims=claims(table),
-      configs=[f"configs/paper/t1_lm.py:tier={tier},subset=t1", "configs/paper/lm.py"],
-      notes=[__doc__.split("\n\n", 1)[1].replace("\n", " ").strip(),
-             t1_lm.recipe_note(tier), *t1_lm.provenance_notes(workdir, tier)],
-      plot=plot)
+def plot(rows: list[dict], labels: list[str], tier: str, fig) -> None:
+  """F5's figure: validation loss against time, a panel per (link, workers), a line per row."""
+  panels = fig.subplots(2, 2, sharey=True)
+  fig.subplots_adjust(left=0.07, right=0.8, bottom=0.09, top=0.92, hspace=0.35, wspace=0.08)
+  for (link_name, workers), ax in zip([(l, w) for l in LINKS for w in WORKERS], panels.flat):
+    for row in rows:
+      if (row["link"], row["workers"]) == (link_name, workers):
+        ax.plot(row["steps"] * row["step_s"], row["loss"], marker="o", ms=3,
+                label=row["method"], color=_colour(row["method"], labels))
+    ax.set_xlim(left=0)
+    plots.decorate(ax, title=f"{workers} workers, {link_name}", title_size=10,
+                   xlabel="compute (measured) + comm. (modelled), s")
+    ax.tick_params(labelsize=8)
+  for ax in panels[:, 0]:
+    ax.set_ylabel("validation loss, nats/token")
+  handles, names = panels.flat[0].get_legend_handles_labels()
+  fig.legend(handles, names, fontsize=9, loc="upper left", bbox_to_anchor=(0.81, 0.92))
+  fig.suptitle(f"F5 ({tier} tier): validation loss vs measured compute + modelled "
+               "communication (mean over seeds)", fontsize=11)
 
 
 def _colour(label: str, labels: list[str]) -> str:

@@ -4,9 +4,10 @@ Every target of :mod:`experiments.reproduce` (one module per table or figure) en
 :class:`Report`: a table whose numbers come from run directories (each row names its own), the
 published claims it stands beside with what we found for each, and notes. :func:`write_report`
 writes ``NAME.md``, ``NAME.csv`` and ``NAME.png`` (matplotlib, Agg backend); each names the
-command, the configs and the commit (:class:`Provenance`) and the published numbers. Run
-directories are read (:func:`read_run`) and, for results computed outside the runner, written
-(:func:`write_run`) here. Nothing here imports JAX.
+command, the configs and the commit (:class:`Provenance`) and the published numbers; the
+figures draw with :mod:`experiments.reproduce.plots`. Run directories are read
+(:func:`read_run`) and, for results computed outside the runner, written (:func:`write_run`)
+here. Nothing here imports JAX.
 """
 
 import csv
@@ -22,7 +23,6 @@ from typing import Any
 
 import matplotlib
 from matplotlib import figure
-from matplotlib import transforms
 import numpy as np
 
 from experiments import logs
@@ -35,7 +35,6 @@ FOOTER_POINTS = 8
 _FOOTER_LINE_SPACING = 1.3
 # Footer characters per line across the figure (DejaVu Sans averages about 0.55 em each).
 _FOOTER_CHARACTERS = int(PLOT_SIZE[0] * 72 / (0.55 * FOOTER_POINTS)) - 4
-_LABEL_OFFSET = 5  # points between a point and its label
 RESULTS_FILE = "results.json"  # what experiments.train writes when a run has finished
 CONFIG_FILE = "config.json"
 
@@ -202,51 +201,6 @@ def _write_png(report: Report, prov: Provenance, path: Path) -> None:
   footer.text(0.005, 0.5, "\n".join(lines), fontsize=FOOTER_POINTS, va="center",
               linespacing=_FOOTER_LINE_SPACING)
   fig.savefig(path, dpi=110)
-
-
-def label_points(ax, points: Sequence[tuple[float, float, str]], *, fontsize: float = 8) -> None:
-  """Labels each ``(x, y, text)`` of ``ax`` beside its point, no label overlapping another or a
-  point.
-
-  Labels are placed from the lowest point up, each where it moves least from its point's height:
-  right of it (or left), shifted up or down past the labels and points in the way, within the
-  axes where it can be; a shifted label gets a thin line back to its point. Call it once the
-  axes' scales and data are final.
-  """
-  ax.autoscale_view()  # the labels' positions depend on the final limits
-  frame = ax.get_window_extent()
-  marker = _LABEL_OFFSET * 0.8 * ax.figure.dpi / 72  # a marker's half-width, within the offset
-  placed = [transforms.Bbox.from_extents(px - marker, py - marker, px + marker, py + marker)
-            for px, py in ax.transData.transform([(x, y) for x, y, _ in points])]
-  for x, y, text in sorted(points, key=lambda p: (p[1], p[0])):
-    options = []
-    for preference, (dx, ha) in enumerate(((_LABEL_OFFSET, "left"), (-_LABEL_OFFSET, "right"))):
-      label = ax.annotate(text, (x, y), xytext=(dx, 0), textcoords="offset points",
-                          fontsize=fontsize, ha=ha, va="center")
-      box = label.get_window_extent()
-      label.remove()
-      beside = box.x0 < frame.x0 or box.x1 > frame.x1
-      for direction in (1, -1):
-        shift = _free_shift(box, placed, direction)
-        moved = box.translated(0, shift)
-        outside = beside or moved.y0 < frame.y0 or moved.y1 > frame.y1
-        options.append((outside, abs(shift), preference, shift, dx, ha, moved))
-    *_, shift, dx, ha, moved = min(options, key=lambda o: o[:3])
-    lead = ({"arrowprops": {"arrowstyle": "-", "lw": 0.5, "color": "grey", "shrinkA": 0,
-                            "shrinkB": 3}} if shift else {})
-    ax.annotate(text, (x, y), xytext=(dx, shift * 72 / ax.figure.dpi), textcoords="offset points",
-                fontsize=fontsize, ha=ha, va="center", **lead)
-    placed.append(moved)
-
-
-def _free_shift(box, placed, direction: int) -> float:
-  """How far (display pixels, signed) ``box`` must move up (``direction`` 1) or down (-1) to
-  overlap none of ``placed``, with a 2-pixel gap."""
-  shift = 0.0
-  while clashes := [b for b in placed if b.overlaps(box.translated(0, shift))]:
-    shift = (max(b.y1 for b in clashes) - box.y0 + 2 if direction > 0 else
-             min(b.y0 for b in clashes) - box.y1 - 2)
-  return shift
 
 
 # ----------------------------------------------------------------------------- run directories

@@ -20,6 +20,7 @@ from configs.paper import mnist1d
 from configs.paper import t1_mnist1d
 from configs.paper import t1_tasc_search
 from experiments.reproduce import common
+from experiments.reproduce import plots
 from experiments.reproduce import report as report_lib
 from experiments.reproduce.report import Claim
 from experiments.reproduce.report import Report
@@ -181,19 +182,17 @@ def plot_accuracy_vs_compression(rows: list[dict], title: str):
       ax.errorbar(r["compression_ratio"], r["accuracy_mean"], yerr=r["accuracy_std"], fmt="o",
                   color=FAMILIES[_family(r["method"])][0], capsize=3)
     ax.set_xscale("log")
-    ax.set_xlabel("wire compression: dense bytes / method bytes per device per step "
-                  "(compiled HLO)")
-    ax.set_ylabel("test accuracy % (mean ± std over seeds)")
-    ax.set_title(title)
     ax.axvline(100, color="grey", lw=0.5, ls="--")
-    ax.grid(alpha=0.3)
+    plots.decorate(ax, xlabel="wire compression: dense bytes / method bytes per device per step "
+                              "(compiled HLO)",
+                   ylabel="test accuracy % (mean ± std over seeds)", title=title)
     families = {_family(r["method"]) for r in drawn}
     ax.legend(handles=[lines.Line2D([], [], marker="o", ls="", color=color, label=label)
                        for family, (color, label) in FAMILIES.items() if family in families]
               + [lines.Line2D([], [], color="grey", lw=0.5, ls="--", label="100x")],
               loc="lower left", fontsize=9)
-    report_lib.label_points(ax, [(r["compression_ratio"], r["accuracy_mean"], r["method"])
-                                 for r in drawn])
+    plots.label_points(ax, [(r["compression_ratio"], r["accuracy_mean"], r["method"])
+                             for r in drawn])
   return plot
 
 

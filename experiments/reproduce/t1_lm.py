@@ -19,6 +19,7 @@ from configs.paper import t1_lm as sweep_config
 from experiments import methods
 from experiments import provenance
 from experiments.reproduce import common
+from experiments.reproduce import plots
 from experiments.reproduce import report as report_lib
 from experiments.reproduce.report import Claim
 from experiments.reproduce.report import Report
@@ -233,11 +234,10 @@ def plot_loss_vs_bytes(rows: list[dict], title: str):
       ax.errorbar(x, y, yerr=err, marker="o", capsize=3,
                   ls="-" if len(members) > 1 else "", label=f"{family} (seeds: {seeds})")
     ax.set_xscale("log")
-    ax.set_xlabel("bytes per worker per step (compiled HLO), log scale")
-    ax.set_ylabel("validation loss, nats/token (mean ± std over seeds)")
-    ax.set_title(title, fontsize=11)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=9, loc="upper left", bbox_to_anchor=(1.02, 1.0))
+    plots.decorate(ax, xlabel="bytes per worker per step (compiled HLO), log scale",
+                   ylabel="validation loss, nats/token (mean ± std over seeds)", title=title,
+                   title_size=11)
+    plots.legend_beside(ax)
   return plot
 
 

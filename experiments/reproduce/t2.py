@@ -8,6 +8,7 @@ size (:func:`select_bert_rates`), then trained at every batch size. Settings com
 ``configs/paper/t2.py``; the table is regenerated from the run directories.
 """
 
+import functools
 import math
 import os
 from collections.abc import Sequence
@@ -19,6 +20,7 @@ from configs.paper import t2 as t2_config
 from configs.paper import t2_bert
 from configs.paper import t2_mnist1d
 from experiments.reproduce import common
+from experiments.reproduce import plots
 from experiments.reproduce import report as report_lib
 from experiments.reproduce.report import Claim
 from experiments.reproduce.report import Report
@@ -146,15 +148,37 @@ def report(workdir: str, settings, *, full: bool) -> Report:
     The report ``t2``.
   """
   mnist_dir, bert_dir = runs_dirs(workdir, full)
+  mnist_rows, accuracy = mnist1d_rows(settings.mnist1d, mnist_dir)
+  bert_rows, bert_loss = bert_rows_and_losses(settings.bert, bert_dir)
+  rows = mnist_rows + bert_selection_rows(settings.bert, bert_dir) + bert_rows
+  return Report(
+      name="t2", title="T2: large-batch training, SGD / Adam / LARS / LAMB",
+      columns=[("task", "task"), ("optimizer", "optimizer"), ("batch_size", "batch"),
+               ("metric", "metric"), ("value", "value (mean ± std over seeds)"),
+               ("train_loss", "final train loss"), ("held_out_loss", "held-out loss"),
+               ("steps", "steps"), ("peak_learning_rate", "peak lr"), ("status", "status"),
+               ("run_dirs", "run directories")],
+      rows=rows, claims=claims(settings, accuracy, bert_loss),
+      configs=[f"configs/paper/t2.py{':full=true' if full else ''}",
+               f"configs/paper/t2_mnist1d.py{':full=true' if full else ''}",
+               "configs/paper/large_batch.py (RECIPES)",
+               f"configs/paper/t2_bert.py{':full=true' if full else ''}",
+               "configs/bert.py:tiny,pydoc=true"],
+      notes=notes(settings, rows, bert_dir),
+      plot=functools.partial(plot, settings, accuracy, bert_loss))
+
+
+def mnist1d_rows(mnist1d, mnist_dir: str) -> tuple[list[dict], dict]:
+  """T2's MNIST-1D rows, one per (optimizer, batch size), and their test accuracies'
+  ``(optimizer, batch size) -> (mean, std)`` over the finished seeds."""
   rows, accuracy = [], {}
-  mnist_failures = common.read_failures(mnist_dir)
-  for optimizer in settings.mnist1d.optimizers:
-    for batch_size in settings.mnist1d.batch_sizes:
-      names = [t2_mnist1d.run_name(optimizer, batch_size, s)
-               for s in range(settings.mnist1d.seeds)]
+  failures = common.read_failures(mnist_dir)
+  for optimizer in mnist1d.optimizers:
+    for batch_size in mnist1d.batch_sizes:
+      names = [t2_mnist1d.run_name(optimizer, batch_size, s) for s in range(mnist1d.seeds)]
       runs = [report_lib.read_run(os.path.join(mnist_dir, n)) for n in names]
       runs = [r for r in runs if r is not None and r.finished]
-      failed = [mnist_failures[n] for n in names if n in mnist_failures]
+      failed = [failures[n] for n in names if n in failures]
       values = [r.results["test_accuracy"] for r in runs]
       accuracy[optimizer, batch_size] = report_lib.mean_std(values)
       rows.append({
@@ -166,14 +190,19 @@ def report(workdir: str, settings, *, full: bool) -> Report:
           "steps": runs[0].results["step"] if runs else None,
           "peak_learning_rate": runs[0].config["optimizer"]["learning_rate"] if runs else None,
           "status": ("failed: " + failed[0]) if failed else (
-              f"{len(runs)}/{settings.mnist1d.seeds} seeds done"),
+              f"{len(runs)}/{mnist1d.seeds} seeds done"),
           "run_dirs": " ".join(report_lib.relative(r.path) for r in runs)})
-  rows += bert_selection_rows(settings.bert, bert_dir)
-  bert_loss = {}
+  return rows, accuracy
+
+
+def bert_rows_and_losses(bert, bert_dir: str) -> tuple[list[dict], dict]:
+  """T2's BERT rows at each optimizer's chosen rate, one per (optimizer, batch size), and the
+  finished runs' ``(optimizer, batch size) -> held-out loss``."""
+  rows, bert_loss = [], {}
   failures = common.read_failures(bert_dir)
-  chosen = select_bert_rates(settings.bert, bert_dir)
-  for optimizer in settings.bert.optimizers:
-    for batch_size in settings.bert.batch_sizes:
+  chosen = select_bert_rates(bert, bert_dir)
+  for optimizer in bert.optimizers:
+    for batch_size in bert.batch_sizes:
       name = (t2_bert.run_name(optimizer, batch_size, chosen[optimizer])
               if optimizer in chosen else None)
       run = None if name is None else report_lib.read_run(os.path.join(bert_dir, name))
@@ -191,53 +220,34 @@ def report(workdir: str, settings, *, full: bool) -> Report:
           "status": ("rate not chosen yet" if name is None else
                      _bert_status(run, name, failures, "done")),
           "run_dirs": report_lib.relative(run.path) if done else ""})
+  return rows, bert_loss
 
-  def plot(fig):
-    left = fig.add_axes([0.07, 0.22, 0.4, 0.68])
-    for optimizer in settings.mnist1d.optimizers:
-      xs = [b for b in settings.mnist1d.batch_sizes if not math.isnan(accuracy[optimizer, b][0])]
-      if xs:  # an empty errorbar leaves the log-scaled axis without positive limits
-        left.errorbar(xs, [100 * accuracy[optimizer, b][0] for b in xs],
-                      yerr=[100 * accuracy[optimizer, b][1] for b in xs], marker="o",
-                      capsize=3, label=optimizer)
-    left.axhline(10, color="grey", ls=":", lw=1, label="chance (10 classes)")
-    left.set_xscale("log", base=2)
-    left.set_xticks(list(settings.mnist1d.batch_sizes),
-                    [str(b) for b in settings.mnist1d.batch_sizes])
-    left.set_xlabel("batch size")
-    left.set_ylabel(f"test accuracy % (mean ± std, {settings.mnist1d.seeds} seeds)")
-    left.set_title(f"MNIST-1D MLP, {settings.mnist1d.epochs} epochs at every batch size",
-                   fontsize=10)
-    left.legend(fontsize=8)
-    left.grid(alpha=0.3)
-    right = fig.add_axes([0.57, 0.22, 0.4, 0.68])
-    for optimizer in settings.bert.optimizers:
-      xs = [b for b in settings.bert.batch_sizes if (optimizer, b) in bert_loss]
-      right.plot(xs, [bert_loss[optimizer, b] for b in xs], marker="o", label=optimizer)
-    right.set_xscale("log", base=2)
-    right.set_xticks(list(settings.bert.batch_sizes), [str(b) for b in settings.bert.batch_sizes])
-    right.set_xlabel("batch size")
-    right.set_ylabel("held-out masked-LM loss (1 seed; lower is better)")
-    right.set_title(f"BERT-tiny on pydoc_data, {settings.bert.epochs} epochs at every batch "
-                    "size", fontsize=10)
-    right.legend(fontsize=8)
-    right.grid(alpha=0.3)
 
-  return Report(
-      name="t2", title="T2: large-batch training, SGD / Adam / LARS / LAMB",
-      columns=[("task", "task"), ("optimizer", "optimizer"), ("batch_size", "batch"),
-               ("metric", "metric"), ("value", "value (mean ± std over seeds)"),
-               ("train_loss", "final train loss"), ("held_out_loss", "held-out loss"),
-               ("steps", "steps"), ("peak_learning_rate", "peak lr"), ("status", "status"),
-               ("run_dirs", "run directories")],
-      rows=rows, claims=claims(settings, accuracy, bert_loss),
-      configs=[f"configs/paper/t2.py{':full=true' if full else ''}",
-               f"configs/paper/t2_mnist1d.py{':full=true' if full else ''}",
-               "configs/paper/large_batch.py (RECIPES)",
-               f"configs/paper/t2_bert.py{':full=true' if full else ''}",
-               "configs/bert.py:tiny,pydoc=true"],
-      notes=notes(settings, rows, bert_dir),
-      plot=plot)
+def plot(settings, accuracy: dict, bert_loss: dict, fig) -> None:
+  """T2's figure: MNIST-1D's test accuracy (left) and BERT's held-out loss (right) against the
+  batch size, one line per optimizer."""
+  left, right = plots.panels_in_a_row(fig, 2, step=0.5, bottom=0.22, width=0.4, height=0.68)
+  for optimizer in settings.mnist1d.optimizers:
+    xs = [b for b in settings.mnist1d.batch_sizes if not math.isnan(accuracy[optimizer, b][0])]
+    if xs:  # an empty errorbar leaves the log-scaled axis without positive limits
+      left.errorbar(xs, [100 * accuracy[optimizer, b][0] for b in xs],
+                    yerr=[100 * accuracy[optimizer, b][1] for b in xs], marker="o",
+                    capsize=3, label=optimizer)
+  left.axhline(10, color="grey", ls=":", lw=1, label="chance (10 classes)")
+  plots.log2_axis(left, settings.mnist1d.batch_sizes)
+  plots.decorate(
+      left, xlabel="batch size",
+      ylabel=f"test accuracy % (mean ± std, {settings.mnist1d.seeds} seeds)",
+      title=f"MNIST-1D MLP, {settings.mnist1d.epochs} epochs at every batch size",
+      title_size=10, legend_size=8)
+  for optimizer in settings.bert.optimizers:
+    xs = [b for b in settings.bert.batch_sizes if (optimizer, b) in bert_loss]
+    right.plot(xs, [bert_loss[optimizer, b] for b in xs], marker="o", label=optimizer)
+  plots.log2_axis(right, settings.bert.batch_sizes)
+  plots.decorate(
+      right, xlabel="batch size", ylabel="held-out masked-LM loss (1 seed; lower is better)",
+      title=f"BERT-tiny on pydoc_data, {settings.bert.epochs} epochs at every batch size",
+      title_size=10, legend_size=8)
 
 
 def notes(settings, rows: Sequence[dict], bert_dir: str) -> list[str]:
