@@ -1,10 +1,11 @@
 """TASC: Hessian-aware, topology-aware, structured sparsification, and curvature estimators.
 
-``tasc.tasc(...)`` is the :class:`compressors.Compressor`; ``tasc.tasc_compress(...)`` its Optax
+``tasc.TascSettings`` holds every setting of TASC; ``tasc.tasc(settings)`` is the
+:class:`compressors.Compressor` and ``tasc.tasc_compress(settings, *, axis_name, ...)`` its Optax
 transformation (``compressors.compress`` around it, with per-axis densities and the leaf layout
-TASC needs). Importing this package registers the method ``"tasc"`` in
-:mod:`compressors.registry`, with its per-step input: a Hutchinson estimate of the Hessian
-diagonal every ``hessian_every`` steps.
+TASC needs; ``tasc_compress(axis_name=..., density=0.01)`` builds the settings from keywords).
+The method ``"tasc"`` of :mod:`compressors.registry` takes the same settings, with its per-step
+input: a Hutchinson estimate of the Hessian diagonal every ``hessian_every`` steps.
 """
 
 from tasc._compressor import TascState
@@ -17,12 +18,11 @@ from tasc._hessian import hutchinson_trace
 from tasc._hessian import hvp
 from tasc._hessian import top_eigenvalue
 from tasc._scores import block_scores
-from tasc._transform import TascSettings
-from tasc._transform import density_for_budget
+from tasc._settings import TascSettings
 from tasc._transform import tasc_compress
 
 __all__ = (
     "HutchinsonEstimate", "PowerIterationResult", "TascSettings", "TascState", "block_scores",
-    "density_for_budget", "hutchinson", "hutchinson_diagonal", "hutchinson_trace", "hvp",
+    "hutchinson", "hutchinson_diagonal", "hutchinson_trace", "hvp",
     "tasc", "tasc_compress", "top_eigenvalue",
 )

@@ -59,26 +59,21 @@ above ``max_density`` are clipped to it.
 
 import dataclasses
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
 from compressors.network import axes
-from compressors import checks
 from compressors import protocol
 from tasc import _fused as fused
+from tasc import _plan as plan_lib
 from tasc import _scores as scores
 from tasc import _selection as selection
+from tasc import _settings as settings_lib
 from tasc import _supports as supports
 from tasc import _wire as wire_formats
-
-SENSITIVITIES = ("hutchinson", "fisher", "none")
-SCORES = scores.SCORES
-SUPPORTS = tuple(supports.SUPPORTS)
-WIRE_DTYPES = tuple(wire_formats.FORMATS)
-Density = float | Callable[[jax.Array], jax.Array]
 
 
 class TascState(NamedTuple):
@@ -98,172 +93,115 @@ class TascState(NamedTuple):
 
 
 @dataclasses.dataclass(frozen=True)
-class _Settings:
-  """One TASC compressor's checked settings, its support mode and its wire format."""
-  density: Density
-  capacity_density: float
-  block_size: int
-  sensitivity: str
-  score: str
+class _Parts:
+  """One TASC compressor: its checked settings, support mode, wire format and buffer plans.
+
+  Attributes:
+    settings: the checked :class:`tasc.TascSettings`.
+    support: the support mode (:mod:`tasc._supports`).
+    wire: the wire format (:mod:`tasc._wire`).
+    dense_axis: the fast axis in hierarchical mode, or None.
+    plan: ``size -> BufferPlan`` of a buffer of ``size`` elements, made once per size and
+      number of shards.
+  """
+  settings: settings_lib.TascSettings
   support: Any
   wire: Any
-  curvature_decay: float
-  eps: float
-  min_blocks_per_leaf: int
-  leaf_sizes: tuple[int, ...] | None
   dense_axis: axes.AxisName
-
-  @property
-  def dynamic(self) -> bool:
-    return callable(self.density)
+  plan: Callable[[int], plan_lib.BufferPlan]
 
 
-def tasc(density: Density, *, block_size: int = 256, sensitivity: str = "hutchinson",
-         score: str = "saliency", support: str = "global", curvature_decay: float = 0.9, eps: float = 0.1,
-         max_density: float | None = None, min_blocks_per_leaf: int = 0,
-         leaf_sizes: Sequence[int] | None = None, dense_axis: axes.AxisName = None,
-         wire_dtype: str = "float32") -> protocol.Compressor:
+def tasc(settings: settings_lib.TascSettings, *, leaf_sizes: Sequence[int] | None = None,
+         dense_axis: axes.AxisName = None) -> protocol.Compressor:
   """The TASC :class:`compressors.Compressor` (psum exchange, extra argument ``curvature``).
 
   Most users want :func:`tasc.tasc_compress`, which wraps this in :func:`compressors.compress`.
 
   Args:
-    density: fraction of the buffer's blocks sent each step, in (0, 1]; or a function of the
-      step (int32) returning it, with ``max_density`` set.
-    block_size: ``B``, elements per block (>= 1).
-    sensitivity: ``"hutchinson"``, ``"fisher"`` or ``"none"`` (see the module docstring).
-    score: how the curvature weighs a block's energy: ``"saliency"`` multiplies
-      (``h_b ||a_b||^2``, the loss a delay costs), ``"newton"`` divides (``||a_b||^2 / h_b``,
-      the diagonal Newton decrement: the loss a curvature-scaled step gains); see
-      :mod:`tasc._scores`. ``"newton"`` needs a curvature (not ``sensitivity="none"``).
-    support: ``"global"`` or ``"previous"`` (:mod:`tasc._supports`).
-    curvature_decay: EMA factor ``beta`` in [0, 1) of the curvature kept in the state
-      (``c <- beta c + (1 - beta) * new``); 0 uses each fresh estimate alone.
-    eps: the curvature floor relative to the mean curvature (>= 0); larger leans towards
-      magnitude ranking.
-    max_density: the capacity's density when ``density`` is a function; None otherwise.
-    min_blocks_per_leaf: blocks of every leaf always sent (:mod:`tasc._selection`); raises the
-      capacity above ``density``'s when the guarantees need more.
+    settings: :class:`tasc.TascSettings`, checked here; ``density`` a number or a schedule
+      (``hessian_every`` and ``num_probes`` are the trainer's).
     leaf_sizes: sizes of the leaves fused into the buffer (for ``min_blocks_per_leaf`` in fused
       mode); None when each buffer is one leaf.
     dense_axis: the fast axis when :func:`compressors.compress` runs in hierarchical mode
       (the buffer is then this device's shard; ``"fisher"`` and the leaf layout need to know).
-    wire_dtype: ``"float32"`` or ``"float16"``, the precision of the scores and the payload on
-      the wire (:mod:`tasc._wire`).
 
   Returns:
     A :class:`compressors.Compressor`.
   """
-  s = _checked_settings(density, block_size, sensitivity, score, support, curvature_decay, eps,
-                        max_density, min_blocks_per_leaf, leaf_sizes, dense_axis, wire_dtype)
+  s = settings_lib.checked(settings)
+  if isinstance(s.density, Mapping):
+    raise ValueError(f"tasc: density={dict(s.density)!r} names mesh axes, which only "
+                     "tasc.tasc_compress resolves; the compressor takes one density (a number "
+                     "or a schedule)")
+  leaf_sizes = None if leaf_sizes is None else tuple(int(n) for n in leaf_sizes)
+
+  @functools.cache
+  def plan_of(size: int, shards: int) -> plan_lib.BufferPlan:
+    return plan_lib.buffer_plan(s, size, leaf_sizes, shards)
+
+  parts = _Parts(settings=s, support=supports.SUPPORTS[s.support],
+                 wire=wire_formats.FORMATS[s.wire_dtype], dense_axis=dense_axis,
+                 plan=lambda size: plan_of(size, axes.num_workers(dense_axis,
+                                                                  caller="tasc (dense_axis)")))
   return protocol.Compressor(
       name="tasc", encode=None, decode=None, exchange="psum",
-      init=functools.partial(_init, s),
-      precondition=functools.partial(_fisher, s) if sensitivity == "fisher" else None,
-      aggregate=protocol.ResidualAggregate(functools.partial(_aggregate, s),
-                                           functools.partial(_step, s)),
-      extra_args=("curvature",) if sensitivity == "hutchinson" else (),
-      validate=functools.partial(_validate, s))
+      init=functools.partial(_init, parts),
+      precondition=functools.partial(_fisher, parts) if s.sensitivity == "fisher" else None,
+      aggregate=protocol.ResidualAggregate(functools.partial(_aggregate, parts),
+                                           functools.partial(_step, parts)),
+      extra_args=("curvature",) if s.sensitivity == "hutchinson" else (),
+      validate=functools.partial(_validate, parts))
 
 
-def _checked_settings(density, block_size, sensitivity, score, support, curvature_decay, eps,
-                      max_density, min_blocks_per_leaf, leaf_sizes, dense_axis,
-                      wire_dtype) -> _Settings:
-  if callable(density):
-    if max_density is None:
-      raise ValueError("tasc: density is a schedule (a callable of the step), so max_density "
-                       "is required: the payload's capacity must be static; pass the "
-                       "schedule's largest value, e.g. max_density=0.25")
-    capacity_density = checks.check_fraction(max_density, "max_density", "tasc")
-  else:
-    if max_density is not None:
-      raise ValueError(f"tasc: max_density={max_density!r} is only for a density schedule; "
-                       f"density={density!r} is a number")
-    capacity_density = checks.check_fraction(density, "density", "tasc")
-  wire_dtype = checks.dtype_name(wire_dtype) or wire_dtype
-  if checks.check_choice(score, "score", SCORES, "tasc") == "newton" and sensitivity == "none":
-    raise ValueError("tasc: score='newton' divides each block's energy by its curvature, and "
-                     "sensitivity='none' estimates none; use sensitivity='hutchinson' or "
-                     "'fisher' with it, or score='saliency'")
-  return _Settings(
-      density=density, capacity_density=capacity_density,
-      block_size=checks.check_int(block_size, "block_size", 1, "tasc"),
-      sensitivity=checks.check_choice(sensitivity, "sensitivity", SENSITIVITIES, "tasc"),
-      score=score,
-      support=supports.SUPPORTS[checks.check_choice(support, "support", SUPPORTS, "tasc")],
-      wire=wire_formats.FORMATS[checks.check_choice(wire_dtype, "wire_dtype", WIRE_DTYPES,
-                                                    "tasc")],
-      curvature_decay=checks.check_real(curvature_decay, "curvature_decay", 0.0, 1.0, "[0, 1)",
-                                        "tasc"),
-      eps=checks.check_real(eps, "eps", 0.0, float("inf"), "[0, inf)", "tasc"),
-      min_blocks_per_leaf=checks.check_int(min_blocks_per_leaf, "min_blocks_per_leaf", 0,
-                                           "tasc"),
-      leaf_sizes=None if leaf_sizes is None else tuple(leaf_sizes), dense_axis=dense_axis)
-
-
-def _layout(s: _Settings, size: int) -> tuple[jax.Array | None, int]:
-  """(leaf groups of this buffer's blocks or None, static capacity)."""
-  blocks = scores.num_blocks(size, s.block_size)
-  selected = round(s.capacity_density * blocks)
-  if s.leaf_sizes is None:  # the buffer is one leaf
-    return None, max(selected, min(s.min_blocks_per_leaf, blocks))
-  shards = axes.num_workers(s.dense_axis, caller="tasc (dense_axis)")
-  total = sum(s.leaf_sizes)
-  if -(-total // shards) != size:
-    raise ValueError(f"tasc: leaf_sizes add up to {total} elements, which in {shards} "
-                     f"shard(s) do not make the buffer of {size} elements being compressed")
-  table = selection.leaf_groups(s.leaf_sizes, s.block_size, shards)
-  capacity = max(selected, selection.guaranteed_count(table, s.min_blocks_per_leaf))
-  groups = jnp.asarray(table)[axes.worker_index(s.dense_axis)] if shards > 1 else table[0]
-  return jnp.asarray(groups), capacity
-
-
-def _validate(s: _Settings, size: int, where: str) -> None:
-  blocks = scores.num_blocks(size, s.block_size)
-  if round(s.capacity_density * blocks) >= 1:
+def _validate(c: _Parts, size: int, where: str) -> None:
+  """A clear error when the buffer of ``size`` elements sends no block, with what would work."""
+  plan = c.plan(size)
+  if plan.selected >= 1:
     return
-  field = "max_density" if s.dynamic else "density"
-  smaller = next((b for b in (128, 64, 32, 16, 8, 4, 2, 1) if b < s.block_size and round(
-      s.capacity_density * scores.num_blocks(size, b)) >= 1), None)
-  advice = [f"{field} >= {0.5 / blocks:.3g}"]
+  field = "max_density" if callable(c.settings.density) else "density"
+  density = c.settings.capacity_density
+  smaller = next((b for b in plan_lib.AUTO_BLOCK_SIZES
+                  if b < plan.block_size and plan_lib.sends_a_block(size, b, density)), None)
+  advice = [f"{field} >= {0.5 / plan.num_blocks:.3g}"]
   if smaller:
     advice.append(f"block_size={smaller} (then {scores.num_blocks(size, smaller)} blocks)")
   if "leaf" in where:  # per-leaf buffers: one ranking over all leaves would have more blocks
     advice.append("fuse=True")
   raise ValueError(
-      f"tasc: {where} has {size} elements: {blocks} blocks of block_size={s.block_size}, and "
-      f"{field}={s.capacity_density} keeps round({s.capacity_density} * {blocks}) = 0 of them; "
-      f"use {' or '.join(advice)}")
+      f"tasc: {where} has {size} elements: {plan.num_blocks} blocks of "
+      f"block_size={plan.block_size}, and {field}={density} keeps round({density} * "
+      f"{plan.num_blocks}) = 0 of them; use {' or '.join(advice)}")
 
 
-def _init(s: _Settings, x: jax.Array) -> TascState:
-  blocks = scores.num_blocks(x.size, s.block_size)
+def _init(c: _Parts, x: jax.Array) -> TascState:
+  blocks = c.plan(x.size).num_blocks
   return TascState(
-      curvature=jnp.zeros((blocks,), jnp.float32) if s.sensitivity != "none" else (),
-      scores=s.support.initial_scores(blocks), scale=s.support.initial_scale(s.wire))
+      curvature=jnp.zeros((blocks,), jnp.float32) if c.settings.sensitivity != "none" else (),
+      scores=c.support.initial_scores(blocks), scale=c.support.initial_scale(c.wire))
 
 
-def _fisher(s: _Settings, g: jax.Array, state: TascState,
+def _fisher(c: _Parts, g: jax.Array, state: TascState,
             ctx: protocol.Context) -> tuple[jax.Array, TascState]:
   """The precondition of ``"fisher"``: the EMA of the block means of this worker's squared
   gradient (its owned shard in hierarchical mode)."""
-  if s.dense_axis is not None:
-    fresh = scores.block_means(ctx.owned_shard(g * g), s.block_size)
+  if c.dense_axis is not None:
+    squares = ctx.owned_shard(g * g)
+    fresh = scores.block_means(squares, c.plan(squares.size).block_size)
   else:
-    fresh = scores.block_means(g, s.block_size, jnp.square)
+    fresh = scores.block_means(g, c.plan(g.size).block_size, jnp.square)
   if fresh.shape != state.curvature.shape:
     raise ValueError(f"tasc: the gradient buffer has {g.size} elements but the state "
                      f"holds {state.curvature.size} blocks; in hierarchical mode pass "
                      "dense_axis to tasc as to compressors.compress")
-  return g, state._replace(curvature=_ema(state.curvature, fresh, s.curvature_decay))
+  return g, state._replace(curvature=_ema(state.curvature, fresh, c.settings.curvature_decay))
 
 
-def _aggregate(s: _Settings, x: jax.Array, state: TascState,
+def _aggregate(c: _Parts, x: jax.Array, state: TascState,
                ctx: protocol.Context) -> protocol.Aggregate:
-  return _step(s, x, None, state, ctx)[0]
+  return _step(c, x, None, state, ctx)[0]
 
 
-def _step(s: _Settings, g: jax.Array, e: jax.Array | None, state: TascState,
+def _step(c: _Parts, g: jax.Array, e: jax.Array | None, state: TascState,
           ctx: protocol.Context) -> tuple[protocol.Aggregate, jax.Array]:
   """One step on ``a = g + e`` (``e`` None: ``a = g``): ``(Aggregate, kept)``.
 
@@ -271,53 +209,64 @@ def _step(s: _Settings, g: jax.Array, e: jax.Array | None, state: TascState,
   sent are zero, those a density schedule holds back stay whole); the caller uses ``sent`` or
   ``kept`` and jit drops the other.
   """
+  s, plan = c.settings, c.plan(g.size)
+  block = plan.block_size
   if e is None:
-    x, energies = g, scores.block_energies(g, s.block_size)
+    x, energies = g, scores.block_energies(g, block)
   else:
-    x, energies = fused.residual_and_energies(g, e, s.block_size, one_pass=ctx.owns_buffers)
-  curvature = _curvature(s, state, ctx)
-  weights = (scores.score_weights(curvature, x.size, s.block_size, s.eps, s.score)
+    x, energies = fused.residual_and_energies(g, e, block, one_pass=ctx.owns_buffers)
+  curvature = _curvature(c, block, state, ctx)
+  weights = (scores.score_weights(curvature, x.size, block, s.eps, s.score)
              if s.sensitivity != "none" else jnp.ones_like(energies))
-  groups, capacity = _layout(s, x.size)
-  priority, scale = s.support.priority(weights * energies, energies, state, s.wire, ctx)
-  indices, guaranteed = selection.select(priority, capacity, groups, s.min_blocks_per_leaf)
-  blocks = _take_blocks(x, indices, s.block_size)
-  active = _active_rows(s, guaranteed, capacity, energies.size, ctx.step)
+  priority, scale = c.support.priority(weights * energies, energies, state, c.wire, ctx)
+  indices, guaranteed = selection.select(priority, plan.capacity, _leaf_groups(c, plan),
+                                         s.min_blocks_per_leaf)
+  blocks = _take_blocks(x, indices, block)
+  active = _active_rows(s, plan, guaranteed, ctx.step)
   rows = blocks if active is None else jnp.where(active[:, None], blocks, 0)
-  out = s.support.exchange(rows, blocks, indices, energies, weights, state, scale, s.wire, ctx)
+  out = c.support.exchange(rows, blocks, indices, energies, weights, state, scale, c.wire, ctx)
   # The outputs overwrite dead buffers in place only if XLA writes them after the last read of
   # ``a``, the block energies; with "previous" support the indices do not wait for them, so
   # the residual's scatter is ordered explicitly. The mean's zeros wait for a value that is
   # replicated, so that the mean is too.
   mean = _put_blocks(_zeros_after(out.replicated, x.shape, x.dtype), indices, out.mean_rows,
-                     s.block_size)
+                     block)
   sent_blocks = jnp.ones(blocks.shape, bool) if active is None else jnp.broadcast_to(
       active[:, None], blocks.shape)
   aggregate = protocol.Aggregate(
-      mean=mean, sent=_put_blocks(jnp.zeros_like(x), indices, out.sent_rows, s.block_size),
+      mean=mean, sent=_put_blocks(jnp.zeros_like(x), indices, out.sent_rows, block),
       state=TascState(curvature=curvature, scores=out.scores, scale=out.scale),
-      support=_put_blocks(jnp.zeros(x.shape, bool), indices, sent_blocks, s.block_size))
-  kept = _put_blocks(x, _after(indices, energies), blocks - out.sent_rows, s.block_size)
+      support=_put_blocks(jnp.zeros(x.shape, bool), indices, sent_blocks, block))
+  kept = _put_blocks(x, _after(indices, energies), blocks - out.sent_rows, block)
   return aggregate, kept
 
 
-def _curvature(s: _Settings, state: TascState, ctx: protocol.Context) -> Any:
+def _leaf_groups(c: _Parts, plan: plan_lib.BufferPlan) -> jax.Array | None:
+  """The leaf of each block of this device's buffer (its shard's row of the plan's table)."""
+  if plan.leaf_groups is None:
+    return None
+  if plan.leaf_groups.shape[0] == 1:
+    return jnp.asarray(plan.leaf_groups[0])
+  return jnp.asarray(plan.leaf_groups)[axes.worker_index(c.dense_axis)]
+
+
+def _curvature(c: _Parts, block_size: int, state: TascState, ctx: protocol.Context) -> Any:
   """The state's curvature, updated by a fresh Hutchinson estimate when the step passes one."""
-  if s.sensitivity == "hutchinson" and "curvature" in ctx.extras:
-    fresh = scores.block_means(ctx.extras["curvature"], s.block_size, jnp.abs)
-    return _ema(state.curvature, fresh, s.curvature_decay)
+  if c.settings.sensitivity == "hutchinson" and "curvature" in ctx.extras:
+    fresh = scores.block_means(ctx.extras["curvature"], block_size, jnp.abs)
+    return _ema(state.curvature, fresh, c.settings.curvature_decay)
   return state.curvature
 
 
-def _active_rows(s: _Settings, guaranteed: jax.Array, capacity: int, num_blocks: int,
-                 step: jax.Array) -> jax.Array | None:
+def _active_rows(s: settings_lib.TascSettings, plan: plan_lib.BufferPlan,
+                 guaranteed: jax.Array, step: jax.Array) -> jax.Array | None:
   """With a density schedule, which of the ``capacity`` rows carry data this step (the top
   ``round(density(step) * num_blocks)``, at least the guaranteed ones); None: all of them."""
-  if not s.dynamic:
+  if not callable(s.density):
     return None
-  wanted = jnp.round(s.density(step) * num_blocks).astype(jnp.int32)
-  sending = jnp.clip(jnp.maximum(wanted, guaranteed), 1, capacity)
-  return jnp.arange(capacity) < sending
+  wanted = jnp.round(s.density(step) * plan.num_blocks).astype(jnp.int32)
+  sending = jnp.clip(jnp.maximum(wanted, guaranteed), 1, plan.capacity)
+  return jnp.arange(plan.capacity) < sending
 
 
 def _take_blocks(x: jax.Array, indices: jax.Array, block_size: int) -> jax.Array:

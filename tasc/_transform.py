@@ -28,7 +28,9 @@ per axis, ``{slow: rho, fast: rho_fast}``:
 """
 
 import dataclasses
-from collections.abc import Callable, Mapping
+import functools
+import math
+from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -38,29 +40,24 @@ import optax
 
 import compressors
 from compressors.network import axes
-from compressors import checks
 from compressors import equal_bytes
 from compressors import registry
 from compressors.network import topology as topology_lib
 from tasc import _compressor as compressor_lib
 from tasc import _hessian as hessian
+from tasc import _plan as plan_lib
 from tasc import _scores as scores
+from tasc import _settings as settings_lib
 from tasc import _wire as wire_formats
 
 PyTree = Any
 
 
-def tasc_compress(*, axis_name: axes.AxisName,
-                  density: float | Callable[[jax.Array], jax.Array] | Mapping[Any, float],
-                  block_size: int | None = None, sensitivity: str = "hutchinson",
-                  score: str = "saliency", dense_axis: axes.AxisName = None,
-                  support: str = "global",
-                  curvature_decay: float = 0.9, eps: float = 0.1,
-                  max_density: float | None = None, min_blocks_per_leaf: int = 0,
+def tasc_compress(settings: settings_lib.TascSettings | None = None, /, *,
+                  axis_name: axes.AxisName, dense_axis: axes.AxisName = None,
                   error_feedback: bool = True, fuse: bool = True, seed: int = 0,
-                  schedule: Any = "psum", topology: Any = None,
-                  wire_dtype: str = "float32",
-                  report_sent: bool = False) -> optax.GradientTransformationExtraArgs:
+                  schedule: Any = "psum", topology: Any = None, report_sent: bool = False,
+                  **fields) -> optax.GradientTransformationExtraArgs:
   """TASC: Hessian-aware structured sparsification over a block support shared by all workers.
 
   ``update(grads, state, params=None, *, curvature=None)`` runs per worker inside
@@ -68,28 +65,15 @@ def tasc_compress(*, axis_name: axes.AxisName,
   worker; what is not sent stays in the error-feedback residual.
 
   Args:
+    settings: TASC's :class:`tasc.TascSettings` (default: its defaults); ``density`` may be a
+      mapping ``{axis: density}`` over ``axis_name`` and ``dense_axis`` (see the module
+      docstring for the fast axis's options). ``block_size=None`` is chosen for the fused
+      buffer (in hierarchical mode, each device's shard of it); leaf by leaf it is 256, as a
+      small leaf would pull every leaf's blocks down to a few elements (a leaf too small for
+      256 gets the error that says so).
     axis_name: the mesh axis (or axes) over which workers hold different gradients; with
       ``dense_axis``, the slow axis.
-    density: fraction of blocks sent per step, in (0, 1]: a float; a function of the step (an
-      optax schedule) with ``max_density``; or a mapping ``{axis: density}`` over the axes of
-      ``axis_name`` and ``dense_axis`` (see the module docstring for the fast axis's options).
-    block_size: elements per block (>= 1). Larger blocks mean fewer scores and coarser
-      selection. None: with fused leaves, the largest of 256, 128, ..., 1 at which the buffer
-      sends at least one block at ``density`` (256 for a model of more than ~38K parameters at
-      1%, 64 for one of 4K), chosen from the parameters' sizes; leaf by leaf, 256.
-    sensitivity: ``"hutchinson"`` (curvature passed as ``update(..., curvature=h)``, e.g.
-      :func:`tasc.hutchinson_diagonal`, EMA kept in between), ``"fisher"`` (EMA of ``g^2``) or
-      ``"none"`` (block magnitude).
-    score: ``"saliency"`` (curvature times the block's energy) or ``"newton"`` (energy over
-      curvature, the diagonal Newton decrement); see :mod:`tasc._scores`.
     dense_axis: the fast axis of hierarchical mode (see :func:`compressors.compress`).
-    support: ``"global"`` (an all-reduce of this step's block scores picks the blocks) or
-      ``"previous"`` (last step's scores, carried in the payload's all-reduce: no extra
-      collective, see :mod:`tasc._supports`).
-    curvature_decay: EMA factor of the curvature kept in the state, in [0, 1).
-    eps: curvature floor relative to the mean curvature (>= 0).
-    max_density: the payload capacity's density when ``density`` is a schedule.
-    min_blocks_per_leaf: blocks of every parameter leaf always sent (>= 0).
     error_feedback: keep what was not sent (strongly advised: without it the unsent blocks are
       lost).
     fuse: one buffer and one ranking for the whole model (blocks compete across layers, so the
@@ -100,115 +84,75 @@ def tasc_compress(*, axis_name: axes.AxisName,
       :class:`compressors.network.planner.Plan`; see :func:`compressors.compress`); with the same
       density on both axes the default ``"psum"`` becomes ``"hierarchical"``.
     topology: the workers' :class:`compressors.network.topology.Topology`, for ``schedule="auto"``.
-    wire_dtype: ``"float32"`` or ``"float16"``: the precision of the block scores and the
-      payload on the wire; float16 halves the bytes, error feedback keeps the rounding (see
-      :mod:`tasc._wire`).
     report_sent: keep which entries each worker sent in the state, for
       :func:`compressors.momentum_correction` (see :func:`compressors.compress`).
+    **fields: fields of :class:`tasc.TascSettings` replacing those of ``settings``, e.g.
+      ``tasc_compress(axis_name="data", density=0.01)``.
 
   Returns:
     An ``optax.GradientTransformationExtraArgs``; chain it before the optimizer, e.g.
     ``optax.chain(tasc_compress(axis_name="data", density=0.01), optax.sgd(0.1))``.
   """
-  rho, both_axes = _resolve_density(density, axis_name, dense_axis)
+  settings = settings_lib.checked(_with_fields(settings, fields))
+  rho, both_axes = _resolve_density(settings.density, axis_name, dense_axis)
   if both_axes:
     axis_name = axes.as_tuple(axis_name) + axes.as_tuple(dense_axis)
     dense_axis = None
     if schedule == "psum" and len(axis_name) == 2:
       schedule = "hierarchical"
+  block_size = settings.block_size or (None if fuse else plan_lib.AUTO_BLOCK_SIZES[0])
+  settings = dataclasses.replace(settings, density=rho, block_size=block_size)
+  needs_leaf_sizes = fuse and settings.min_blocks_per_leaf > 0
 
-  capacity_density = max_density if callable(rho) else rho
-
-  def build(tree):
-    block = block_size
-    if block is None:
-      block = (auto_block_size(_buffer_sizes(tree, fuse, dense_axis), capacity_density)
-               if tree is not None else AUTO_BLOCK_SIZES[0])
-    compressor = compressor_lib.tasc(
-        rho, block_size=block, sensitivity=sensitivity, score=score, support=support,
-        curvature_decay=curvature_decay, eps=eps, max_density=max_density,
-        min_blocks_per_leaf=min_blocks_per_leaf, leaf_sizes=leaf_sizes_of(tree),
-        dense_axis=dense_axis, wire_dtype=wire_dtype)
+  @functools.cache
+  def transformation(leaf_sizes: tuple[int, ...] | None):
+    compressor = compressor_lib.tasc(settings, leaf_sizes=leaf_sizes, dense_axis=dense_axis)
     return compressors.compress(compressor, axis_name=axis_name, dense_axis=dense_axis,
                                 error_feedback=error_feedback, fuse=fuse, seed=seed,
                                 schedule=schedule, topology=topology, report_sent=report_sent)
 
-  needs_leaf_sizes = fuse and min_blocks_per_leaf > 0
+  def for_tree(tree):
+    """The transformation for gradients like ``tree``: one per leaf layout, built once."""
+    return transformation(tuple(int(np.size(x)) for x in jax.tree.leaves(tree))
+                          if needs_leaf_sizes else None)
 
-  def leaf_sizes_of(tree):
-    if tree is None or not needs_leaf_sizes:
-      return None
-    return tuple(int(np.size(x)) for x in jax.tree.leaves(tree))
-
-  build(None)  # every argument is checked here, before anything is traced
+  transformation(None)  # every argument is checked here, before anything is traced
 
   def init_fn(params):
-    return build(params).init(params)
+    return for_tree(params).init(params)
 
   def update_fn(updates, state, params=None, *, curvature=None, **extra_args):
     del extra_args
     if curvature is not None:
-      _check_curvature(curvature, updates, sensitivity)
-    return build(updates).update(updates, state, params, curvature=curvature)
+      _check_curvature(curvature, updates, settings.sensitivity)
+    return for_tree(updates).update(updates, state, params, curvature=curvature)
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
 
-AUTO_BLOCK_SIZES = (256, 128, 64, 32, 16, 8, 4, 2, 1)
-
-
-def auto_block_size(buffer_sizes, density: float) -> int:
-  """The largest of :data:`AUTO_BLOCK_SIZES` at which every buffer of ``buffer_sizes`` elements
-  sends at least one block at ``density`` (1 if none does)."""
-  for block in AUTO_BLOCK_SIZES:
-    if all(round(density * scores.num_blocks(size, block)) >= 1 for size in buffer_sizes):
-      return block
-  return 1
-
-
-def _buffer_sizes(tree, fuse: bool, dense_axis) -> list[int]:
-  """Elements of the buffers the automatic block size is chosen for: the fused buffer (in
-  hierarchical mode, each device's shard of it). Leaf by leaf it is not chosen: a small leaf
-  would pull every leaf's blocks down to a few elements, so the block stays 256 and a leaf too
-  small for it gets the error that says so."""
-  if not fuse:
-    return []
-  shards = axes.num_workers(dense_axis, caller="tasc_compress (dense_axis)")
-  return [-(-sum(int(np.size(x)) for x in jax.tree.leaves(tree)) // shards)]
-
-
-def density_for_budget(num_elements: int, budget_bytes, *, block_size: int = 256):
-  """The density whose all-reduce operands fit ``budget_bytes`` per step.
-
-  TASC all-reduces ``K * block_size`` payload floats and ``num_blocks`` score floats per step
-  (f32), whichever the support; an all-reduce then moves ``2 (n-1)/n`` of that per worker.
-
-  Args:
-    num_elements: elements of the buffer (in hierarchical mode, one device's shard: the
-      gradient's size divided by the fast axis's size).
-    budget_bytes: bytes of all-reduce operands per step; a number or a traced scalar (so a byte
-      schedule ``step -> bytes`` composes into a density schedule).
-    block_size: elements per block.
-
-  Returns:
-    ``K / num_blocks`` with ``K`` the most blocks that fit (at least 1).
-  """
-  blocks = scores.num_blocks(num_elements, block_size)
-  rows = (budget_bytes / 4 - blocks) / block_size
-  if isinstance(rows, (int, float)):
-    if rows < 1:
-      raise ValueError(
-          f"density_for_budget: budget_bytes={budget_bytes} does not fit one block: the "
-          f"{blocks} block scores take {4 * blocks} bytes and each block {4 * block_size}; "
-          f"allowed: budget_bytes >= {4 * (blocks + block_size)}")
-    return min(int(rows), blocks) / blocks
-  return jnp.clip(jnp.floor(rows), 1, blocks) / blocks
+def _with_fields(settings: settings_lib.TascSettings | None,
+                 fields: dict[str, Any]) -> settings_lib.TascSettings:
+  """``settings`` (default: the defaults) with ``fields`` replaced; a clear error for a name
+  that is neither an argument of :func:`tasc_compress` nor a field of the settings."""
+  known = [f.name for f in dataclasses.fields(settings_lib.TascSettings)]
+  unknown = sorted(set(fields) - set(known))
+  if unknown:
+    raise TypeError(f"tasc_compress: got an unexpected argument {unknown[0]}={fields[unknown[0]]!r}"
+                    f"; allowed: axis_name, dense_axis, error_feedback, fuse, seed, schedule, "
+                    f"topology, report_sent and the fields of tasc.TascSettings {known}")
+  if settings is None:
+    return settings_lib.TascSettings(**fields)
+  if not isinstance(settings, settings_lib.TascSettings):
+    raise TypeError(f"tasc_compress: settings must be a tasc.TascSettings, got "
+                    f"{type(settings).__name__}: {settings!r}")
+  return dataclasses.replace(settings, **fields)
 
 
 def _resolve_density(density, axis_name: axes.AxisName,
                      dense_axis: axes.AxisName) -> tuple[Any, bool]:
-  """(density of the compressed exchange, whether the fast axis is sparse too)."""
-  if callable(density) or not isinstance(density, Mapping):
+  """(density of the compressed exchange, whether the fast axis is sparse too), from a checked
+  density."""
+  if not isinstance(density, Mapping):
     return density, False
   slow, fast = axes.as_tuple(axis_name), axes.as_tuple(dense_axis)
   unknown = [k for k in density if k not in slow + fast]
@@ -219,13 +163,11 @@ def _resolve_density(density, axis_name: axes.AxisName,
   if missing:
     raise ValueError(f"tasc_compress: density={dict(density)!r} gives no density for the "
                      f"compressed axis {missing[0]!r}; allowed keys: {list(slow + fast)}")
-  values = {k: checks.check_fraction(v, f"density[{k!r}]", "tasc_compress")
-            for k, v in density.items()}
-  rho = values[slow[0]]
-  if any(values[a] != rho for a in slow):
+  rho = density[slow[0]]
+  if any(density[a] != rho for a in slow):
     raise ValueError(f"tasc_compress: density={dict(density)!r} gives the axes of "
                      f"axis_name={axis_name!r} different densities; they form one exchange")
-  fast_values = {values.get(a, 1.0) for a in fast}
+  fast_values = {density.get(a, 1.0) for a in fast}
   if fast_values <= {1.0}:
     return rho, False
   if fast_values == {rho}:
@@ -260,40 +202,12 @@ def _check_curvature(curvature: PyTree, updates: PyTree, sensitivity: str) -> No
                       "it must be floating-point")
 
 
-@dataclasses.dataclass(frozen=True)
-class TascSettings:
-  """``method="tasc"``: :func:`tasc_compress`'s settings, and the curvature refresh: every
-  ``hessian_every`` steps (``sensitivity="hutchinson"``) a Hutchinson estimate of the Hessian
-  diagonal from ``num_probes`` probes of each worker's own batch."""
-  density: float = 0.01
-  block_size: int | None = None
-  sensitivity: str = "hutchinson"
-  score: str = "saliency"
-  support: str = "global"
-  wire_dtype: str = "float32"
-  curvature_decay: float = 0.9
-  eps: float = 0.1
-  min_blocks_per_leaf: int = 0
-  hessian_every: int = 100
-  num_probes: int = 4
-
-
-def _transformation(s: TascSettings, *, axis_name, error_feedback, fuse, seed, report_sent):
-  return tasc_compress(axis_name=axis_name, density=s.density, block_size=s.block_size,
-                       sensitivity=s.sensitivity, score=s.score, support=s.support,
-                       wire_dtype=s.wire_dtype,
-                       curvature_decay=s.curvature_decay, eps=s.eps,
-                       min_blocks_per_leaf=s.min_blocks_per_leaf, error_feedback=error_feedback,
-                       fuse=fuse, seed=seed, report_sent=report_sent)
-
-
-def _curvature_refresh(s: TascSettings) -> registry.StepInputs | None:
+def _curvature_refresh(s: settings_lib.TascSettings) -> registry.StepInputs | None:
   """Each worker's own Hutchinson estimate, from its batch: TASC sums the block scores over the
   workers anyway, so the refresh moves no bytes."""
+  s = settings_lib.checked(s)
   if s.sensitivity != "hutchinson":
     return None
-  checks.check_int(s.hessian_every, "hessian_every", 1, "tasc")
-  checks.check_int(s.num_probes, "num_probes", 1, "tasc")
 
   def make(loss_fn, params, batch, key, axis_name):
     return {"curvature": hessian.hutchinson_diagonal(loss_fn, params, key, s.num_probes, batch,
@@ -301,26 +215,28 @@ def _curvature_refresh(s: TascSettings) -> registry.StepInputs | None:
   return registry.StepInputs(every=s.hessian_every, make=make)
 
 
-def _cost(s: TascSettings, shapes, topology, schedule) -> topology_lib.Cost:
+def _cost(s: settings_lib.TascSettings, shapes, topology, schedule) -> topology_lib.Cost:
   """The scores' and the blocks' all-reduces (float16 global support: and the bound's), or,
-  with last step's support, one all-reduce carrying both."""
+  with last step's support, one all-reduce carrying both, for the fused buffer's plan (at least
+  one block: the equal-bytes search prices densities too small to send one)."""
+  s = settings_lib.checked(s)
   wire = wire_formats.FORMATS[s.wire_dtype]
-  size = registry.num_elements(shapes)
-  block = s.block_size or auto_block_size([size], s.density)
-  blocks = scores.num_blocks(size, block)
-  payload = max(1, round(s.density * blocks)) * block
+  leaf_sizes = [math.prod(shape) for shape in shapes] if s.min_blocks_per_leaf else None
+  plan = plan_lib.buffer_plan(s, registry.num_elements(shapes), leaf_sizes)
+  payload = max(1, plan.capacity) * plan.block_size
   reduce = lambda n, itemsize=wire.itemsize: topology_lib.all_reduce_cost(schedule, topology, n,
                                                                           itemsize)
   if s.support == "previous":
-    return reduce(payload + blocks + wire.bound_entries)
+    return reduce(payload + plan.num_blocks + wire.bound_entries)
   bound = [reduce(1, 4)] if wire.bound_entries else []
-  return topology_lib.total([reduce(blocks), *bound, reduce(payload)])
+  return topology_lib.total([reduce(plan.num_blocks), *bound, reduce(payload)])
 
 
 BUDGET_BLOCK_SIZES = tuple(2**i for i in range(4, 15))  # 16 .. 16384
 
 
-def _budget(s: TascSettings, shapes, cost, target: float) -> TascSettings | None:
+def _budget(s: settings_lib.TascSettings, shapes, cost,
+            target: float) -> settings_lib.TascSettings | None:
   """TASC's equal-bytes search (:mod:`compressors.equal_bytes`): the density for ``target`` bytes
   at the settings' block size; with ``block_size=None``, at the smallest block size of
   :data:`BUDGET_BLOCK_SIZES` whose scores (one number per block, all-reduced whatever the
@@ -351,5 +267,6 @@ def _budget(s: TascSettings, shapes, cost, target: float) -> TascSettings | None
 
 METHODS = (registry.Method(
     name="tasc", summary="TASC: Hessian-aware block scores, one block support shared by all "
-    "workers, the blocks all-reduced", settings=TascSettings, transformation=_transformation,
+    "workers, the blocks all-reduced", settings=settings_lib.TascSettings,
+    transformation=tasc_compress,
     step_inputs=_curvature_refresh, cost=_cost, budget=_budget),)

@@ -1,5 +1,6 @@
 """TASC against a numpy reference of its algorithm, and its behaviour on 8 simulated workers."""
 
+import dataclasses
 import functools
 import math
 import re
@@ -12,6 +13,9 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import compressors
+from compressors import equal_bytes
+from compressors import registry
+from compressors.network import topology as topology_lib
 import optimizers
 import tasc
 from tasc import _scores as scores
@@ -479,14 +483,20 @@ def test_one_pass_kernel_only_where_it_writes_in_place(leaves, axis, one_pass):
     assert not re.match(r"%(bitcast_)?copy", operand), calls
 
 
-def test_density_for_budget():
-  d, block = 25_600_000, 256
-  density = tasc.density_for_budget(d, 1_424_000, block_size=block)
-  assert round(density * d / block) == 1000  # 1000 blocks of 1 KiB + 100000 scores
-  traced = jax.jit(lambda b: tasc.density_for_budget(d, b, block_size=block))(1_424_000.0)
-  np.testing.assert_allclose(traced, density)
-  with pytest.raises(ValueError, match="budget_bytes=1000 .* allowed: budget_bytes >= 401024"):
-    tasc.density_for_budget(d, 1000, block_size=block)
+def test_cost_model_prices_the_scores_and_the_blocks_and_sets_the_density_for_a_budget():
+  """A 25.6M buffer in blocks of 256: 1000 blocks of 1 KiB and the 100000 scores are two
+  all-reduces of 1,424,000 bytes of operands, whatever the number of workers; the equal-bytes
+  search finds that density back from those bytes."""
+  shapes, block = [(25_600_000,)], 256
+  topology = equal_bytes.topology(8)
+  settings = tasc.TascSettings(density=1000 / 100_000, block_size=block)
+  reduce = lambda n: topology_lib.all_reduce_cost("psum", topology, n).bytes_sent
+  cost = lambda s: registry.cost("tasc", shapes, topology, s).bytes_sent
+  assert cost(settings) == reduce(100_000) + reduce(1000 * block)
+  assert reduce(1_424_000 // 4) == pytest.approx(reduce(100_000) + reduce(1000 * block))
+  fitted = equal_bytes.fit_field(dataclasses.replace(settings, density=0.5), "density", cost,
+                                 cost(settings))
+  assert round(fitted.density * 100_000) == 1000
 
 
 # ----------------------------------------------------------------------------- topology
