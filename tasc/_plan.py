@@ -29,8 +29,8 @@ class BufferPlan(NamedTuple):
     capacity: the payload's static number of rows: ``selected``, or more when the
       ``min_blocks_per_leaf`` guarantees need more.
     leaf_groups: ``int32[shards, num_blocks]``, the leaf each block of each shard is assigned
-      to (:func:`tasc._selection.leaf_groups`), read-only; None when the buffer is one leaf or
-      no block is guaranteed.
+      to (:func:`tasc._selection.leaf_groups`), read-only; None when no ``leaf_sizes`` were
+      given (the buffer is one leaf, or :func:`tasc.tasc_compress` guarantees no block).
   """
   block_size: int
   num_blocks: int

@@ -2,8 +2,8 @@
 
 :class:`TascSettings` is what :func:`tasc.tasc`, :func:`tasc.tasc_compress`, the method registry
 (``config.compression.tasc``), the cost model and the equal-bytes search all take: every setting
-of TASC is named here once. :func:`checked` is the only place that says what each field
-allows; the parts that run TASC read the fields and never check them again.
+of TASC is named here once, and :func:`checked` is the one place that says what each field
+allows. What the settings decide for a buffer (its blocks and capacity) is :mod:`tasc._plan`'s.
 """
 
 import dataclasses

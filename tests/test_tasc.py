@@ -18,6 +18,8 @@ from compressors import registry
 from compressors.network import topology as topology_lib
 import optimizers
 import tasc
+from tasc import _compressor as compressor_lib
+from tasc import _plan as plan_lib
 from tasc import _scores as scores
 from tasc import _selection as selection
 from tests import harness
@@ -560,6 +562,65 @@ def test_no_recompilation_and_composes_with_lamb():
     harness.assert_replicas_identical(mean)
     assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(mean))
   assert update.jitted[1]._cache_size() == 1
+
+
+# ----------------------------------------------------------------------------- settings
+
+
+def test_settings_passed_whole_or_as_keywords_give_the_same_steps():
+  """``tasc_compress(settings)``, its keywords, and keywords replacing a settings' fields build
+  the same transformation, and so does the registry's method."""
+  settings = tasc.TascSettings(density=0.25, block_size=8, sensitivity="none")
+  variants = [
+      tasc.tasc_compress(settings, axis_name="data"),
+      tasc.tasc_compress(axis_name="data", density=0.25, block_size=8, sensitivity="none"),
+      tasc.tasc_compress(dataclasses.replace(settings, density=0.5), axis_name="data",
+                         density=0.25),
+      registry.transformation("tasc", settings, axis_name="data"),
+  ]
+  g = harness.per_worker_grads(jax.random.PRNGKey(0), N, PARAMS)
+  means = []
+  for tx in variants:
+    state, update = _runner(tx, harness.mesh(), PARAMS)
+    means.append(update(PARAMS, state, g)[0])
+  for mean in means[1:]:
+    for got, want in zip(jax.tree.leaves(mean), jax.tree.leaves(means[0])):
+      np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("min_blocks_per_leaf,builds", [(0, 1), (1, 2)])
+def test_compressor_and_buffer_plan_are_made_once_not_per_trace(monkeypatch, min_blocks_per_leaf,
+                                                                builds):
+  """One compressor (a second for the leaf layout that ``min_blocks_per_leaf`` needs) and one
+  plan per buffer size, however often init and update are traced."""
+  made, planned = [], []
+  make, plan = compressor_lib.tasc, plan_lib.buffer_plan
+  monkeypatch.setattr(compressor_lib, "tasc", lambda *a, **k: made.append(1) or make(*a, **k))
+  monkeypatch.setattr(plan_lib, "buffer_plan",
+                      lambda s, size, *a: planned.append(size) or plan(s, size, *a))
+  tx = tasc.tasc_compress(axis_name=None, density=0.25, block_size=8, sensitivity="none",
+                          min_blocks_per_leaf=min_blocks_per_leaf)
+  state = tx.init(PARAMS)
+  for dtype in (jnp.float32, jnp.bfloat16):  # two traces of update
+    grads = jax.tree.map(lambda x: jnp.ones(x.shape, dtype), PARAMS)
+    jax.jit(tx.update)(grads, state, PARAMS)
+  assert (len(made), planned) == (builds, [D])
+
+
+def test_settings_checked_in_one_place_name_the_field():
+  with pytest.raises(TypeError, match=r"tasc_compress: got an unexpected argument densty=0.1; "
+                                      r"allowed: axis_name, .*TascSettings \['density', 'max_density'"):
+    tasc.tasc_compress(axis_name="data", densty=0.1)
+  with pytest.raises(TypeError, match=r"tasc_compress: settings must be a tasc.TascSettings, "
+                                      r"got dict"):
+    tasc.tasc_compress({"density": 0.1}, axis_name="data")
+  with pytest.raises(ValueError, match=r"tasc: density=\{'data': 0.1\} names mesh axes, which "
+                                       r"only tasc.tasc_compress resolves"):
+    tasc.tasc(tasc.TascSettings(density={"data": 0.1}))
+  with pytest.raises(ValueError, match=r"tasc: hessian_every=0 is below 1"):
+    registry.step_inputs("tasc", tasc.TascSettings(hessian_every=0))
+  with pytest.raises(ValueError, match=r"max_density=0.5 is only for a density schedule"):
+    tasc.tasc_compress(axis_name="data", density=0.1, max_density=0.5)
 
 
 # ----------------------------------------------------------------------------- bad input
