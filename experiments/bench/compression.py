@@ -257,6 +257,31 @@ def _goal(row: dict, goal: Goal) -> str:
   return "; ".join(parts)
 
 
+# What B1's columns mean and how TASC's passes bound its cost (every report's notes).
+NOTES = (
+    "floor: jitted residual + gradient over the same buffers (2 reads, 1 write), timed "
+    "in the same process, alternating with the method; both donate their inputs.",
+    "time: fastest of several alternated calls after a warm-up (wall clock); CPU time: "
+    "the same with process CPU time (steadier on a loaded machine).",
+    "compress (methods with error feedback): the same update with the decoded mean "
+    "unused, so that XLA drops the decode: a worker's work before the collective (error "
+    "feedback, encoding, the new residual and state). TASC's goal is on it.",
+    "methods as experiments.methods builds them (density 0.01, TASC blocks of 256 with "
+    "Hutchinson scores from the state's curvature EMA, PowerSGD rank 4 on a "
+    f"(d/{POWERSGD_COLUMNS}) x {POWERSGD_COLUMNS} matrix); topk with its default selection "
+    "(exact lax.top_k on CPU, a corrected sampled threshold on GPUs).",
+    "state B/param: the optax state per parameter (two-phase methods hold the owner's "
+    "memory for 1/n of the buffer; with one worker here that is a full buffer); temp "
+    "B/param: XLA's scratch memory for one update.",
+    "TASC makes two passes over the buffer, in place: the floor's own to compress "
+    "(gradient + residual, the block energies taken on the way by tasc._fused's CPU "
+    "kernel, as XLA's CPU backend cannot fuse a reduction into an elementwise pass), and "
+    "one write of the dense mean's zeros to decode. The floor is the least its "
+    "compression can cost; the floor + one write, its pass bound, the least with the "
+    "decode.",
+)
+
+
 def report(args) -> common.Report:
   """B1 as a :class:`experiments.bench.common.Report`."""
   sizes = [common.parse_size(s) for s in (args.sizes or DEFAULT_SIZES)]
@@ -268,6 +293,26 @@ def report(args) -> common.Report:
   for r in rows:
     if "ratio" not in r:
       r["ratio"] = common.not_measured(r)
+  return common.Report(
+      name="compression",
+      title="B1: compression cost (no collective) / memory-bandwidth floor"
+            + (f" on {on['device']}" if on else ""),
+      columns=[("size", "elements"), ("method", "method"),
+               ("ratio", "compress + decode / floor"), ("cpu_ratio", "CPU time / floor"),
+               ("seconds", "seconds"), ("vs_topk", "x cheaper than top-k"),
+               ("compress_ratio", "compress / floor"),
+               ("compress_vs_topk", "compress: x cheaper than top-k"),
+               ("state_bytes_per_param", "state B/param"),
+               ("temp_bytes_per_param", "temp B/param"), ("goal", "goal")],
+      rows=rows,
+      notes=[*NOTES, *measured_notes(rows, platform)],
+      settings={"sizes": sizes, "methods": list(methods), "repeats": args.repeats,
+                "timeout_s": args.timeout or TIMEOUT_S, "platform": platform, **on})
+
+
+def measured_notes(rows: Sequence[dict], platform: str) -> list[str]:
+  """What this measurement adds to the notes: TASC's pass bounds, which TASC pass ran, and where
+  each method's time goes at :data:`GOAL_SIZE`."""
   notes = []
   bounds = [f"{r['pass_bound_ratio']:.2f}x at {r['size']:,}" for r in rows
             if "pass_bound_ratio" in r]
@@ -286,42 +331,7 @@ def report(args) -> common.Report:
                       for p in r["profile"][:6])
       notes.append(f"where {r['method']}'s time goes at {GOAL_SIZE:,} (profile, per call, "
                    f"floor {r['floor_seconds'] * 1e3:.0f} ms): {ops}")
-  return common.Report(
-      name="compression",
-      title="B1: compression cost (no collective) / memory-bandwidth floor"
-            + (f" on {on['device']}" if on else ""),
-      columns=[("size", "elements"), ("method", "method"),
-               ("ratio", "compress + decode / floor"), ("cpu_ratio", "CPU time / floor"),
-               ("seconds", "seconds"), ("vs_topk", "x cheaper than top-k"),
-               ("compress_ratio", "compress / floor"),
-               ("compress_vs_topk", "compress: x cheaper than top-k"),
-               ("state_bytes_per_param", "state B/param"),
-               ("temp_bytes_per_param", "temp B/param"), ("goal", "goal")],
-      rows=rows,
-      notes=[
-          "floor: jitted residual + gradient over the same buffers (2 reads, 1 write), timed "
-          "in the same process, alternating with the method; both donate their inputs.",
-          "time: fastest of several alternated calls after a warm-up (wall clock); CPU time: "
-          "the same with process CPU time (steadier on a loaded machine).",
-          "compress (methods with error feedback): the same update with the decoded mean "
-          "unused, so that XLA drops the decode: a worker's work before the collective (error "
-          "feedback, encoding, the new residual and state). TASC's goal is on it.",
-          "methods as experiments.methods builds them (density 0.01, TASC blocks of 256 with "
-          "Hutchinson scores from the state's curvature EMA, PowerSGD rank 4 on a "
-          f"(d/{POWERSGD_COLUMNS}) x {POWERSGD_COLUMNS} matrix); topk with its default selection "
-          "(exact lax.top_k on CPU, a corrected sampled threshold on GPUs).",
-          "state B/param: the optax state per parameter (two-phase methods hold the owner's "
-          "memory for 1/n of the buffer; with one worker here that is a full buffer); temp "
-          "B/param: XLA's scratch memory for one update.",
-          "TASC makes two passes over the buffer, in place: the floor's own to compress "
-          "(gradient + residual, the block energies taken on the way by tasc.fused's CPU "
-          "kernel, as XLA's CPU backend cannot fuse a reduction into an elementwise pass), and "
-          "one write of the dense mean's zeros to decode. The floor is the least its "
-          "compression can cost; the floor + one write, its pass bound, the least with the "
-          "decode.",
-      ] + notes,
-      settings={"sizes": sizes, "methods": list(methods), "repeats": args.repeats,
-                "timeout_s": args.timeout or TIMEOUT_S, "platform": platform, **on})
+  return notes
 
 
 if __name__ == "__main__":

@@ -119,38 +119,10 @@ def measure(request: dict) -> dict:
   num_params = sum(x.size for x in jax.tree.leaves(params))
   placed = jax.device_put(per_worker, jax.sharding.NamedSharding(mesh, workers.spec))
 
-  def build(method):
-    tx = methods_lib.make_chain(common.method_config(method), 0.1, workers.axis_name)
-    opt_specs = workers.layout(compressors.state_specs(
-        tx, params, workers.equivalent_mesh(abstract=True), workers.axis_name))
-    opt_axes = compressors.parallel.workers.per_worker_axes(opt_specs)
-    specs = (P(), workers.spec, opt_specs)
-
-    def worker_step(params, model_state, opt_state, local_batch):
-      def loss_fn(p):
-        logits, new_model_state = (
-            model.apply({"params": p, **model_state}, *task.inputs(local_batch), train=True,
-                        mutable=list(model_state))
-            if model_state else (model.apply({"params": p}, *task.inputs(local_batch),
-                                             train=False), {}))
-        return tasks.mean_loss(task.outcomes(logits, local_batch))[0], new_model_state
-
-      grads, model_state = jax.grad(loss_fn, has_aux=True)(workers.own_copy(params))
-      updates, opt_state = tx.update(grads, opt_state, params)
-      return optax.apply_updates(params, updates), model_state, opt_state
-
-    each = workers.each(worker_step, (None, 0, opt_axes, 0), (None, 0, opt_axes))
-    step = jax.jit(jax.shard_map(lambda state, b: each(*state, b), mesh=mesh,
-                                 in_specs=(specs, workers.spec), out_specs=specs,
-                                 check_vma=per_device == 1), donate_argnums=0)
-    init = jax.jit(jax.shard_map(workers.each(tx.init, None, opt_axes), mesh=mesh,
-                                 in_specs=P(), out_specs=opt_specs, check_vma=per_device == 1))
-    fresh = jax.tree.map(jax.numpy.copy, params)  # each method's step donates its own copy
-    return step, (fresh, model_state, init(fresh))
-
   steps, states = {}, {}
   for method in request["methods"]:
-    steps[method], states[method] = build(method)
+    steps[method], states[method] = method_step(method, model, task, params, model_state,
+                                                workers, mesh, check_vma=per_device == 1)
 
   def prepare(method):
     def call():
@@ -165,6 +137,40 @@ def measure(request: dict) -> dict:
           "rows": [{"method": m, "seconds": t["wall"], "median_seconds": t["median_wall"],
                     "ratio": t["wall"] / dense["wall"], "cpu_ratio": t["cpu"] / dense["cpu"]}
                    for m, t in times.items()]}
+
+
+def method_step(method: str, model, task, params, model_state, workers, mesh, *,
+                check_vma: bool):
+  """``method``'s jitted training step on ``mesh`` (it donates its state) and a fresh state
+  for it: ``(step, (params, model_state, optimizer state))``; ``check_vma`` as
+  ``jax.shard_map``'s (only with one worker per device)."""
+  tx = methods_lib.make_chain(common.method_config(method), 0.1, workers.axis_name)
+  opt_specs = workers.layout(compressors.state_specs(
+      tx, params, workers.equivalent_mesh(abstract=True), workers.axis_name))
+  opt_axes = compressors.parallel.workers.per_worker_axes(opt_specs)
+  specs = (P(), workers.spec, opt_specs)
+
+  def worker_step(params, model_state, opt_state, local_batch):
+    def loss_fn(p):
+      logits, new_model_state = (
+          model.apply({"params": p, **model_state}, *task.inputs(local_batch), train=True,
+                      mutable=list(model_state))
+          if model_state else (model.apply({"params": p}, *task.inputs(local_batch),
+                                           train=False), {}))
+      return tasks.mean_loss(task.outcomes(logits, local_batch))[0], new_model_state
+
+    grads, model_state = jax.grad(loss_fn, has_aux=True)(workers.own_copy(params))
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), model_state, opt_state
+
+  each = workers.each(worker_step, (None, 0, opt_axes, 0), (None, 0, opt_axes))
+  step = jax.jit(jax.shard_map(lambda state, b: each(*state, b), mesh=mesh,
+                               in_specs=(specs, workers.spec), out_specs=specs,
+                               check_vma=check_vma), donate_argnums=0)
+  init = jax.jit(jax.shard_map(workers.each(tx.init, None, opt_axes), mesh=mesh,
+                               in_specs=P(), out_specs=opt_specs, check_vma=check_vma))
+  fresh = jax.tree.map(jax.numpy.copy, params)  # each method's step donates its own copy
+  return step, (fresh, model_state, init(fresh))
 
 
 def step_overhead(models: Sequence[str], methods: Sequence[str], *, repeats: int = 10,
