@@ -33,6 +33,8 @@ from compressors import registry
 from compressors._compress import CompressState
 from compressors._compress import compress
 from compressors.parallel.data_parallel import DataParallel
+from compressors.parallel.data_parallel import StepKind
+from compressors.parallel.data_parallel import TrainState
 from compressors.parallel.data_parallel import data_parallel
 from compressors._dense import cast
 from compressors._dense import dense
@@ -73,11 +75,11 @@ _PLANNER = ("Bucket", "Plan", "plan")
 __all__ = (
     "Aggregate", "AxisName", "Bucket", "CompressState", "Compressor", "Context", "DataParallel",
     "Link", "MomentumCorrectionState", "Plan", "ResidualAggregate", "SkipNonFiniteState",
-    "Topology", "WireBytes", "Workers", "add_device_axis", "all_reduce", "cast", "collective_cost",
-    "compress", "data_parallel", "dense", "dgc", "drop_device_axis", "efsignsgd",
-    "momentum_correction", "onebit", "plan", "powersgd", "qsgd", "randomk", "registry",
-    "replicas_agree", "signsgd", "skip_nonfinite", "state_specs", "terngrad", "threshold", "topk",
-    "uniform_subset", "wire_bytes",
+    "StepKind", "Topology", "TrainState", "WireBytes", "Workers", "add_device_axis",
+    "all_reduce", "cast", "collective_cost", "compress", "data_parallel", "dense", "dgc",
+    "drop_device_axis", "efsignsgd", "momentum_correction", "onebit", "plan", "powersgd",
+    "qsgd", "randomk", "registry", "replicas_agree", "signsgd", "skip_nonfinite", "state_specs",
+    "terngrad", "threshold", "topk", "uniform_subset", "wire_bytes",
 )
 
 

@@ -17,6 +17,7 @@ import dataclasses
 from collections.abc import Callable, Hashable
 from typing import Any, NamedTuple
 
+import chex
 import jax
 import jax.numpy as jnp
 import optax
@@ -25,7 +26,6 @@ from compressors.network import axes
 from compressors.network import collectives
 from compressors import protocol
 
-PyTree = Any
 # JAX 0.11's shard_map crashes on zero-element outputs beside others (seen with 0.11.2).
 _EMPTY_LEAVES_CRASH = jax.__version_info__[:2] == (0, 11)
 
@@ -46,9 +46,9 @@ class CompressState(NamedTuple):
   """
   count: jax.Array
   key: jax.Array
-  residual: PyTree
+  residual: chex.ArrayTree
   buffers: Any
-  sent: PyTree = ()
+  sent: chex.ArrayTree = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,8 +92,8 @@ def compress(compressor: protocol.Compressor, *, axis_name: axes.AxisName,
       :data:`compressors.network.collectives.SCHEDULES` (``"psum"``, XLA's all-reduce, by default;
       ``"ring"``, ``"butterfly"``, ``"rabenseifner"``, ``"hierarchical"`` over
       ``axis_name=(slow, fast)``); ``"auto"``, the fastest on ``topology`` by the alpha-beta
-      model for each payload's size; or a :class:`compressors.network.planner.Plan` with one choice per
-      buffer (one when fused, one per leaf otherwise), whose schedule each buffer's payload uses
+      model for each payload's size; or a :class:`compressors.network.planner.Plan` with one choice
+      per buffer (one when fused, one per leaf otherwise), whose schedule each buffer's payload uses
       (the density stays the compressor's: build the compressor from the plan's densities).
       Explicit schedules come out of ``ppermute``, which JAX types as varying: run them under
       ``shard_map(..., check_vma=False)``.
@@ -143,7 +143,7 @@ def _check_arguments(compressor, axis_name, dense_axis, seed, schedule, topology
   return _schedules(schedule, topology, axis_name)
 
 
-def _init(s: _Settings, params: PyTree) -> CompressState:
+def _init(s: _Settings, params: chex.ArrayTree) -> CompressState:
   paths, leaves, _ = _flatten(params)
   _check_leaves(paths, leaves, "params", s.fuse)
   num_workers = (axes.num_workers(s.axis_name, caller="compress") if axes.is_bound(s.axis_name)
@@ -180,7 +180,7 @@ class _Layout(NamedTuple):
       return [_fuse(leaves)]
     return [x.reshape(-1) for x in leaves]
 
-  def to_tree(self, buffers: list, like: list) -> PyTree:
+  def to_tree(self, buffers: list, like: list) -> chex.ArrayTree:
     """The pytree of ``buffers``, each leaf shaped and typed like the leaf of ``like``."""
     flat = _unfuse(buffers[0], [x.size for x in like]) if self.fuse else buffers
     return self.treedef.unflatten([b.reshape(x.shape).astype(x.dtype)
@@ -195,8 +195,8 @@ class _Exchanged(NamedTuple):
   support: jax.Array | None
 
 
-def _update(s: _Settings, updates: PyTree, state: CompressState,
-            extra_args: dict[str, Any]) -> tuple[PyTree, CompressState]:
+def _update(s: _Settings, updates: chex.ArrayTree, state: CompressState,
+            extra_args: dict[str, Any]) -> tuple[chex.ArrayTree, CompressState]:
   num_workers = axes.num_workers(s.axis_name, caller="compress")
   if s.topology is not None and s.topology.num_devices != num_workers:
     raise ValueError(f"compress: topology {s.topology.name!r} has {s.topology.num_devices} "
@@ -301,7 +301,8 @@ def _schedules(schedule: Any, topology: Any,
     for name in names:
       if name not in collectives.SCHEDULES:
         raise ValueError(f"compress: the plan chose {name!r}, which is not a schedule of "
-                         f"compressors.network.collectives.SCHEDULES ({tuple(collectives.SCHEDULES)})")
+                         "compressors.network.collectives.SCHEDULES "
+                         f"({tuple(collectives.SCHEDULES)})")
       collectives.SCHEDULES[name].check(num_axes, axis_name, "compress (the plan)")
 
     def from_plan(i, count):
@@ -341,7 +342,7 @@ def _common_dtype(buffers) -> jnp.dtype:
   return jnp.result_type(*[b.dtype for b in buffers]) if buffers else jnp.float32
 
 
-def _flatten(tree: PyTree) -> tuple[list[str], list, Any]:
+def _flatten(tree: chex.ArrayTree) -> tuple[list[str], list, Any]:
   paths_leaves, treedef = jax.tree_util.tree_flatten_with_path(tree)
   return ([jax.tree_util.keystr(p) for p, _ in paths_leaves],
           [jnp.asarray(x) for _, x in paths_leaves], treedef)
@@ -383,7 +384,7 @@ def _check_per_worker(paths: list[str], grads: list, names: tuple) -> None:
           f"grads = jax.grad(loss)(jax.lax.pcast(params, {names!r}, to='varying'), batch)")
 
 
-def _extra_leaves(name: str, tree: PyTree, treedef, grads: list) -> list:
+def _extra_leaves(name: str, tree: chex.ArrayTree, treedef, grads: list) -> list:
   """Flattens an extra argument like the gradients, checking structure and shapes."""
   try:
     leaves = treedef.flatten_up_to(tree)

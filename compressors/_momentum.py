@@ -29,13 +29,13 @@ import math
 import numbers
 from typing import Any, NamedTuple
 
+import chex
 import jax
 import jax.numpy as jnp
 import optax
 
 from compressors.network import axes
 
-PyTree = Any
 
 
 class MomentumCorrectionState(NamedTuple):
@@ -45,11 +45,11 @@ class MomentumCorrectionState(NamedTuple):
     velocity: per-worker velocity ``u``, shaped like the gradients.
     inner: the wrapped compression's state (a :class:`compressors.CompressState`).
   """
-  velocity: PyTree
+  velocity: chex.ArrayTree
   inner: Any
 
 
-def _sent(state: Any, where: str) -> PyTree:
+def _sent(state: Any, where: str) -> chex.ArrayTree:
   """The wrapped compression's report of the entries it sent (``CompressState.sent``)."""
   absent = lambda field: isinstance(getattr(state, field, ()), tuple) and not getattr(
       state, field, ())

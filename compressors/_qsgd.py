@@ -14,8 +14,8 @@ private key with ``r_i - l_i``.
 Codes on the wire: the signed level ``sign(v_i) level_i`` takes ``2 s + 1`` values. When they
 fit in 4 bits (``s <= 7``) they are offset by ``s`` and packed, 2 or 4 bits a code
 (:mod:`compressors.packing`: ``s = 1`` is 2 bits, ``s <= 7`` is 4 bits); otherwise they travel as
-``int8`` (``s <= 127``) or ``int16`` (``s <= 32767``, the largest ``levels`` allowed). Scales differ across workers,
-so payloads are not summable: two-phase compressed all-reduce by default (see
+``int8`` (``s <= 127``) or ``int16`` (``s <= 32767``, the largest ``levels`` allowed). Scales differ
+across workers, so payloads are not summable: two-phase compressed all-reduce by default (see
 :func:`compressors.packing.non_summable_exchange`).
 """
 

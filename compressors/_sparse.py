@@ -71,9 +71,10 @@ def sampled_top_k(magnitudes: jax.Array, density: float, sample_fraction: float,
   all (DGC, Lin et al. 2018, with GRACE's correction, Xu et al. 2021):
   ``(indices[capacity], count)``.
 
-  1. the threshold is the ``density``-quantile of a random sample of ``sample_fraction`` of the entries, and of at least ``2 / density`` of them (the
-     DGC authors' code takes as many: the quantile of a sample with fewer than two entries above
-     it is the sample's maximum, far too high on a small buffer);
+  1. the threshold is the ``density``-quantile of a random sample of ``sample_fraction`` of the
+     entries, and of at least ``2 / density`` of them (the DGC authors' code takes as many: the
+     quantile of a sample with fewer than two entries above it is the sample's maximum, far too high
+     on a small buffer);
   2. it is corrected up to 10 times, scaled by 1.3 while more than ``2 capacity`` entries pass it
      or by 0.7 while fewer than ``capacity`` do (:func:`corrected_threshold`; when that ends with
      too few, the highest threshold seen that enough passed);

@@ -60,6 +60,7 @@ sender's private key).
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+import chex
 import jax
 import jax.numpy as jnp
 
@@ -67,7 +68,6 @@ from compressors.network import axes
 from compressors.network import collectives
 from compressors.network import topology as topology_lib
 
-PyTree = Any
 EXCHANGES = ("psum", "all_gather", "two_phase")
 
 
@@ -87,8 +87,8 @@ class Context(NamedTuple):
     extras: named extra arguments the compressor asked for (``Compressor.extra_args``), each
       flattened into the buffer's layout (e.g. ``"curvature"`` as ``f32[d]``).
     schedule: how :meth:`all_reduce` sums: ``"psum"``, a schedule of
-      :data:`compressors.network.collectives.SCHEDULES`, or ``"auto"`` (the fastest on ``topology`` by
-      the cost model, chosen per payload size at trace time).
+      :data:`compressors.network.collectives.SCHEDULES`, or ``"auto"`` (the fastest on ``topology``
+      by the cost model, chosen per payload size at trace time).
     topology: the :class:`compressors.network.topology.Topology` ``"auto"`` plans for, else None.
     owns_buffers: whether the gradient and residual buffers may be overwritten in place at no
       cost: True when the step made them (several leaves concatenated into one buffer) or when
@@ -154,13 +154,13 @@ class Aggregate(NamedTuple):
   """
   mean: jax.Array
   sent: jax.Array
-  state: PyTree
+  state: chex.ArrayTree
   support: jax.Array | None = None
 
 
 class BufferState(NamedTuple):
   """Per-buffer state: the compressor's own and, for two-phase exchange, the owner's memory."""
-  compressor: PyTree
+  compressor: chex.ArrayTree
   owner_residual: jax.Array | None
 
 
@@ -196,12 +196,12 @@ class Compressor(NamedTuple):
       payload carries every entry.
   """
   name: str
-  encode: Callable[..., tuple[PyTree, PyTree]] | None
+  encode: Callable[..., tuple[chex.ArrayTree, chex.ArrayTree]] | None
   decode: Callable[..., jax.Array] | None
   exchange: str = "psum"
-  init: Callable[[jax.Array], PyTree] = _no_state
-  init_leaf: Callable[..., PyTree] | None = None
-  precondition: Callable[..., tuple[jax.Array, PyTree]] | None = None
+  init: Callable[[jax.Array], chex.ArrayTree] = _no_state
+  init_leaf: Callable[..., chex.ArrayTree] | None = None
+  precondition: Callable[..., tuple[jax.Array, chex.ArrayTree]] | None = None
   decode_gathered: Callable[..., jax.Array] | None = None
   aggregate: Callable[..., Aggregate] | None = None
   extra_args: tuple[str, ...] = ()
@@ -293,13 +293,13 @@ def exchange(compressor: Compressor, x: jax.Array, state: BufferState, ctx: Cont
                    f"of {EXCHANGES}")
 
 
-def _decode_gathered(compressor: Compressor, gathered: PyTree, ctx: Context) -> jax.Array:
+def _decode_gathered(compressor: Compressor, gathered: chex.ArrayTree, ctx: Context) -> jax.Array:
   if compressor.decode_gathered is not None:
     return compressor.decode_gathered(gathered, ctx)
   return sum_decoded(lambda p: compressor.decode(p, ctx), gathered, ctx.num_workers)
 
 
-def sum_decoded(decode_one: Callable[[PyTree], jax.Array], payloads: PyTree,
+def sum_decoded(decode_one: Callable[[chex.ArrayTree], jax.Array], payloads: chex.ArrayTree,
                 count: int) -> jax.Array:
   """Sums ``decode_one(payloads[i])`` for ``i = 0 .. count-1`` in that order.
 

@@ -16,9 +16,8 @@ Variants: ``base`` (BERT-base, 110M parameters, vocabulary 30,522, batch 4096, l
 steps, the length of the LAMB paper's first phase at batch 64K), ``tiny`` (2 layers, 128 hidden,
 2 heads, vocabulary 8,000, batch 256, lr 2e-3, 2,000 steps).
 Expected: BERT-base's masked-LM accuracy reaches about 70% on Wikipedia + books after full
-pre-training; runtime: days on a GPU pod. The tiny model on pydoc text ran at about 42 sequences
-per second on 2 (busy) CPU cores with 8 simulated devices, so its 2,000 steps of 256 sequences
-take hours there (minutes on a GPU); 60 steps of 64 sequences reached 24% masked-token accuracy.
+pre-training (published); runtime: days on a GPU pod, and hours on a CPU for the tiny model's
+2,000 steps of 256 sequences (minutes on a GPU).
 Arguments: ``base|tiny``, ``method=<name>``, ``pydoc=true``, ``smoke``.
 """
 

@@ -28,10 +28,9 @@ Tiers (every one on 8 devices; simulated on CPU):
   ``config.model.compute_dtype``; ``dtype=float32`` turns it off).
 * ``smoke``: 2 steps of a 1-layer, 16-wide model, for tests.
 
-Expected: validation loss (nats per token, and ``test_bits_per_byte``) in ``results.json``;
-dense ``tiny`` reaches about 3.0 nats per token (about 1.4 bits per byte) after its 1,000 steps.
-Runtime: ``tiny`` about 0.9 s a step on 2 CPU cores with 8 simulated devices (15 min a run),
-``base`` about 0.1 s a step on one H100 (estimated, not run here).
+Expected: validation loss (nats per token, and ``test_bits_per_byte``) in ``results.json``; the
+language-model tables (``paper_figures/t1_lm.md``) record what the tiers reached. Runtime: minutes
+a run for ``tiny`` on 2 CPU cores, the tables record how long on which machine.
 
 Arguments (``key=value`` joined by commas): the tier (``tiny``/``small``/``base``/``smoke``),
 ``method`` (see ``configs/common.py``), ``steps`` (0: the tier's), ``lr`` (0: the tier's),

@@ -1,7 +1,8 @@
 """Config -> the optax chain a run trains with: the method's exchange, then the optimizer.
 
-The chain is ``optax.chain(communication, optimizer)``, which the runner wraps in
-``compressors.skip_nonfinite`` (:func:`training_chain`). The communication transformation runs
+The chain is ``optax.chain(communication, optimizer)`` (:func:`make_chain`), which the runner's
+step (``compressors.data_parallel``) wraps in ``compressors.skip_nonfinite`` when
+``config.skip_nonfinite``. The communication transformation runs
 per worker inside ``shard_map`` over the data axis and is the only place where gradients cross
 devices: ``config.method`` names a method of :mod:`compressors.registry` (``dense`` is a plain
 all-reduce through the same wrapper, so every method's bytes are measured the same way), built
@@ -19,7 +20,6 @@ import jax
 import jax.numpy as jnp
 import optax
 
-import compressors
 from compressors import equal_bytes
 from compressors import registry
 from experiments import models
@@ -129,6 +129,8 @@ def fill_equal_bytes(config) -> None:
   trains, and its ``config.json`` records, the solved settings. What runs a config calls this
   before training (a config is data: it records the request, and only experiments trace the
   model to solve it)."""
+  if config.get("equal_bytes") is None:  # nothing to solve (and no method to look up yet)
+    return
   solved, solution = equal_bytes_settings(config)
   if solution is not None:
     config.compression[config.method].update(dataclasses.asdict(solved))
@@ -212,14 +214,3 @@ def make_chain(config, learning_rate: optax.ScalarOrSchedule,
   """``optax.chain(communication(config), optimizer(config))``: run its ``update`` per worker
   inside ``shard_map`` over ``axis_name``; its output is identical on every worker."""
   return optax.chain(communication(config, axis_name), optimizer(config, learning_rate))
-
-
-def training_chain(config, learning_rate: optax.ScalarOrSchedule,
-                   axis_name: str = AXIS_NAME) -> optax.GradientTransformationExtraArgs:
-  """What the runner trains with: :func:`make_chain`, wrapped in ``compressors.skip_nonfinite``
-  when ``config.skip_nonfinite`` (a step whose gradient is not finite on any worker is skipped on
-  every worker, leaving residuals, moments and curvature as they were)."""
-  chain = make_chain(config, learning_rate, axis_name)
-  if not config.skip_nonfinite:
-    return chain
-  return compressors.skip_nonfinite(chain, axis_name=axis_name)

@@ -2,12 +2,13 @@
 
 Data parallelism over a 1-D ``Mesh`` named ``"data"`` that spans every device of every process,
 with ``config.workers_per_device`` workers on each device (1: a worker is a device; more:
-simulated workers, :mod:`compressors.parallel.workers`, on the axis ``"worker"``, so that one accelerator
-studies many workers). The training step is a ``jax.shard_map`` over that mesh: each worker
-computes the gradient of its own batch, and the configured optax chain
+simulated workers, :mod:`compressors.parallel.workers`, on the axis ``"worker"``, so that one
+accelerator studies many workers). The training step is :func:`compressors.data_parallel`'s: each
+worker computes the gradient of its own batch, and the configured optax chain
 (:mod:`experiments.methods`) does all the communication: its first transformation compresses,
 exchanges and averages the gradients, identically on every worker, and the optimizer that follows
-applies the same update everywhere. No gradient is summed outside the chain.
+applies the same update everywhere. No gradient is summed outside the chain. This module keeps
+the loop, the data, the logs, the checkpoints and the evaluation.
 
 When the config asks for more devices than an accelerator platform has, the runner says so in
 one line and simulates the rest: ``num_devices=8`` on one GPU trains 8 workers as 8 simulated
@@ -28,21 +29,21 @@ What lives where (``TrainState``):
 The layout is the same with simulated workers as with one worker per device, so a checkpoint
 holds the same arrays either way.
 
-Per-step inputs: a method whose update takes inputs on some steps declares them in the registry
+Step kinds: a method whose update takes inputs on some steps declares them in the registry
 (``compressors.registry.StepInputs``: every how many steps, and how to make them from the
-worker's loss, parameters and batch; TASC's is a Hutchinson estimate of the Hessian diagonal).
-On those steps the step makes them and passes them to the chain's update as keyword arguments;
-such steps are a second compiled variant of the step. The trainer names no method.
+worker's loss, parameters and batch; TASC's is a Hutchinson estimate of the Hessian diagonal);
+:func:`compressors.data_parallel` makes them a second kind of step (``"with_inputs"``), compiled
+once, and the loop runs the kind each step is due (``DataParallel.kind_at``). The trainer names
+no method.
 
-Bytes on the wire are read from the compiled steps with ``compressors.wire_bytes``; the dense
-baseline is the same step with ``method="dense"``, compiled but never run. With simulated
-workers both come from the program of one worker per device
-(``compressors.Workers.equivalent_mesh``: compiled for as many devices, never run), the bytes one
-worker would send. With per-step inputs
-every ``h`` steps, ``wire_bytes`` is the average per step over ``h`` steps, whatever the variant
-with inputs moves included. The reliability checks below move a few bytes more, reported
-apart as ``guard_bytes`` (also read from compiled programs) so that ``wire_bytes`` and
-``compression_ratio`` describe the gradient exchange alone.
+Bytes on the wire are read from each kind's compiled step (``DataParallel.wire_bytes``); the
+dense baseline is the same step with ``method="dense"``, compiled but never run. With simulated
+workers both come from the program of one worker per device (compiled for as many devices, never
+run), the bytes one worker would send. ``wire_bytes`` is the mean over the steps run, each step
+charged its kind's bytes (``bytes_by_kind``; ``total_bytes`` in the logs, their sum). The
+reliability checks move a few bytes more, reported apart as ``guard_bytes`` (also read from
+compiled programs) so that ``wire_bytes`` and ``compression_ratio`` describe the gradient exchange
+alone.
 
 Failures (see README, "Failure behaviour"):
 
@@ -69,7 +70,6 @@ Failures (see README, "Failure behaviour"):
 """
 
 import contextlib
-import functools
 import json
 import os
 import queue
@@ -79,7 +79,6 @@ from typing import Any, NamedTuple
 
 from absl import logging
 import jax
-from jax import lax
 from jax.experimental import multihost_utils
 import jax.numpy as jnp
 from jax.sharding import Mesh
@@ -106,19 +105,14 @@ from experiments import validation
 AXIS = methods.AXIS_NAME
 WORKER_AXIS = "worker"  # the simulated workers' axis (vmap), inside each device
 RESULTS_FILE = "results.json"
-PyTree = Any
 
 
 class ReplicaDriftError(RuntimeError):
   """The devices' copies of the parameters are no longer bit-identical."""
 
 
-class TrainState(NamedTuple):
-  """The whole state of a run (see the module docstring for what is per device)."""
-  step: jax.Array
-  params: PyTree
-  model_state: PyTree
-  opt_state: PyTree
+# The whole state of a run (see the module docstring for what is per device); checkpoints hold it.
+TrainState = compressors.TrainState
 
 
 _FAST_COMPILE = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
@@ -212,133 +206,53 @@ def _variables_initializer(model, task, example_batch, num_workers):
   return init_variables
 
 
-class _Program(NamedTuple):
-  """The jitted functions of one run (compiled on first use)."""
-  specs: TrainState
-  init_opt_state: Any
-  train_steps: dict[bool, Any]  # with the method's per-step inputs -> step
-  evaluate: Any
-  replicas_agree: Any  # params -> bool, the same on every device
+def _training_loss(model, task):
+  """One worker's loss in :func:`compressors.data_parallel`'s form with a model state:
+  ``(params, batch, model_state, rng) -> (loss, (accuracy, new model state))``."""
+  def loss_fn(params, batch, model_state, rng):
+    outcomes, new_model_state = _forward(model, task, {"params": params, **model_state}, batch,
+                                         train=True, rng=rng)
+    loss, accuracy = tasks.mean_loss(outcomes)
+    return loss, (accuracy, new_model_state)
+  return loss_fn
 
 
-def _build_program(model, task, tx, learning_rate, workers, config, example,
-                   step_inputs) -> _Program:
-  """Jitted ``shard_map`` functions for optimizer-state init, the training step(s) and eval.
-
-  ``workers`` is a ``compressors.Workers``; ``example`` is a :class:`TrainState` and a global
-  batch, abstract (their shapes and dtypes).
-  """
-  mesh, axis = workers.mesh, workers.axis_name
-  dropout_key, inputs_key = jax.random.split(jax.random.PRNGKey(config.seed))
-
-  def loss_of(model_state, rng):
-    """One worker's loss on its batch, its accuracy and new batch statistics as aux."""
-    def loss_fn(params, local_batch):
-      outcomes, new_model_state = _forward(model, task, {"params": params, **model_state},
-                                           local_batch, train=True, rng=rng)
-      loss, accuracy = tasks.mean_loss(outcomes)
-      return loss, (accuracy, new_model_state)
-    return loss_fn
-
-  def make_inputs(params, batch, model_state, step):
-    """The method's per-step inputs (``make`` with this worker's loss and batch)."""
-    loss_fn = loss_of(model_state, jax.random.fold_in(dropout_key, step))
-    return step_inputs.make(lambda p, b: loss_fn(p, b)[0], workers.own_copy(params), batch,
-                            jax.random.fold_in(inputs_key, step), axis)
-
-  specs = TrainState(step=P(), params=P(), model_state=workers.spec,
-                     opt_state=workers.layout(_opt_state_specs(tx, workers, example, make_inputs,
-                                                               step_inputs is not None)))
-  opt_axes = compressors.parallel.workers.per_worker_axes(specs.opt_state)
-  # Simulated workers are untyped: shard_map's replication types know only mesh axes.
-  shard_map = functools.partial(jax.shard_map, mesh=mesh, check_vma=workers.per_device == 1)
-
-  def worker_step(step, params, model_state, opt_state, batch, with_inputs):
-    old_model_state = model_state
-    rng = jax.random.fold_in(jax.random.fold_in(dropout_key, step),
-                             compressors.network.axes.worker_index(axis))
-    loss_fn = loss_of(model_state, rng)
-    # Differentiate with respect to the worker's own copy of the replicated parameters: the
-    # gradient of an unvarying input would be summed over devices by shard_map's autodiff, a
-    # dense all-reduce before the chain could compress anything.
-    (loss, (accuracy, model_state)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-        workers.own_copy(params), batch)
-    extra_args = make_inputs(params, batch, model_state, step) if with_inputs else {}
-    updates, opt_state = tx.update(grads, opt_state, params, **extra_args)
-    params = optax.apply_updates(params, updates)
-    metrics = {"loss": loss, "accuracy": accuracy,
-               "learning_rate": jnp.asarray(learning_rate(step), jnp.float32)}
-    if config.skip_nonfinite:
-      # A skipped step keeps the batch statistics too: a non-finite batch would otherwise poison
-      # this worker's normalisation for every later step.
-      model_state = jax.tree.map(lambda old, new: jnp.where(opt_state.last_skipped, old, new),
-                                 old_model_state, model_state)
-      metrics["skipped_steps"] = opt_state.skipped
-    return params, model_state, opt_state, metrics
-
-  def per_device_step(state, batch, with_inputs):
-    each = workers.each(functools.partial(worker_step, with_inputs=with_inputs),
-                        (None, None, 0, opt_axes, 0), (None, 0, opt_axes, 0))
-    params, model_state, opt_state, metrics = each(state.step, state.params, state.model_state,
-                                                   state.opt_state, batch)
-    return TrainState(state.step + 1, params, model_state, opt_state), metrics
-
-  def train_step(with_inputs):
-    return jax.jit(shard_map(
-        functools.partial(per_device_step, with_inputs=with_inputs),
-        in_specs=(specs, workers.spec), out_specs=(specs, workers.spec)), donate_argnums=0)
-
-  def worker_eval(params, model_state, batch):
-    model_state = jax.tree.map(lambda x: lax.pmean(x, axis), model_state)
+def _evaluation_sums(model, task):
+  """One worker's ``[loss sum, correct sum, weight sum]`` on its evaluation batch (padding rows
+  weigh nothing), for :meth:`compressors.DataParallel.reduce`."""
+  def sums(params, model_state, batch):
     outcomes, _ = _forward(model, task, {"params": params, **model_state}, batch, train=False,
                            rng=None)
     mask = batch["mask"].reshape(batch["mask"].shape + (1,) * (outcomes.weight.ndim - 1))
     weight = outcomes.weight * mask
-    sums = jnp.stack([(outcomes.loss * weight).sum(), (outcomes.correct * weight).sum(),
+    return jnp.stack([(outcomes.loss * weight).sum(), (outcomes.correct * weight).sum(),
                       weight.sum()])
-    return lax.psum(sums, axis)
-
-  init_opt_state = jax.jit(shard_map(workers.each(tx.init, None, opt_axes), in_specs=P(),
-                                     out_specs=specs.opt_state))
-  evaluate = jax.jit(shard_map(workers.each(worker_eval, (None, 0, 0), None),
-                               in_specs=(P(), workers.spec, workers.spec), out_specs=P()))
-  replicas_agree = jax.jit(jax.shard_map(
-      lambda params: compressors.replicas_agree(params, workers.device_axes), mesh=mesh,
-      in_specs=P(), out_specs=P()))
-  every = step_inputs.every if step_inputs else 0
-  variants = {0: (False,), 1: (True,)}.get(every, (False, True))
-  return _Program(specs, init_opt_state, {v: train_step(v) for v in variants},
-                  evaluate, replicas_agree)
+  return sums
 
 
-def _opt_state_specs(tx, workers, example, make_inputs, with_inputs: bool) -> PyTree:
-  """``compressors.state_specs`` of the chain, traced on the mesh of one worker per device (the
-  layout is the same with simulated workers), with what the per-step inputs make per worker."""
-  mesh, axis = workers.equivalent_mesh(abstract=True), workers.axis_name
-  example_state, example_batch = jax.tree.map(
-      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), example)
-  extra_shapes = {}
-  if with_inputs:
-    one_each = compressors.Workers(mesh, axis)
-    stacked = jax.eval_shape(jax.shard_map(
-        one_each.each(lambda params, model_state, step, batch: make_inputs(
-            params, batch, model_state, step), (None, 0, None, 0), 0),
-        mesh=mesh, in_specs=(P(), P(axis), P(), P(axis)), out_specs=P(axis), check_vma=False),
-        example_state.params, example_state.model_state, example_state.step, example_batch)
-    extra_shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), stacked)
-  return compressors.state_specs(tx, example_state.params, mesh, axis, **extra_shapes)
+def _data_parallel(config, model, task, tx, workers, example: TrainState,
+                   batch) -> compressors.DataParallel:
+  """The run's data-parallel step (:func:`compressors.data_parallel`) of ``tx`` on ``workers``,
+  with the method's step kinds; ``example`` and ``batch`` are abstract (shapes, dtypes), the
+  batch's rows of every worker one after the other."""
+  return compressors.data_parallel(
+      _training_loss(model, task), tx, workers.mesh, example.params, batch,
+      axis_name=workers.axis_name, workers_per_device=workers.per_device,
+      step_inputs=methods.step_inputs(config), model_state=example.model_state,
+      rng=jax.random.PRNGKey(config.seed), skip_nonfinite=config.skip_nonfinite)
 
 
-def _init_state(init_variables, program, workers, seed) -> TrainState:
-  replicated = NamedSharding(workers.mesh, P())
+def _init_state(init_variables, dp: compressors.DataParallel, seed) -> TrainState:
+  layout = dp.workers
+  replicated = NamedSharding(layout.mesh, P())
   # Initialisation runs once: compile it without LLVM's expensive passes (threefry random bits
   # otherwise take tens of seconds to compile on CPU for a ResNet).
   init = jax.jit(init_variables, out_shardings=(
-      replicated, NamedSharding(workers.mesh, workers.spec))).lower(seed).compile(
+      replicated, NamedSharding(layout.mesh, layout.spec))).lower(seed).compile(
           compiler_options=_FAST_COMPILE)
   params, model_state = init(seed)
   step = jax.device_put(jnp.zeros((), jnp.int32), replicated)
-  return TrainState(step, params, model_state, program.init_opt_state(params))
+  return TrainState(step, params, model_state, dp.init(params))
 
 
 def _local_devices(mesh: Mesh) -> list[jax.Device]:
@@ -356,14 +270,16 @@ def _local_shards(workers) -> data.ShardSpec:
 
 
 def _to_global(local: dict[str, np.ndarray], workers) -> dict[str, jax.Array]:
-  """Host rows ``[local_workers, batch, ...]`` -> global arrays ``[workers, batch, ...]``."""
+  """Host rows ``[local_workers, batch, ...]`` -> global arrays ``[workers * batch, ...]``, each
+  worker's rows after the previous worker's (as :func:`compressors.data_parallel` splits them)."""
   sharding = NamedSharding(workers.mesh, workers.spec)
   devices, rows = _local_devices(workers.mesh), workers.per_device
 
   def put(x):
-    shards = [jax.device_put(x[i * rows:(i + 1) * rows], d) for i, d in enumerate(devices)]
-    return jax.make_array_from_single_device_arrays((workers.count,) + x.shape[1:], sharding,
-                                                    shards)
+    flat = lambda y: y.reshape((-1,) + y.shape[2:])
+    shards = [jax.device_put(flat(x[i * rows:(i + 1) * rows]), d) for i, d in enumerate(devices)]
+    return jax.make_array_from_single_device_arrays(
+        (workers.count * x.shape[1],) + x.shape[2:], sharding, shards)
   return {k: put(v) for k, v in local.items()}
 
 
@@ -386,97 +302,65 @@ def _prefetch(make, steps, depth=2):
     yield item
 
 
-def _abstract(tree: PyTree, mesh: Mesh, specs: PyTree) -> PyTree:
-  """Shape and dtype of ``tree``'s arrays, sharded on ``mesh`` by ``specs`` (one spec, or a tree
-  of them)."""
-  specs = jax.tree.broadcast(specs, tree, is_leaf=lambda s: isinstance(s, P))
-  return jax.tree.map(lambda x, spec: jax.ShapeDtypeStruct(
-      x.shape, x.dtype, sharding=NamedSharding(mesh, spec)), tree, specs,
-      is_leaf=lambda s: isinstance(s, P))
-
-
 _dense_bytes_cache: dict[str, float] = {}
 
 
-def _dense_bytes(config, model, task, workers, learning_rate, state, batch) -> float:
-  """Bytes per worker of the same step with ``method="dense"`` (compiled for ``workers``, one
-  per device, never run; remembered per process for runs that differ only in the method, as a
-  sweep's do). ``state`` and ``batch`` are abstract."""
-  key = json.dumps([workers.count, {k: v for k, v in config.to_dict().items()
-                                if k not in ("method", "compression")}], sort_keys=True,
-                    default=str)
+def _dense_bytes(config, model, task, learning_rate, workers, example, batch) -> float:
+  """Bytes per worker of the same step with ``method="dense"`` (compiled, never run; remembered
+  per process for runs that differ only in the method, as a sweep's do)."""
+  key = json.dumps([workers.count, workers.per_device,
+                    {k: v for k, v in config.to_dict().items()
+                     if k not in ("method", "compression")}], sort_keys=True, default=str)
   if key not in _dense_bytes_cache:
     dense_config = ml_collections.ConfigDict(config.to_dict())
     dense_config.method = "dense"
     # Momentum correction needs error feedback, which dense lacks.
     dense_config.compression.momentum_correction = 0.0
     dense_config.compression.clip_norm = None
-    dense_tx = methods.training_chain(dense_config, learning_rate, workers.axis_name)
-    program = _build_program(model, task, dense_tx, learning_rate, workers, dense_config,
-                             (state, batch), step_inputs=None)
-    opt_state = jax.eval_shape(program.init_opt_state, state.params)
-    dense_state = state._replace(opt_state=_abstract(opt_state, workers.mesh,
-                                                     program.specs.opt_state))
-    _dense_bytes_cache[key] = compressors.wire_bytes(program.train_steps[False], dense_state,
-                                                     batch).total
+    dense_tx = methods.make_chain(dense_config, learning_rate, workers.axis_name)
+    dense = _data_parallel(dense_config, model, task, dense_tx, workers, example, batch)
+    opt_state = jax.eval_shape(dense.init, example.params)
+    _dense_bytes_cache[key] = dense.wire_bytes(example.params, opt_state, batch,
+                                               model_state=example.model_state).total
   return _dense_bytes_cache[key]
 
 
-def _guard_bytes(config, program, workers, params) -> tuple[float, float]:
-  """Bytes per worker per step of the reliability checks: ``(in_step, replica_check)``, read
-  from programs compiled for ``workers`` (one per device).
-
-  ``in_step``: the all-reduce of ``compressors.skip_nonfinite``'s flag, part of every training
-  step (compiled alone: it does not depend on the gradient). ``replica_check``: the replica
-  check's, spread over ``config.check_replicas_every`` steps.
-  """
-  in_step = replica_check = 0.0
-  if config.skip_nonfinite:
-    guard = compressors.skip_nonfinite(optax.identity(), axis_name=workers.axis_name)
-    flag_only = jax.shard_map(lambda g: guard.update(g[0], guard.init(g[0]))[1].skipped[None],
-                              mesh=workers.mesh, in_specs=workers.spec, out_specs=workers.spec)
-    in_step = compressors.wire_bytes(flag_only,
-                                     jax.ShapeDtypeStruct((workers.count,), jnp.float32)).total
-  if config.check_replicas_every:
-    replica_check = (compressors.wire_bytes(program.replicas_agree, params).total
-                     / config.check_replicas_every)
-  return in_step, replica_check
-
-
-def _communication(config, model, task, tx, learning_rate, workers, program, example,
-                   step_inputs, state) -> dict[str, Any]:
-  """Bytes per worker per step, read from compiled programs: ``wire_bytes`` (the gradient
-  exchange, averaged over the steps with and without per-step inputs), ``dense_bytes`` (the same
-  step with ``method="dense"``), ``compression_ratio`` (None with one worker: no bytes travel),
-  ``guard_bytes`` (the reliability checks). With simulated workers, from the programs of one
-  worker per device (compiled for as many devices, never run)."""
-  one_each = workers
-  if workers.per_device > 1:
-    one_each = compressors.Workers.on(workers.equivalent_mesh(), workers.axis_name)
-    program = _build_program(model, task, tx, learning_rate, one_each, config, example,
-                             step_inputs)
-  state = TrainState(_abstract(state.step, one_each.mesh, P()),
-                     _abstract(state.params, one_each.mesh, P()),
-                     _abstract(state.model_state, one_each.mesh, one_each.spec),
-                     _abstract(state.opt_state, one_each.mesh, program.specs.opt_state))
-  batch = _abstract(example[1], one_each.mesh, one_each.spec)
-  step_bytes = {r: compressors.wire_bytes(fn, state, batch).total
-                for r, fn in program.train_steps.items()}
-  every = step_inputs.every if step_inputs else 1
-  wire = (step_bytes.get(False, 0.0) * (every - 1)
-          + step_bytes.get(True, step_bytes.get(False))) / every
-  dense = (step_bytes[False] if config.method == "dense" else
-           _dense_bytes(config, model, task, one_each, learning_rate, state, batch))
-  in_step_guard, replica_check = _guard_bytes(config, program, one_each, state.params)
-  wire, dense = wire - in_step_guard, dense - in_step_guard
+def _communication(config, model, task, learning_rate, dp, example: TrainState, batch,
+                   steps: int) -> dict[str, Any]:
+  """Bytes per worker per step, read from compiled programs (one worker per device): the
+  gradient exchange of each step kind (``bytes_by_kind``), their mean over the run's ``steps``
+  (``wire_bytes``: each step charged its kind's), the same step with ``method="dense"``
+  (``dense_bytes``), ``compression_ratio`` (None with one worker: no bytes travel) and
+  ``guard_bytes`` (the reliability checks: the non-finite skip's flag, part of every step and
+  taken out of the others, and the replica check, spread over its interval)."""
+  in_step_guard, replica_check = (dp.guard_bytes(example.params) if config.skip_nonfinite or
+                                  config.check_replicas_every else (0.0, 0.0))
+  in_step_guard = in_step_guard if config.skip_nonfinite else 0.0
+  by_kind = {kind: dp.wire_bytes(example.params, example.opt_state, batch, kind=kind,
+                                 model_state=example.model_state).total - in_step_guard
+             for kind in dp.kinds}
+  wire = dp.bytes_per_step(by_kind, 0, steps)
+  dense = (by_kind[dp.kind_at(1)] if config.method == "dense" else
+           _dense_bytes(config, model, task, learning_rate, dp.workers, example, batch)
+           - in_step_guard)
+  replica_check = replica_check / config.check_replicas_every if config.check_replicas_every else 0
   return {"wire_bytes": wire, "dense_bytes": dense,
           "compression_ratio": dense / wire if wire else None,
-          "guard_bytes": in_step_guard + replica_check}
+          "bytes_by_kind": by_kind, "guard_bytes": in_step_guard + replica_check}
 
 
-def _check_replicas(program, params, step: int) -> None:
+def _bytes_so_far(communication: dict[str, Any], dp, done: int) -> dict[str, Any]:
+  """``communication`` with ``wire_bytes`` the mean over the steps ``0, ..., done - 1`` (each
+  charged its kind's bytes), its ``compression_ratio``, and ``total_bytes``, their sum."""
+  wire = dp.bytes_per_step(communication["bytes_by_kind"], 0, done)
+  dense = communication["dense_bytes"]
+  return {**communication, "wire_bytes": wire, "total_bytes": wire * done,
+          "compression_ratio": dense / wire if wire else None}
+
+
+def _check_replicas(dp, params, step: int) -> None:
   """Raises :class:`ReplicaDriftError` naming ``step`` if the devices' parameters differ."""
-  if bool(jax.device_get(program.replicas_agree(params))):
+  if bool(jax.device_get(dp.replicas_agree(params))):
     return
   differing = []
   for path, leaf in jax.tree_util.tree_leaves_with_path(params):
@@ -503,11 +387,11 @@ def _train_batch(dataset, config, step: int) -> dict[str, np.ndarray]:
         f"must be readable in the dataset's format (see experiments/data/)") from e
 
 
-def _evaluate(program, state, dataset, workers) -> dict[str, float]:
+def _evaluate(evaluate, state, dataset, workers) -> dict[str, float]:
   sums = np.zeros(3)
   for batch in dataset.eval_batches():
-    sums += np.asarray(jax.device_get(program.evaluate(state.params, state.model_state,
-                                                       _to_global(batch, workers))))
+    sums += np.asarray(jax.device_get(evaluate(state.params, state.model_state,
+                                               _to_global(batch, workers))))
   return dataset.derive({"test_loss": float(sums[0] / sums[2]),
                          "test_accuracy": float(sums[1] / sums[2])})
 
@@ -562,9 +446,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       workdir continues from its last checkpoint and ends as an uninterrupted run would.
 
   Returns:
-                                                       _to_global(batch, workers))))
-  return dataset.derive({"test_loss": float(sums[0] / sums[2]),
-                         "test_accuracy": float(sums[1] / sums[2])})
+    The run's results, as ``results.json`` records them: the final training loss and the
+    evaluation's metrics, the bytes per worker per step (``wire_bytes``, the mean over the steps
+    run, and ``bytes_by_kind``), ``dense_bytes``, ``compression_ratio``, ``guard_bytes``,
+    ``skipped_steps``, ``diverged`` and ``divergence``, timings, the dataset's information and
+    the provenance record.
 
   Raises:
     ValueError, TypeError, FileNotFoundError: bad config values, unknown names, missing or
@@ -613,28 +499,75 @@ def _workdir_lock(workdir: str):
     yield
 
 
+class _Run(NamedTuple):
+  """What one run needs once it is set up (:func:`_prepare`)."""
+  config: ml_collections.ConfigDict
+  workdir: str
+  workers: compressors.Workers
+  dataset: Any
+  steps: int
+  learning_rate: optax.Schedule
+  dp: compressors.DataParallel
+  evaluate: Any  # (params, model_state, batch) -> [loss sum, correct sum, weight sum]
+  communication: dict[str, Any]
+  checkpointer: checkpoint.Checkpointer
+  num_params: int
+
+  @property
+  def is_main(self) -> bool:
+    return jax.process_index() == 0
+
+
 def _train(config, workdir, stop: interrupt.StopRequest, started: float, lock_workdir):
   """:func:`train` once the processes have joined; stops where ``stop`` says, holds the workdir
   from ``lock_workdir()`` on (once the config is checked)."""
+  run, state = _prepare(config, workdir, lock_workdir)
+  start = int(jax.device_get(state.step))
+  writer = logs.MetricsWriter(workdir, active=run.is_main, resume_step=start)
+  state, train_loss, examples_per_sec = _loop(run, state, start, writer, stop)
+  if config.check_replicas_every and run.steps % config.check_replicas_every:
+    _check_replicas(run.dp, state.params, run.steps)  # before the final checkpoint
+  final_eval = _evaluate(run.evaluate, state, run.dataset, run.workers)
+  writer.write(run.steps, final_eval)
+  run.checkpointer.save(run.steps, state)
+  run.checkpointer.close()
+  writer.close()
+  if start == run.steps:  # resumed after the last step: the training loss it logged then
+    train_loss = next((r["loss"] for r in reversed(logs.read_metrics(workdir)) if "loss" in r),
+                      None)
+  skipped = _skipped_steps(state)
+  reason = divergence(config, run.steps, skipped,
+                      {"train_loss": train_loss, "test_loss": final_eval["test_loss"]})
+  results = {"step": run.steps, "train_loss": train_loss, "examples_per_sec": examples_per_sec,
+             "skipped_steps": skipped, "num_params": run.num_params,
+             "wall_seconds": time.time() - started, "num_workers": run.workers.count,
+             "workers_per_device": run.workers.per_device, "diverged": reason is not None,
+             "divergence": reason, **final_eval, **run.communication, **run.dataset.info,
+             provenance.KEY: _provenance(run.workers)}
+  if run.is_main:
+    logs.write_json(os.path.join(workdir, RESULTS_FILE), results)
+  return results, state
+
+
+def _prepare(config, workdir, lock_workdir) -> tuple[_Run, TrainState]:
+  """Checks ``config``, loads the data and the model, builds the data-parallel step, takes the
+  workdir, and restores its latest readable checkpoint (or initialises the state)."""
+  # A config of an equal-bytes tier is solved here too when called from Python (idempotent).
+  methods.fill_equal_bytes(config)
   workers = make_workers(config)
-  mesh = workers.mesh
   validation.check_config(config, workers.count)
   validation.check_workdir(workdir)
-  is_main = jax.process_index() == 0
-
   dataset = data.load(config, _local_shards(workers))
   model = models.build_model(config.model, **dataset.model_fields)
   task = tasks.TASKS[dataset.task]
   steps = total_steps(config, dataset.steps_per_epoch)
   learning_rate = methods.learning_rate_schedule(config, dataset.steps_per_epoch, steps)
-  tx = methods.training_chain(config, learning_rate, workers.axis_name)
-  step_inputs = methods.step_inputs(config)
+  tx = methods.make_chain(config, learning_rate, workers.axis_name)
   first_batch = _train_batch(dataset, config, 0)
   lock_workdir()
   checkpointer = checkpoint.Checkpointer(workdir, keep=config.keep_checkpoints)
-  restored = checkpointer.latest_step()
-  validation.check_resume(config, workdir, restored)
-  if is_main:
+  validation.check_resume(config, workdir, checkpointer.latest_step())
+  if jax.process_index() == 0:
     os.makedirs(workdir, exist_ok=True)
     logs.write_json(os.path.join(workdir, validation.CONFIG_FILE),
                     {**config.to_dict(), provenance.KEY: _provenance(workers)})
@@ -642,89 +575,89 @@ def _train(config, workdir, stop: interrupt.StopRequest, started: float, lock_wo
   init_variables = _variables_initializer(model, task, {k: v[0] for k, v in first_batch.items()},
                                           workers.count)
   params_shape, model_state_shape = jax.eval_shape(init_variables, config.seed)
-  example = (TrainState(jax.ShapeDtypeStruct((), jnp.int32), params_shape, model_state_shape, ()),
-             jax.tree.map(lambda x: jax.ShapeDtypeStruct((workers.count,) + x.shape[1:], x.dtype),
-                          first_batch))
-  program = _build_program(model, task, tx, learning_rate, workers, config, example, step_inputs)
-  state = _init_state(init_variables, program, workers, config.seed)
-  num_params = sum(x.size for x in jax.tree.leaves(state.params))
+  batch_shape = jax.tree.map(lambda x: jax.ShapeDtypeStruct(
+      (workers.count * x.shape[1],) + x.shape[2:], x.dtype), first_batch)
+  example = TrainState(jax.ShapeDtypeStruct((), jnp.int32), params_shape, model_state_shape, ())
+  dp = _data_parallel(config, model, task, tx, workers, example, batch_shape)
+  state = _init_state(init_variables, dp, config.seed)
   resumed = checkpointer.restore_latest(state)
   if resumed is not None:
     logging.warning("%s: resuming from the checkpoint of step %d", workdir, resumed[0])
     state = resumed[1]
-  start = int(jax.device_get(state.step))
+  example = example._replace(opt_state=jax.eval_shape(lambda: state.opt_state))
+  communication = _communication(config, model, task, learning_rate, dp, example, batch_shape,
+                                 steps)
+  return _Run(config, workdir, workers, dataset, steps, learning_rate, dp,
+              dp.reduce(_evaluation_sums(model, task)), communication, checkpointer,
+              sum(x.size for x in jax.tree.leaves(state.params))), state
 
-  communication = _communication(config, model, task, tx, learning_rate, workers, program,
-                                 example, step_inputs, state)
 
-  writer = logs.MetricsWriter(workdir, active=is_main, resume_step=start)
+def _loop(run: _Run, state: TrainState, start: int, writer, stop: interrupt.StopRequest):
+  """Steps ``start`` to the end, with logs, replica checks, evaluations and checkpoints on
+  their schedules: ``(state, last logged training loss, examples per second)``.
+
+  Raises:
+    experiments.interrupt.Interrupted: ``stop`` asked, at a step boundary, after a checkpoint.
+  """
+  config, dp = run.config, run.dp
   mean_metrics = jax.jit(lambda m: jax.tree.map(jnp.mean, m),
-                         out_shardings=NamedSharding(mesh, P()))
-  progress = tqdm.tqdm(total=steps, initial=start, disable=not is_main, unit="step",
-                       desc=os.path.basename(os.path.normpath(workdir)), dynamic_ncols=True)
-  train_loss, examples_per_sec = float("nan"), 0.0
-  last_time, last_step = time.time(), start
-  batches = _prefetch(lambda s: _to_global(_train_batch(dataset, config, s), workers),
-                      range(start, steps))
-  on_cpu = mesh.devices.flat[0].platform == "cpu"
-  for step in range(start, steps + 1):  # every step boundary, where a signal stops the run
+                         out_shardings=NamedSharding(run.workers.mesh, P()))
+  progress = tqdm.tqdm(total=run.steps, initial=start, disable=not run.is_main, unit="step",
+                       desc=os.path.basename(os.path.normpath(run.workdir)), dynamic_ncols=True)
+  train_loss, examples_per_sec, last = float("nan"), 0.0, (time.time(), start)
+  batches = _prefetch(lambda s: _to_global(_train_batch(run.dataset, config, s), run.workers),
+                      range(start, run.steps))
+  on_cpu = run.workers.mesh.devices.flat[0].platform == "cpu"
+  for step in range(start, run.steps + 1):  # every step boundary, where a signal stops the run
     if stop.should_stop():
       progress.close()
-      if step > start:  # else the latest checkpoint (none at step 0) already holds this position
-        if config.check_replicas_every and step % config.check_replicas_every:
-          _check_replicas(program, state.params, step)
-        checkpointer.save(step, state)
-      checkpointer.close()
-      writer.close()
-      raise interrupt.Interrupted(step, stop.stopping_signal(), workdir)
-    if step == steps:
+      _stop(run, state, step, start, writer, stop)
+    if step == run.steps:
       break
-    with_inputs = step_inputs is not None and step % step_inputs.every == 0
-    state, metrics = program.train_steps[with_inputs](state, next(batches))
+    state, metrics = dp.train_step(state, next(batches), kind=dp.kind_at(step))
     if on_cpu:
       # One program in flight at a time: simulated CPU devices share one thread pool, and runs
       # with several steps in flight occasionally hung in a collective (experiments.distributed).
       jax.block_until_ready(state.step)
     done = step + 1
     progress.update(1)
-    if (config.log_every and done % config.log_every == 0) or done == steps:
-      metrics = jax.device_get(mean_metrics(metrics))
+    if (config.log_every and done % config.log_every == 0) or done == run.steps:
       now = time.time()
-      examples_per_sec = config.batch_size * (done - last_step) / (now - last_time)
-      last_time, last_step = now, done
-      train_loss = float(metrics["loss"])
-      writer.write(done, {"loss": train_loss, "accuracy": float(metrics["accuracy"]),
-                          "learning_rate": float(metrics["learning_rate"]),
-                          "skipped_steps": int(metrics.get("skipped_steps", 0)),
-                          "examples_per_sec": examples_per_sec, **communication})
+      examples_per_sec = config.batch_size * (done - last[1]) / (now - last[0])
+      last = (now, done)
+      train_loss = _log(run, writer, done, jax.device_get(mean_metrics(metrics)),
+                        examples_per_sec)
       progress.set_postfix(loss=f"{train_loss:.4f}")
     if config.check_replicas_every and done % config.check_replicas_every == 0:
-      _check_replicas(program, state.params, done)
-    if config.eval_every and done % config.eval_every == 0 and done != steps:
-      writer.write(done, _evaluate(program, state, dataset, workers))
+      _check_replicas(dp, state.params, done)
+    if config.eval_every and done % config.eval_every == 0 and done != run.steps:
+      writer.write(done, _evaluate(run.evaluate, state, run.dataset, run.workers))
     if config.checkpoint_every and done % config.checkpoint_every == 0:
-      checkpointer.save(done, state)
+      run.checkpointer.save(done, state)
   progress.close()
-  if config.check_replicas_every and steps % config.check_replicas_every:
-    _check_replicas(program, state.params, steps)  # before the final checkpoint
+  return state, train_loss, examples_per_sec
 
-  final_eval = _evaluate(program, state, dataset, workers)
-  writer.write(steps, final_eval)
-  checkpointer.save(steps, state)
-  checkpointer.close()
+
+def _log(run: _Run, writer, done: int, metrics, examples_per_sec: float) -> float:
+  """Writes the metrics of step ``done - 1`` (means over the workers) and the bytes of the steps
+  run so far; returns the training loss."""
+  train_loss = float(metrics["loss"])
+  writer.write(done, {"loss": train_loss, "accuracy": float(metrics["aux"]),
+                      "learning_rate": float(jnp.asarray(run.learning_rate(done - 1),
+                                                         jnp.float32)),
+                      "skipped_steps": int(metrics.get("skipped_steps", 0)),
+                      "examples_per_sec": examples_per_sec,
+                      **_bytes_so_far(run.communication, run.dp, done)})
+  return train_loss
+
+
+def _stop(run: _Run, state: TrainState, step: int, start: int, writer, stop) -> None:
+  """Checkpoints step ``step`` (unless nothing ran since the last checkpoint) and raises
+  :class:`experiments.interrupt.Interrupted`."""
+  if step > start:  # else the latest checkpoint (none at step 0) already holds this position
+    if run.config.check_replicas_every and step % run.config.check_replicas_every:
+      _check_replicas(run.dp, state.params, step)
+    run.checkpointer.save(step, state)
+  run.checkpointer.close()
   writer.close()
-  if start == steps:  # resumed after the last step: the training loss it logged then
-    train_loss = next((r["loss"] for r in reversed(logs.read_metrics(workdir)) if "loss" in r),
-                      None)
-  skipped = _skipped_steps(state)
-  reason = divergence(config, steps, skipped,
-                      {"train_loss": train_loss, "test_loss": final_eval["test_loss"]})
-  results = {"step": steps, "train_loss": train_loss, "examples_per_sec": examples_per_sec,
-             "skipped_steps": skipped, "num_params": num_params,
-             "wall_seconds": time.time() - started, "num_workers": workers.count,
-             "workers_per_device": workers.per_device, "diverged": reason is not None,
-             "divergence": reason, **final_eval, **communication, **dataset.info,
-             provenance.KEY: _provenance(workers)}
-  if is_main:
-    logs.write_json(os.path.join(workdir, RESULTS_FILE), results)
-  return results, state
+  raise interrupt.Interrupted(step, stop.stopping_signal(), run.workdir)

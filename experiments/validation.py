@@ -6,6 +6,7 @@ import math
 import numbers
 import os
 
+from configs import common
 from experiments import data
 from experiments import distributed
 from experiments import methods
@@ -151,7 +152,8 @@ def check_resume(config, workdir: str, checkpoint_step: int | None) -> None:
 
   The run's config is stored in ``workdir/config.json`` when it starts, beside its provenance
   (``provenance.KEY``, not compared). If ``workdir`` holds a checkpoint, the stored config must
-  equal ``config`` except in :data:`RESUMABLE_CHANGES`.
+  equal ``config`` except in :data:`RESUMABLE_CHANGES` and in fields it lacks that ``config``
+  leaves at their defaults (fields added to the configs since it was written).
 
   Args:
     config: the config about to run.
@@ -175,9 +177,13 @@ def check_resume(config, workdir: str, checkpoint_step: int | None) -> None:
   current = _flatten(json.loads(json.dumps(config.to_dict())))
   stored.pop(provenance.KEY, None)
   stored = _flatten(stored)
+  # A field added to the configs since the checkpoint was written, left at its default, changes
+  # nothing the checkpoint holds (older workdirs resume).
+  defaults = _flatten(json.loads(json.dumps(common.base().to_dict())))
   differing = sorted(k for k in set(current) | set(stored)
                      if current.get(k, _ABSENT) != stored.get(k, _ABSENT)
-                     and not any(k == f or k.startswith(f + ".") for f in RESUMABLE_CHANGES))
+                     and not any(k == f or k.startswith(f + ".") for f in RESUMABLE_CHANGES)
+                     and not (k not in stored and k in defaults and current[k] == defaults[k]))
   if differing:
     changes = "; ".join(f"{k}: {stored.get(k, _ABSENT)!r} there, {current.get(k, _ABSENT)!r} now"
                         for k in differing)

@@ -27,13 +27,13 @@ from collections.abc import Callable
 import re
 from typing import Any, Union
 
+import chex
 import jax
 import numpy as np
 import optax
 
-PyTree = Any
 ExcludePredicate = Callable[[tuple[str, ...], Any], bool]
-Exclude = Union[None, bool, ExcludePredicate, PyTree]
+Exclude = Union[None, bool, ExcludePredicate, chex.ArrayTree]
 
 # Normalisation layers as Flax, Keras/TF and PyTorch name them (matched anywhere in the path).
 _NORMALIZATION_LAYER = re.compile(r"(layer|batch|group)_?norm|batch_normalization", re.IGNORECASE)
@@ -84,7 +84,8 @@ def _as_bool(value: Any, where: str) -> bool:
   return bool(value)
 
 
-def inclusion_mask(exclude: Exclude) -> PyTree | Callable[[PyTree], PyTree] | None:
+def inclusion_mask(
+    exclude: Exclude) -> chex.ArrayTree | Callable[[chex.ArrayTree], chex.ArrayTree] | None:
   """Converts an ``exclude`` specification into an ``optax.masked`` mask.
 
   Args:
@@ -101,7 +102,7 @@ def inclusion_mask(exclude: Exclude) -> PyTree | Callable[[PyTree], PyTree] | No
   if exclude is None or exclude is False:
     return None
   if callable(exclude):
-    def mask_fn(tree: PyTree) -> PyTree:
+    def mask_fn(tree: chex.ArrayTree) -> chex.ArrayTree:
       def included(key_path, leaf):
         path = path_names(key_path)
         return not _as_bool(exclude(path, leaf), f"the predicate's answer for {'/'.join(path)}")

@@ -39,6 +39,7 @@ from __future__ import annotations
 import operator
 from typing import Any, Callable, NamedTuple
 
+import chex
 import jax
 import jax.numpy as jnp
 import optax
@@ -46,7 +47,6 @@ from jax.flatten_util import ravel_pytree
 
 from compressors.network import axes
 
-PyTree = Any
 LossFn = Callable[..., jax.Array]
 
 
@@ -59,8 +59,8 @@ class HutchinsonEstimate(NamedTuple):
     total: estimate of tr(H), the sum of ``traces``.
   """
 
-  diagonal: PyTree
-  traces: PyTree
+  diagonal: chex.ArrayTree
+  traces: chex.ArrayTree
   total: jax.Array
 
 
@@ -74,11 +74,11 @@ class PowerIterationResult(NamedTuple):
   """
 
   eigenvalue: jax.Array
-  eigenvector: PyTree
+  eigenvector: chex.ArrayTree
   iterations: jax.Array
 
 
-def _check_params(params: PyTree) -> None:
+def _check_params(params: chex.ArrayTree) -> None:
   leaves = jax.tree_util.tree_leaves_with_path(params)
   if not leaves:
     raise ValueError("params must contain at least one array leaf; got an empty pytree.")
@@ -100,7 +100,7 @@ def _check_positive_int(name: str, value: Any) -> None:
     raise ValueError(f"{name} must be >= 1; got {value}.")
 
 
-def _as_varying(tree: PyTree, axis_name: axes.AxisName) -> PyTree:
+def _as_varying(tree: chex.ArrayTree, axis_name: axes.AxisName) -> chex.ArrayTree:
   """Casts the leaves of ``tree`` that are replicated over ``axis_name`` to varying (where
   ``shard_map`` types values: not without an axis, nor for simulated workers)."""
   if axis_name is None or not axes.replication_checked(axis_name):
@@ -114,8 +114,8 @@ def _as_varying(tree: PyTree, axis_name: axes.AxisName) -> PyTree:
 
 
 def _linearized_hvp(
-    loss_fn: LossFn, params: PyTree, args: tuple, axis_name: str | None
-) -> Callable[[PyTree], PyTree]:
+    loss_fn: LossFn, params: chex.ArrayTree, args: tuple, axis_name: str | None
+) -> Callable[[chex.ArrayTree], chex.ArrayTree]:
   """Returns v -> Hv of this worker's loss, linearising the gradient once.
 
   Each product then costs one tangent pass. Under ``shard_map``, autodiff with
@@ -127,7 +127,7 @@ def _linearized_hvp(
   return lambda v: hvp_at(_as_varying(v, axis_name))
 
 
-def _rademacher_like(key: jax.Array, params: PyTree) -> PyTree:
+def _rademacher_like(key: jax.Array, params: chex.ArrayTree) -> chex.ArrayTree:
   """One Rademacher vector over all parameters, as a pytree like ``params``.
 
   Drawn as a single flat vector: one random-bits call compiles far smaller
@@ -137,7 +137,7 @@ def _rademacher_like(key: jax.Array, params: PyTree) -> PyTree:
   return unravel(jax.random.rademacher(key, flat.shape, flat.dtype))
 
 
-def _pmean_flat(tree: PyTree, axis_name: str | None) -> PyTree:
+def _pmean_flat(tree: chex.ArrayTree, axis_name: str | None) -> chex.ArrayTree:
   """Averages ``tree`` over ``axis_name`` with a single all-reduce (identity if None)."""
   if axis_name is None:
     return tree
@@ -145,7 +145,7 @@ def _pmean_flat(tree: PyTree, axis_name: str | None) -> PyTree:
   return unravel(jax.lax.pmean(flat, axis_name))
 
 
-def hvp(loss_fn: LossFn, params: PyTree, v: PyTree, *args: Any) -> PyTree:
+def hvp(loss_fn: LossFn, params: chex.ArrayTree, v: chex.ArrayTree, *args: Any) -> chex.ArrayTree:
   """Hessian-vector product Hv of ``loss_fn`` at ``params`` (forward-over-reverse).
 
   Computes ``jax.jvp(jax.grad(f), (params,), (v,))[1]``, which costs about two to
@@ -176,7 +176,7 @@ def hvp(loss_fn: LossFn, params: PyTree, v: PyTree, *args: Any) -> PyTree:
 
 def hutchinson(
     loss_fn: LossFn,
-    params: PyTree,
+    params: chex.ArrayTree,
     key: jax.Array,
     num_samples: int,
     *args: Any,
@@ -218,8 +218,8 @@ def hutchinson(
   accumulate_dtypes = jax.tree.map(
       lambda p: jnp.promote_types(jnp.result_type(p), jnp.float32), params)
 
-  def chunk_sum(keys: jax.Array) -> PyTree:
-    def probe(k: jax.Array) -> PyTree:
+  def chunk_sum(keys: jax.Array) -> chex.ArrayTree:
+    def probe(k: jax.Array) -> chex.ArrayTree:
       z = _rademacher_like(k, params)
       return jax.tree.map(
           lambda zi, hzi, dtype: (zi * hzi).astype(dtype), z, hvp_at(z), accumulate_dtypes)
@@ -247,14 +247,14 @@ def hutchinson(
 
 def hutchinson_diagonal(
     loss_fn: LossFn,
-    params: PyTree,
+    params: chex.ArrayTree,
     key: jax.Array,
     num_samples: int,
     *args: Any,
     axis_name: str | None = None,
     probe_batch_size: int = 1,
     average: bool = True,
-) -> PyTree:
+) -> chex.ArrayTree:
   """Hutchinson estimate of diag(H), a pytree like ``params``; see ``hutchinson``."""
   return hutchinson(
       loss_fn, params, key, num_samples, *args, axis_name=axis_name,
@@ -264,13 +264,13 @@ def hutchinson_diagonal(
 
 def hutchinson_trace(
     loss_fn: LossFn,
-    params: PyTree,
+    params: chex.ArrayTree,
     key: jax.Array,
     num_samples: int,
     *args: Any,
     axis_name: str | None = None,
     probe_batch_size: int = 1,
-) -> tuple[PyTree, jax.Array]:
+) -> tuple[chex.ArrayTree, jax.Array]:
   """Hutchinson estimates of the per-leaf traces and of tr(H); see ``hutchinson``.
 
   Returns:
@@ -286,7 +286,7 @@ def hutchinson_trace(
 
 def top_eigenvalue(
     loss_fn: LossFn,
-    params: PyTree,
+    params: chex.ArrayTree,
     key: jax.Array,
     *args: Any,
     max_iterations: int = 100,
@@ -318,7 +318,7 @@ def top_eigenvalue(
     raise ValueError(f"tolerance must be a float > 0; got {tolerance!r}.")
   hvp_at = _linearized_hvp(loss_fn, params, args, axis_name)
 
-  def normalize(tree: PyTree, fallback: PyTree) -> PyTree:
+  def normalize(tree: chex.ArrayTree, fallback: chex.ArrayTree) -> chex.ArrayTree:
     """tree / ||tree||, or ``fallback`` where Hv = 0 (v is then an eigenvector for 0)."""
     norm = optax.tree.norm(tree)
     return jax.tree.map(

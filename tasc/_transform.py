@@ -17,8 +17,9 @@ per axis, ``{slow: rho, fast: rho_fast}``:
   node's sum, which is less noisy than one device's gradient.
 * ``rho_fast = rho``: the same blocks travel on both axes. One support is chosen from scores
   summed over every device, and the compact ``[K, block_size]`` payload is all-reduced
-  hierarchically (:func:`compressors.network.collectives.hierarchical_all_reduce`: reduce-scatter over
-  the fast axis, all-reduce of ``1/g`` of it over the slow axis, all-gather over the fast axis).
+  hierarchically (:func:`compressors.network.collectives.hierarchical_all_reduce`: reduce-scatter
+  over the fast axis, all-reduce of ``1/g`` of it over the slow axis, all-gather over the fast
+  axis).
   The slow links again carry ``1/g`` of the payload and the fast links only the payload rather
   than the dense gradient.
 * Anything else on the fast axis (``rho < rho_fast < 1``) would need two nested supports, the
@@ -33,6 +34,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -50,7 +52,6 @@ from tasc import _scores as scores
 from tasc import _settings as settings_lib
 from tasc import _wire as wire_formats
 
-PyTree = Any
 
 
 def tasc_compress(settings: settings_lib.TascSettings | None = None, /, *,
@@ -179,7 +180,7 @@ def _resolve_density(density, axis_name: axes.AxisName,
       "a different sparse fast density would need nested supports, which are not offered")
 
 
-def _check_curvature(curvature: PyTree, updates: PyTree, sensitivity: str) -> None:
+def _check_curvature(curvature: chex.ArrayTree, updates: chex.ArrayTree, sensitivity: str) -> None:
   """A clear error when ``curvature`` cannot be used with these gradients."""
   if sensitivity != "hutchinson":
     raise ValueError(f"tasc_compress: update() got curvature=..., but sensitivity="

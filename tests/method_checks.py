@@ -122,12 +122,11 @@ def check_replicas_identical_and_one_compile(name: str, settings=None, steps: in
   dp = compressors.data_parallel(_loss, optax.chain(transformation(name, settings),
                                                     optax.sgd(0.01)),
                                  harness.mesh(), PARAMS, batch, step_inputs=inputs)
-  due = lambda t: inputs is not None and t % inputs.every == 0
-  params, state, _ = dp.step(PARAMS, dp.init(PARAMS), batch, with_inputs=due(0))
+  params, state, _ = dp.step(PARAMS, dp.init(PARAMS), batch, kind=dp.kind_at(0))
   compiled = []  # after the first step: at most the variant without the inputs
   with _counting_compilations(compiled):
     for t in range(1, steps):
-      params, state, metrics = dp.step(params, state, batch, with_inputs=due(t))
+      params, state, metrics = dp.step(params, state, batch, kind=dp.kind_at(t))
   harness.assert_replicas_identical(params)
   assert int(metrics["skipped_steps"]) == 0 and np.isfinite(float(metrics["loss"]))
   expected = int(inputs is not None and inputs.every > 1)
@@ -212,9 +211,8 @@ def check_simulated_workers_match_devices(name: str, settings=None, steps: int =
                                    step_inputs=inputs)
     params, state = PARAMS, dp.init(PARAMS)
     for t in range(steps):
-      params, state, _ = dp.step(params, state, batch,
-                                 with_inputs=inputs is not None and t % inputs.every == 0)
-    bytes_per_step = dp.wire_bytes(params, state, batch, with_inputs=inputs is not None)
+      params, state, _ = dp.step(params, state, batch, kind=dp.kind_at(t))
+    bytes_per_step = dp.wire_bytes(params, state, batch, kind=dp.kind_at(0))
     runs[devices, per_device] = (jax.tree.map(np.asarray, params), bytes_per_step)
   (reference, reference_bytes), *others = runs.values()
   # Each step's update is a sum over N workers, rounded N - 1 times in either order.

@@ -12,16 +12,7 @@ PACKAGES = ("compressors", "tasc", "optimizers", "experiments", "configs", "test
 TOP_LEVEL = (*PACKAGES, "paper_figures", ".ci")
 MAX_FUNCTION_LINES = 60
 
-# Functions still over the limit, in the two files being rewritten by issue 29's data-parallel
-# step (an entry may already be shorter there, mid-rewrite). This list must end up empty.
-LONG_FUNCTIONS_ALLOWED = {
-    "experiments/train.py:_build_program",
-    "experiments/train.py:_train",
-}
 
-# Paths named in files whose owners are changing them now: they must be fixed there, then
-# removed from here. This list must end up empty; an entry no longer named fails the test.
-MISSING_PATHS_ALLOWED = set()
 
 
 def python_files():
@@ -53,9 +44,8 @@ def test_no_function_is_longer_than_the_limit():
   found = {}
   for path in python_files():
     found.update(long_functions(path))
-  too_long = {f: n for f, n in found.items() if f not in LONG_FUNCTIONS_ALLOWED}
-  assert not too_long, "\n".join(f"{f}: {n} lines of code (at most {MAX_FUNCTION_LINES})"
-                                 for f, n in sorted(too_long.items()))
+  assert not found, "\n".join(f"{f}: {n} lines of code (at most {MAX_FUNCTION_LINES})"
+                              for f, n in sorted(found.items()))
 
 
 def test_lines_of_code_leave_out_the_docstring_and_blank_lines():
@@ -108,9 +98,7 @@ def test_named_paths_exist():
   texts = [*pages(), *module_docstrings()]
   named = {f"{source}: {path}" for source, text in texts for path in named_paths(text)}
   missing = {n for n in named if not (ROOT / n.split(": ", 1)[1]).exists()}
-  assert not missing - MISSING_PATHS_ALLOWED, "\n".join(sorted(missing - MISSING_PATHS_ALLOWED))
-  fixed = MISSING_PATHS_ALLOWED - missing
-  assert not fixed, f"no longer missing, remove from MISSING_PATHS_ALLOWED: {fixed}"
+  assert not missing, "\n".join(sorted(missing))
 
 
 def test_named_paths_are_found_expanded_and_trimmed():

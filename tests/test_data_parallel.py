@@ -111,7 +111,7 @@ def test_per_step_inputs_make_the_curvature_state_per_worker():
   assert curvature == P("data")  # each worker's own estimate
   state = dp.init(params)
   for t in range(4):
-    params, state, _ = dp.step(params, state, batch, with_inputs=t % inputs.every == 0)
+    params, state, _ = dp.step(params, state, batch, kind=dp.kind_at(t))
   harness.assert_replicas_identical(params)
 
 

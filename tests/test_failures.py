@@ -175,8 +175,8 @@ class _StepThen:
     self._step, self._after = step, after
     self.lower = step.lower  # wire_bytes compiles the real step
 
-  def __call__(self, state, batch):
-    state, metrics = self._step(state, batch)
+  def __call__(self, state, batch, **kwargs):
+    state, metrics = self._step(state, batch, **kwargs)
     return self._after(state), metrics
 
 
@@ -190,16 +190,15 @@ def _drift(state):
 
 
 def _wrap_train_steps(monkeypatch, after):
-  """Makes each of the runner's compiled train steps run ``after(state)`` once it is done;
-  returns the unwrapped builder."""
-  build = train._build_program  # pylint: disable=protected-access
+  """Makes the runner's compiled train step run ``after(state)`` once it is done; returns the
+  unwrapped builder."""
+  build = train._data_parallel  # pylint: disable=protected-access
 
-  def wrapped_program(*args, **kwargs):
-    program = build(*args, **kwargs)
-    return program._replace(train_steps={refresh: _StepThen(step, after) for refresh, step
-                                         in program.train_steps.items()})
+  def wrapped(*args, **kwargs):
+    dp = build(*args, **kwargs)
+    return dp._replace(train_step=_StepThen(dp.train_step, after))
 
-  monkeypatch.setattr(train, "_build_program", wrapped_program)
+  monkeypatch.setattr(train, "_data_parallel", wrapped)
   return build
 
 
@@ -231,6 +230,20 @@ def test_resuming_accepts_bookkeeping_changes_and_names_every_other_change(tmp_p
   changed.update_from_flattened_dict({"seed": 1, "model.hidden": 16, "skip_nonfinite": False})
   with pytest.raises(ValueError, match=r"model.hidden: 8 there, 16 now; seed: 0 there, 1 now; "
                                        r"skip_nonfinite: True there, False now\)"):
+    validation.check_resume(changed, str(tmp_path), checkpoint_step=2)
+
+
+def test_a_workdir_older_than_a_config_field_resumes_with_that_field_at_its_default(tmp_path):
+  """A checkpoint written before a field was added to the configs (its config.json lacks it)
+  resumes while the field keeps its default, and not once it is changed."""
+  stored = digits.get_config("smoke,method=topk").to_dict()
+  del stored["compression"]["topk"]["selection"]
+  logs.write_json(str(tmp_path / validation.CONFIG_FILE), stored)
+  validation.check_resume(digits.get_config("smoke,method=topk"), str(tmp_path), 2)
+  changed = digits.get_config("smoke,method=topk")
+  changed.compression.topk.selection = "sampled"
+  with pytest.raises(ValueError, match=r"compression.topk.selection: <absent> there, 'sampled' "
+                                       r"now"):
     validation.check_resume(changed, str(tmp_path), checkpoint_step=2)
 
 
@@ -388,7 +401,7 @@ def test_a_signal_stops_the_run_at_the_next_step_boundary_after_a_checkpoint(
   assert checkpoint.Checkpointer(workdir, keep=2).latest_step() == SIGNAL_AFTER_STEP
   assert not os.path.exists(os.path.join(workdir, train.RESULTS_FILE))
 
-  monkeypatch.setattr(train, "_build_program", build)
+  monkeypatch.setattr(train, "_data_parallel", build)
   train.train_and_evaluate(config, workdir)
   _assert_bit_identical(checkpoint.load_state(workdir), checkpoint.load_state(reference))
   assert _training_records(workdir) == _training_records(reference)

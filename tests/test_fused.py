@@ -209,8 +209,9 @@ def test_quickstarts_training_step_traced_for_an_abstract_gpu_mesh(monkeypatch):
   """The README's quickstart step (TASC with its curvature refresh, LAMB) traced on a mesh of 8
   abstract H100s and lowered for CUDA as a process on a GPU traces it (JAX's default backend a
   GPU; a Pallas kernel untyped for shard_map failed here): XLA's passes, no kernel."""
-  import compressors  # pylint: disable=import-outside-toplevel
-  from experiments import data, methods, models, tasks, train  # pylint: disable=import-outside-toplevel
+  # pylint: disable=import-outside-toplevel
+  import compressors
+  from experiments import data, methods, models, tasks, train
   config = _quickstart_smoke()
   config.model.channels = (64, 64)
   mesh = _h100_mesh(8)
@@ -219,23 +220,25 @@ def test_quickstarts_training_step_traced_for_an_abstract_gpu_mesh(monkeypatch):
   model = models.build_model(config.model, **dataset.model_fields)
   task = tasks.TASKS[dataset.task]
   learning_rate = methods.learning_rate_schedule(config, dataset.steps_per_epoch, 2)
-  tx = methods.training_chain(config, learning_rate, workers.axis_name)
+  tx = methods.make_chain(config, learning_rate, workers.axis_name)
   first = dataset.train_batch(0)
   init_variables = train._variables_initializer(model, task, {k: v[0] for k, v in first.items()},
                                                 workers.count)
   params, model_state = jax.eval_shape(init_variables, config.seed)
-  batch = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), first)
-  example = (train.TrainState(jax.ShapeDtypeStruct((), jnp.int32), params, model_state, ()),
-             batch)
+  batch = jax.tree.map(lambda x: jax.ShapeDtypeStruct((8 * x.shape[1],) + x.shape[2:], x.dtype),
+                       first)
+  example = train.TrainState(jax.ShapeDtypeStruct((), jnp.int32), params, model_state, ())
   monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-  program = train._build_program(model, task, tx, learning_rate, workers, config, example,
-                                 methods.step_inputs(config))
+  dp = train._data_parallel(config, model, task, tx, workers, example, batch)
+  def abstract(tree, specs):
+    specs = jax.tree.broadcast(specs, tree, is_leaf=lambda s: isinstance(s, P))
+    return jax.tree.map(lambda x, spec: jax.ShapeDtypeStruct(
+        x.shape, x.dtype, sharding=jax.sharding.NamedSharding(mesh, spec)), tree, specs,
+        is_leaf=lambda s: isinstance(s, P))
   with jax.sharding.use_abstract_mesh(mesh):
-    opt_state = jax.eval_shape(program.init_opt_state, params)
-    state = train.TrainState(train._abstract(example[0].step, mesh, P()),
-                             train._abstract(params, mesh, P()),
-                             train._abstract(model_state, mesh, workers.spec),
-                             train._abstract(opt_state, mesh, program.specs.opt_state))
-    lowered = program.train_steps[True].trace(
-        state, train._abstract(batch, mesh, workers.spec)).lower(lowering_platforms=("cuda",))
+    state = train.TrainState(abstract(example.step, P()), abstract(params, P()),
+                             abstract(model_state, workers.spec),
+                             abstract(jax.eval_shape(dp.init, params), dp.specs))
+    lowered = dp.train_step.trace(state, abstract(batch, workers.spec), kind="with_inputs").lower(
+        lowering_platforms=("cuda",))
   assert "custom_call" not in lowered.as_text()

@@ -164,8 +164,8 @@ def test_mixed_precision_runs_the_matmuls_in_bfloat16_and_keeps_float32_state(na
   """``compute_dtype="bfloat16"``: every matrix product with a parameter (projections, MLP,
   logits) takes bfloat16 operands in both passes, and so do the attention's own products but
   those of the backward pass through its float32 softmax (flax's ``force_fp32_for_softmax``:
-  products of two ``[batch, heads, ...]`` activations, no parameter); parameters, gradients (what the exchange sees) and logits are
-  float32, and the loss is float32's to bfloat16's precision."""
+  products of two ``[batch, heads, ...]`` activations, no parameter); parameters, gradients (what
+  the exchange sees) and logits are float32, and the loss is float32's to bfloat16's precision."""
   full = models.build_model(dict(name=name, **fields))
   mixed = models.build_model(dict(name=name, compute_dtype="bfloat16", **fields))
   params = full.init(jax.random.PRNGKey(0), *inputs())["params"]

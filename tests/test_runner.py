@@ -6,6 +6,7 @@ and their collectives are the same, they just compile in a fraction of the time.
 """
 
 import csv
+import dataclasses
 import json
 import os
 import shutil
@@ -13,10 +14,13 @@ import subprocess
 import sys
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
 
+from compressors import registry
+from compressors.network import topology
 from configs import quickstart
 from experiments import checkpoint
 from experiments import data
@@ -366,3 +370,52 @@ def test_quickstart_reaches_its_targets(tmp_path):
   assert results["test_accuracy"] >= 0.85
   assert results["compression_ratio"] >= 50
   assert results["wall_seconds"] < 300
+
+
+@dataclasses.dataclass(frozen=True)
+class _TwoKindsSettings:
+  sync_every: int = 2
+
+
+def _two_kinds(settings, *, axis_name, **unused_options):
+  """A toy of two step kinds: a float16 all-reduce of the gradient on most steps, a float32 one
+  (twice the bytes) on the steps that pass ``sync`` (every ``sync_every``)."""
+  def update(updates, state, params=None, *, sync=None):
+    del params
+    wire = jnp.float16 if sync is None else jnp.float32
+    return jax.tree.map(lambda g: jax.lax.pmean(g.astype(wire), axis_name).astype(g.dtype),
+                        updates), state
+  return optax.GradientTransformationExtraArgs(lambda params: optax.EmptyState(), update)
+
+
+def _sync_inputs(settings):
+  return registry.StepInputs(every=settings.sync_every,
+                             make=lambda *unused: {"sync": jnp.zeros((), jnp.float32)})
+
+
+@pytest.fixture
+def two_kinds():
+  method = registry.Method(
+      name="two_kinds", summary="a toy of two step kinds", settings=_TwoKindsSettings,
+      transformation=_two_kinds, step_inputs=_sync_inputs, error_feedback=False,
+      cost=lambda s, shapes, topo, schedule: topology.all_reduce_cost(
+          schedule, topo, registry.num_elements(shapes)))
+  registry.register(method)
+  yield method
+  registry.unregister("two_kinds")
+
+
+def test_a_run_of_two_step_kinds_is_charged_the_bytes_of_the_steps_it_ran(two_kinds, tmp_path):
+  """Each kind's bytes come from its own compiled program (float16: half of dense's float32
+  all-reduce; float32: dense's), and the logged bytes are their mean over the steps run so far,
+  each step charged its kind's: 5 steps with the float32 kind at steps 0, 2 and 4."""
+  config = _config("digits", "smoke", method="two_kinds", num_steps=5, log_every=1,
+                   eval_every=0)
+  results = train.train_and_evaluate(config, str(tmp_path))
+  dense = results["dense_bytes"]
+  assert results["bytes_by_kind"] == {"step": dense / 2, "with_inputs": dense}
+  logged = [r["wire_bytes"] for r in _records(str(tmp_path))[0]]
+  float32_steps = [1, 1, 2, 2, 3]  # of the first 1, 2, ..., 5 steps
+  assert logged == pytest.approx([(n * dense + (done - n) * dense / 2) / done for done, n in
+                                  zip(range(1, 6), float32_steps)], rel=1e-12)
+  assert results["wire_bytes"] == logged[-1] == pytest.approx(4 * dense / 5)

@@ -6,8 +6,8 @@ locally). These helpers turn an unbound name into an error that lists the axes t
 at trace time, before XLA compiles anything.
 
 Simulated workers: a tuple may mix a ``shard_map`` mesh axis with an axis bound by ``jax.vmap``
-(``("data", "worker")``: several workers per device, :mod:`compressors.parallel.data_parallel` and the
-runner's ``workers_per_device``). JAX's ``psum``, ``pmax``, ``all_to_all``, ``axis_index`` and
+(``("data", "worker")``: several workers per device, :mod:`compressors.parallel.data_parallel` and
+the runner's ``workers_per_device``). JAX's ``psum``, ``pmax``, ``all_to_all``, ``axis_index`` and
 ``axis_size`` take such a tuple; :func:`all_gather`, :func:`all_gather_invariant`,
 :func:`ppermute` and :func:`psum_scatter` here do the rest, with the same values as on as many
 devices: the all-gather one axis at a time, the permutation and the reduce-scatter from an

@@ -69,8 +69,8 @@ class Schedule(NamedTuple):
   """One all-reduce algorithm: how it runs, what the cost model prices, where it applies.
 
   :data:`SCHEDULES` is the one table that :func:`compressors.compress` runs payloads with,
-  :mod:`compressors.network.topology` prices and :mod:`compressors.network.planner` chooses from, so the planner
-  never proposes an algorithm ``compress`` cannot run.
+  :mod:`compressors.network.topology` prices and :mod:`compressors.network.planner` chooses from, so
+  the planner never proposes an algorithm ``compress`` cannot run.
 
   Attributes:
     name: the key in :data:`SCHEDULES`.

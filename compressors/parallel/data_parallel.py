@@ -16,31 +16,106 @@ them once::
 
 It runs the step under ``jax.shard_map`` over a mesh axis, or under ``jax.pmap`` over the local
 devices (``mesh=None``); the long form stays documented (README) for steps it does not cover.
-``workers_per_device=W`` runs W simulated workers on each device (:mod:`compressors.parallel.workers`),
+``workers_per_device=W`` runs W simulated workers on each device (:mod:`compressors.workers`),
 with the transformation built over ``axis_name=("data", "worker")``::
 
   tx = optax.chain(compressors.compress(compressors.topk(0.01), axis_name=("data", "worker")),
                    optax.sgd(0.1))
   dp = compressors.data_parallel(loss, tx, mesh, params, batch, axis_name=("data", "worker"),
                                  workers_per_device=8)
+
+Steps of several kinds. A method may run different programs at different steps: TASC refreshes
+its curvature every ``N`` steps (an input of its update the other steps lack), a local-update
+method synchronises every ``H``. Each :class:`StepKind` names one program and how often it runs
+(at the steps that are multiples of its ``every``; where several divide a step, the one of the
+largest ``every``); each is compiled once, and its bytes are read from its own compiled program
+(:meth:`DataParallel.wire_bytes`). A run's bytes are the sum over the steps it ran of each
+step's kind's bytes (:meth:`DataParallel.bytes_per_step`).
+
+Model state and randomness (the runner's models). With ``model_state`` the loss is
+``loss_fn(params, batch, model_state, rng) -> (loss, (aux, new_model_state))``: ``model_state``
+holds one row per worker (batch statistics, kept per worker and restored on a skipped step) and
+``rng`` is ``rng`` folded with the step and the worker's index (``None`` without ``rng``). The
+step is then :meth:`DataParallel.train_step` on a :class:`TrainState`.
 """
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
+import chex
 import jax
+import jax.numpy as jnp
+import numpy as np
 import optax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from compressors.network import axes
+from compressors.parallel import drift
+from compressors.parallel import hlo_bytes
 from compressors.parallel import nonfinite
 from compressors.parallel import per_worker
-from compressors.network import axes
-from compressors.parallel import hlo_bytes
 from compressors.parallel import workers as workers_lib
 
-PyTree = Any
+
+
+class StepKind(NamedTuple):
+  """One kind of step: its name, how often it runs, and the inputs it passes to the update.
+
+  Attributes:
+    name: what the kind is called (``DataParallel.kinds`` keys, logs).
+    every: the kind runs at the steps that are multiples of ``every`` (1: every step not claimed
+      by a kind of larger ``every``).
+    inputs: ``(loss_fn, params, batch, key, axis_name) -> dict`` of keyword arguments for the
+      update (``registry.StepInputs.make``), or None: the update takes none.
+  """
+  name: str
+  every: int
+  inputs: Callable[..., dict[str, Any]] | None = None
+
+
+def step_kinds(step_inputs: Any = None) -> tuple[StepKind, ...]:
+  """The kinds of a method with per-step ``step_inputs`` (``registry.StepInputs`` or None):
+  ``"step"`` every step, and ``"with_inputs"`` every ``step_inputs.every`` steps."""
+  plain = StepKind("step", 1)
+  if step_inputs is None or step_inputs.every <= 0:
+    return (plain,)
+  if step_inputs.every == 1:
+    return (StepKind("with_inputs", 1, step_inputs.make),)
+  return (plain, StepKind("with_inputs", step_inputs.every, step_inputs.make))
+
+
+def kind_at(kinds: Sequence[StepKind], step: int) -> str:
+  """The name of the kind that runs at ``step`` (the largest ``every`` that divides it)."""
+  return max((k for k in kinds if step % k.every == 0), key=lambda k: k.every).name
+
+
+def kind_counts(kinds: Sequence[StepKind], start: int, stop: int) -> dict[str, int]:
+  """How many of the steps ``start, ..., stop - 1`` each kind runs."""
+  steps = np.arange(start, stop)
+  claimed = np.zeros(steps.shape, bool)
+  counts = {}
+  for kind in sorted(kinds, key=lambda k: -k.every):
+    mine = (steps % kind.every == 0) & ~claimed
+    counts[kind.name] = int(mine.sum())
+    claimed |= mine
+  return counts
+
+
+class TrainState(NamedTuple):
+  """The state of a data-parallel run.
+
+  Attributes:
+    step: ``int32[]``, replicated: steps taken.
+    params: the parameters, replicated.
+    model_state: the model's own state with one row per worker (e.g. batch statistics), or ``()``.
+    opt_state: the transformation's state, laid out by :attr:`DataParallel.specs`.
+  """
+  step: jax.Array
+  params: chex.ArrayTree
+  model_state: chex.ArrayTree
+  opt_state: chex.ArrayTree
 
 
 class DataParallel(NamedTuple):
@@ -49,52 +124,101 @@ class DataParallel(NamedTuple):
   Attributes:
     init: ``params -> state``, jitted: the transformation's state, per-worker leaves laid out
       per worker (one row per worker, as :attr:`specs` say; under ``pmap`` every leaf).
-    step: ``(params, state, batch, *, with_inputs=False) -> (params, state, metrics)``, jitted.
+    step: ``(params, state, batch, *, kind=None) -> (params, state, metrics)``, jitted.
       ``params`` are replicated; every leaf of ``batch`` is split over the workers along its
-      first axis (each worker differentiates its loss on its share); ``with_inputs`` (static)
-      makes the method's per-step inputs this step and passes them to the update. ``metrics``:
-      ``loss``, the mean over workers of their losses; ``skipped_steps`` (with
-      ``skip_nonfinite``), the steps skipped so far; ``aux`` (with ``has_aux``), every worker's
-      aux stacked along a leading worker axis.
+      first axis (each worker differentiates its loss on its share); ``kind`` names the step's
+      kind (:attr:`kinds`; None: the every-step kind). ``metrics``: ``loss``, the mean over
+      workers of their losses; ``skipped_steps`` (with ``skip_nonfinite``), the steps skipped so
+      far; ``aux`` (with ``has_aux`` or ``model_state``), every worker's aux stacked along a
+      leading worker axis.
+    train_step: ``(TrainState, batch, *, kind) -> (TrainState, metrics)``, jitted, the state
+      donated: the same step on a whole :class:`TrainState` (with ``model_state``); its metrics
+      (``loss``, ``skipped_steps``, ``aux``) have one row per worker, so that no collective
+      but the exchange's runs in the step.
+    kinds: the step kinds (:class:`StepKind`) by name.
     specs: the state's ``PartitionSpec``s on :attr:`mesh` (:func:`compressors.state_specs`,
-      laid out by :meth:`compressors.parallel.workers.Workers.layout`); None under pmap.
+      laid out by :meth:`compressors.workers.Workers.layout`); None under pmap.
     mesh: the mesh the step runs on; None under pmap.
-    workers: where the workers run (:class:`compressors.parallel.workers.Workers`); None under pmap.
+    workers: where the workers run (:class:`compressors.workers.Workers`); None under pmap.
     equivalent: ``() -> DataParallel``: the same step with one worker per device on
       ``workers.count`` devices, whose compiled program gives the bytes (itself with one worker
       per device); None under pmap.
+    reduce: ``fn -> jitted (params, model_state, batch) -> sum over workers of fn(params,
+      mean model_state, worker's batch)`` (evaluation: the model state averaged over workers).
+    replicas_agree: ``params -> bool[]``, jitted: the parameters bit-identical on every device.
   """
-  init: Callable[[PyTree], PyTree]
-  step: Callable[..., tuple[PyTree, PyTree, dict[str, Any]]]
-  specs: PyTree
+  init: Callable[[chex.ArrayTree], chex.ArrayTree]
+  step: Callable[..., tuple[chex.ArrayTree, chex.ArrayTree, dict[str, Any]]]
+  train_step: Callable[..., tuple[TrainState, dict[str, Any]]] | None
+  kinds: dict[str, StepKind]
+  specs: chex.ArrayTree
   mesh: jax.sharding.Mesh | None
   workers: workers_lib.Workers | None = None
   equivalent: Callable[[], "DataParallel"] | None = None
+  reduce: Callable[[Callable[..., Any]], Callable[..., Any]] | None = None
+  replicas_agree: Callable[[chex.ArrayTree], jax.Array] | None = None
 
-  def wire_bytes(self, params: PyTree, state: PyTree, batch: PyTree, *,
-                 with_inputs: bool = False) -> hlo_bytes.WireBytes:
-    """Bytes one worker sends per step, read from the compiled step (compiled, never run): with
-    several workers per device, from the program of one worker per device."""
+  def kind_at(self, step: int) -> str:
+    """The name of the kind that runs at ``step``."""
+    return kind_at(tuple(self.kinds.values()), step)
+
+  def wire_bytes(self, params: chex.ArrayTree, state: chex.ArrayTree, batch: chex.ArrayTree, *,
+                 kind: str | None = None,
+                 model_state: chex.ArrayTree = ()) -> hlo_bytes.WireBytes:
+    """Bytes one worker sends in a step of ``kind``, read from its compiled program (compiled,
+    never run): with several workers per device, from the program of one worker per device.
+    ``params``, ``state``, ``batch`` and ``model_state`` may be abstract (shapes, dtypes)."""
     if self.workers is not None and self.workers.per_device > 1:
       one_each = self.equivalent()
       shapes = lambda tree, specs: _abstract(tree, one_each.mesh, specs)
       return one_each.wire_bytes(shapes(params, P()), shapes(state, one_each.specs),
-                                 shapes(batch, one_each.workers.spec),
-                                 with_inputs=with_inputs)
-    return hlo_bytes.wire_bytes(functools.partial(self.step, with_inputs=with_inputs), params,
-                           state, batch, mesh=self.mesh)
+                                 shapes(batch, one_each.workers.spec), kind=kind,
+                                 model_state=shapes(model_state, one_each.workers.spec))
+    # The steps' own lower (not a jit around them): a wrapped step still compiles the real one.
+    if self.train_step is None:  # pmap
+      return hlo_bytes.wire_bytes(self.step, params, state, batch, kind=kind)
+    state = TrainState(_abstract(jnp.zeros((), jnp.int32), self.mesh, P()),
+                       _abstract(params, self.mesh, P()),
+                       _abstract(model_state, self.mesh, self.workers.spec),
+                       _abstract(state, self.mesh, self.specs))
+    batch = _abstract(batch, self.mesh, self.workers.spec)
+    return hlo_bytes.wire_bytes(self.train_step, state, batch, kind=kind, mesh=self.mesh)
+
+  def bytes_per_step(self, per_kind: dict[str, float], start: int, stop: int) -> float:
+    """Mean bytes per step over the steps ``start, ..., stop - 1``, each step charged the bytes
+    of its kind (``per_kind``: :meth:`wire_bytes` totals by kind name)."""
+    counts = kind_counts(tuple(self.kinds.values()), start, stop)
+    return sum(per_kind[k] * n for k, n in counts.items()) / max(1, stop - start)
+
+  def guard_bytes(self, params: chex.ArrayTree) -> tuple[float, float]:
+    """Bytes per worker of the reliability checks, from programs compiled for one worker per
+    device: ``(in_step, replica_check)``, the non-finite skip's flag (part of every step) and one
+    replica check (:attr:`replicas_agree`). ``params`` may be abstract."""
+    one_each = self.equivalent() if self.workers.per_device > 1 else self
+    layout = one_each.workers
+    guard = nonfinite.skip_nonfinite(optax.identity(), axis_name=layout.axis_name)
+    flag_only = jax.shard_map(lambda g: guard.update(g[0], guard.init(g[0]))[1].skipped[None],
+                              mesh=layout.mesh, in_specs=layout.spec, out_specs=layout.spec)
+    in_step = hlo_bytes.wire_bytes(flag_only,
+                                   jax.ShapeDtypeStruct((layout.count,), jnp.float32)).total
+    replica_check = hlo_bytes.wire_bytes(one_each.replicas_agree,
+                                         _abstract(params, layout.mesh, P())).total
+    return in_step, replica_check
 
 
 def data_parallel(loss_fn: Callable[..., Any], tx: optax.GradientTransformation,
-                  mesh: jax.sharding.Mesh | None, params: PyTree, batch: PyTree, *,
+                  mesh: jax.sharding.Mesh | None, params: chex.ArrayTree, batch: chex.ArrayTree, *,
                   axis_name: axes.AxisName = "data", workers_per_device: int = 1,
-                  has_aux: bool = False, step_inputs: Any = None, skip_nonfinite: bool = True,
+                  has_aux: bool = False, step_inputs: Any = None,
+                  kinds: Sequence[StepKind] | None = None, model_state: chex.ArrayTree = None,
+                  rng: jax.Array | None = None, skip_nonfinite: bool = True,
                   donate: bool = False) -> DataParallel:
   """A data-parallel step of ``tx`` over the workers of ``axis_name`` (see the module docstring).
 
   Args:
     loss_fn: ``(params, batch) -> loss`` (or ``(loss, aux)`` with ``has_aux``) of one worker on
-      its share of the batch.
+      its share of the batch; with ``model_state``, ``(params, batch, model_state, rng) ->
+      (loss, (aux, new_model_state))``.
     tx: the transformation: a chain starting with a compressing one (``compressors.compress``,
       ``tasc.tasc_compress``) whose collectives run over ``axis_name``.
     mesh: the device mesh, in which ``axis_name`` names the workers' axis (or axes); None runs
@@ -104,14 +228,20 @@ def data_parallel(loss_fn: Callable[..., Any], tx: optax.GradientTransformation,
       inputs make per-worker).
     axis_name: the axis (or tuple of axes) over which workers hold different batches; with
       ``workers_per_device > 1``, mesh axes and then the simulated workers' axis, e.g.
-      ``("data", "worker")`` (:mod:`compressors.parallel.workers`).
+      ``("data", "worker")`` (:mod:`compressors.workers`).
     workers_per_device: workers simulated on each device (``jax.vmap``), each with its own
       share of the batch and its own state, as if each were a device.
     has_aux: ``loss_fn`` returns ``(loss, aux)``.
     step_inputs: the per-step inputs of the method, a
-      :class:`compressors.registry.StepInputs` (e.g. ``registry.step_inputs("tasc")``).
+      :class:`compressors.registry.StepInputs` (e.g. ``registry.step_inputs("tasc")``): the
+      kinds ``"step"`` and ``"with_inputs"`` (:func:`step_kinds`).
+    kinds: the step kinds, in place of ``step_inputs``'s.
+    model_state: the model's state with one row per worker (or its ``ShapeDtypeStruct``s), for
+      :attr:`DataParallel.train_step` (needs a mesh).
+    rng: the key the losses' randomness (``rng``) and the per-step inputs' keys derive from.
     skip_nonfinite: wrap ``tx`` in :func:`compressors.skip_nonfinite` (strongly advised).
-    donate: donate the state's buffers to the step (saves memory; the old state is invalid).
+    donate: donate the state's buffers to :attr:`DataParallel.step` (saves memory; the old
+      state is invalid). :attr:`DataParallel.train_step` always donates.
 
   Returns:
     A :class:`DataParallel`.
@@ -119,61 +249,64 @@ def data_parallel(loss_fn: Callable[..., Any], tx: optax.GradientTransformation,
   Raises:
     ValueError: ``tx``'s updates would differ between workers (a wrapper that decides per worker
       around the compressor, or no compressor), ``axis_name`` and ``workers_per_device`` do
-      not fit the mesh, or a leaf of ``batch`` does not split evenly over the workers, before
-      anything compiles.
+      not fit the mesh, a leaf of ``batch`` does not split evenly over the workers, or
+      ``model_state`` without a mesh, before anything compiles.
   """
+  kinds = _checked_kinds(kinds if kinds is not None else step_kinds(step_inputs))
   if mesh is None:
     if workers_per_device != 1:
       raise ValueError(f"workers_per_device={workers_per_device!r} needs a mesh (shard_map); "
                        "under pmap (mesh=None) every worker is a device")
+    if model_state is not None:
+      raise ValueError("data_parallel: model_state needs a mesh (shard_map, train_step); "
+                       "under pmap (mesh=None) there is only the step of params and state")
     _check_batch(batch, jax.local_device_count())
     if skip_nonfinite:
       tx = nonfinite.skip_nonfinite(tx, axis_name=axis_name)
     # pmap differentiates each device's own loss: no copy to type.
-    return _on_pmap(_WorkerStep(loss_fn, tx, axis_name, has_aux, step_inputs, skip_nonfinite,
-                                own_copy=lambda params: params), axis_name, donate)
+    return _on_pmap(_WorkerStep(loss_fn, tx, axis_name, has_aux, False, rng, skip_nonfinite,
+                                lambda params: params), kinds, axis_name, donate)
   layout = workers_lib.Workers.on(mesh, axis_name, workers_per_device)
   _check_batch(batch, layout.count)
-  one_each = functools.partial(data_parallel, loss_fn, tx, params=params,
-                               batch=batch, axis_name=axis_name, has_aux=has_aux,
-                               step_inputs=step_inputs, skip_nonfinite=skip_nonfinite)
+  one_each = functools.partial(
+      data_parallel, loss_fn, tx, params=params, batch=batch, axis_name=axis_name,
+      has_aux=has_aux, kinds=kinds, model_state=model_state, rng=rng,
+      skip_nonfinite=skip_nonfinite)
   wrapped = nonfinite.skip_nonfinite(tx, axis_name=axis_name) if skip_nonfinite else tx
-  worker = _WorkerStep(loss_fn, wrapped, axis_name, has_aux, step_inputs, skip_nonfinite,
-                       layout.own_copy)
-  simulated = layout.per_device > 1
+  worker = _WorkerStep(loss_fn, wrapped, axis_name, has_aux, model_state is not None, rng,
+                       skip_nonfinite, layout.own_copy)
+  model_state = () if model_state is None else model_state
   # Shapes and dtypes, laid out as the step takes them (a mesh of explicit axes checks that).
   params = _abstract(params, mesh, P())
   batch = _abstract(batch, mesh, layout.spec)
-  specs = layout.layout(_state_specs(worker, layout, params, batch))
-  state_axes = workers_lib.per_worker_axes(specs)
-  # Simulated workers are untyped: shard_map's replication types know only mesh axes.
-  shard_map = functools.partial(jax.shard_map, mesh=mesh, check_vma=not simulated)
-  init = jax.jit(shard_map(layout.each(wrapped.init, None, state_axes), in_specs=P(),
-                           out_specs=specs))
-
-  @functools.partial(jax.jit, static_argnums=3, donate_argnums=(1,) if donate else ())
-  def jitted_step(params, state, batch, with_inputs):
-    def body(params, state, batch):
-      each = layout.each(functools.partial(worker, with_inputs=with_inputs),
-                         (None, state_axes, 0), (None, state_axes, None))
-      return each(params, state, _worker_rows(batch, layout.per_device))
-    return shard_map(body, in_specs=(P(), specs, layout.spec),
-                     out_specs=(P(), specs, P()))(params, state, batch)
-
-  # Inputs placed as the step lays them out (a no-op for the step's own outputs), so that the
-  # first call, on the caller's arrays, compiles the same program as the later ones.
-  replicated, split = NamedSharding(mesh, P()), NamedSharding(mesh, layout.spec)
-
-  def step(params, state, batch, *, with_inputs=False):
-    return jitted_step(jax.device_put(params, replicated), state,
-                       jax.device_put(batch, split), bool(with_inputs))
-
-  return DataParallel(init=init, step=step, specs=specs, mesh=mesh, workers=layout,
-                      equivalent=functools.cache(lambda: one_each(mesh=layout.equivalent_mesh()))
-                      if simulated else None)
+  model_state = _abstract(model_state, mesh, layout.spec)
+  specs = layout.layout(_state_specs(worker, kinds, layout, params, model_state, batch))
+  programs = _Programs(worker, layout, specs, kinds)
+  return DataParallel(
+      init=programs.init(), step=programs.simple_step(donate), train_step=programs.train_step(),
+      kinds={k.name: k for k in kinds}, specs=specs, mesh=mesh, workers=layout,
+      equivalent=functools.cache(lambda: one_each(mesh=layout.equivalent_mesh()))
+      if layout.per_device > 1 else None,
+      reduce=programs.reduce, replicas_agree=programs.replicas_agree())
 
 
-def _check_batch(batch: PyTree, num_workers: int) -> None:
+def _checked_kinds(kinds: Sequence[StepKind]) -> tuple[StepKind, ...]:
+  """``kinds`` as a tuple, refused when names repeat, an ``every`` is not a positive int, or no
+  kind runs every step."""
+  kinds = tuple(kinds)
+  names = [k.name for k in kinds]
+  if len(set(names)) != len(names):
+    raise ValueError(f"data_parallel: kinds={names} repeat a name; each kind needs its own")
+  for k in kinds:
+    if isinstance(k.every, bool) or not isinstance(k.every, int) or k.every < 1:
+      raise ValueError(f"data_parallel: kind {k.name!r} has every={k.every!r}; allowed: an "
+                       "int >= 1")
+  if not any(k.every == 1 for k in kinds):
+    raise ValueError(f"data_parallel: kinds {names} leave steps to no kind; one needs every=1")
+  return kinds
+
+
+def _check_batch(batch: chex.ArrayTree, num_workers: int) -> None:
   """Every leaf of ``batch`` splits evenly over ``num_workers`` along its first axis (else the
   first step fails inside JAX, naming an axis but not the batch)."""
   for path, leaf in jax.tree_util.tree_leaves_with_path(batch):
@@ -185,27 +318,34 @@ def _check_batch(batch: PyTree, num_workers: int) -> None:
           f"so that axis must be a multiple of {num_workers}")
 
 
-def _state_specs(worker, layout, params, batch) -> PyTree:
+def _state_specs(worker, kinds, layout, params, model_state, batch) -> chex.ArrayTree:
   """:func:`compressors.state_specs` of the step, traced on the mesh of one worker per device
-  (the state's layout is the same with simulated workers)."""
+  (the state's layout is the same with simulated workers), with what each kind's inputs make
+  per worker."""
   axis = layout.axis_name
   if layout.per_device == 1:  # the mesh itself, with the inputs laid out on it
     mesh = layout.mesh
   else:
     mesh = layout.equivalent_mesh(abstract=True)
-    params, batch = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
-                                 (params, batch))
+    params, model_state, batch = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
+                                              (params, model_state, batch))
   extras = {}
-  if worker.step_inputs is not None:  # state_specs must see what the inputs make per worker
-    extras = jax.eval_shape(jax.shard_map(
-        lambda p, b: jax.tree.map(lambda x: x[None], worker.inputs(worker.own_copy(p), b)),
-        mesh=mesh, in_specs=(P(), P(axis)), out_specs=P(axis), check_vma=False),
-        params, batch)
-    extras = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), extras)
+  for kind in kinds:
+    if kind.inputs is None:
+      continue
+
+    def per_worker_inputs(p, m, b, kind=kind):
+      m = jax.tree.map(lambda x: x[0], m)
+      made = worker.inputs(kind, worker.own_copy(p), b, m, jnp.zeros((), jnp.int32))
+      return jax.tree.map(lambda x: x[None], made)
+    made = jax.eval_shape(jax.shard_map(
+        per_worker_inputs, mesh=mesh, in_specs=(P(), P(axis), P(axis)), out_specs=P(axis),
+        check_vma=False), params, model_state, batch)
+    extras.update(jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), made))
   return per_worker.state_specs(worker.tx, params, mesh, axis, **extras)
 
 
-def _worker_rows(batch: PyTree, per_device: int) -> PyTree:
+def _worker_rows(batch: chex.ArrayTree, per_device: int) -> chex.ArrayTree:
   """One device's share of the batch -> one share per worker along a new leading axis (one
   worker: the leading axis of size one :meth:`Workers.each` indexes away)."""
   return jax.tree.map(lambda x: x.reshape((per_device, -1) + x.shape[1:]), batch)
@@ -217,53 +357,192 @@ class _WorkerStep(NamedTuple):
   tx: optax.GradientTransformation
   axis_name: axes.AxisName
   has_aux: bool
-  step_inputs: Any
+  stateful: bool  # loss_fn(params, batch, model_state, rng) -> (loss, (aux, new_model_state))
+  rng: jax.Array | None
   skip_nonfinite: bool
-  own_copy: Callable[[PyTree], PyTree]  # a per-worker copy of the parameters to differentiate
+  # A per-worker copy of the parameters, to differentiate.
+  own_copy: Callable[[chex.ArrayTree], chex.ArrayTree]
 
-  def scalar_loss(self, params, batch):
+  def keys(self, step):
+    """``(loss key of the step, inputs key of the step)``, or Nones and a fixed inputs key
+    without ``rng``."""
+    if self.rng is None:
+      return None, jax.random.PRNGKey(0)
+    loss_key, inputs_key = jax.random.split(self.rng)
+    return jax.random.fold_in(loss_key, step), jax.random.fold_in(inputs_key, step)
+
+  def loss(self, params, batch, model_state, rng):
+    """``(loss, (aux, new_model_state))`` whatever the form of ``loss_fn``."""
+    if self.stateful:
+      return self.loss_fn(params, batch, model_state, rng)
     out = self.loss_fn(params, batch)
-    return out[0] if self.has_aux else out
+    return (out[0], (out[1], model_state)) if self.has_aux else (out, (None, model_state))
 
-  def inputs(self, params, batch):
-    return self.step_inputs.make(self.scalar_loss, params, batch, jax.random.PRNGKey(0),
-                                 self.axis_name)
+  def inputs(self, kind, params, batch, model_state, step):
+    """The update's keyword arguments that ``kind`` makes from this worker's loss."""
+    loss_key, inputs_key = self.keys(step)
+    scalar = lambda p, b: self.loss(p, b, model_state, loss_key)[0]
+    return kind.inputs(scalar, params, batch, inputs_key, self.axis_name)
 
-  def __call__(self, params, state, batch, with_inputs):
+  def __call__(self, step, params, model_state, state, batch, kind):
+    loss_key, _ = self.keys(step)
+    worker_key = (None if loss_key is None
+                  else jax.random.fold_in(loss_key, axes.worker_index(self.axis_name)))
     local_params = self.own_copy(params)
-    out, grads = jax.value_and_grad(self.loss_fn, has_aux=self.has_aux)(local_params, batch)
-    loss, aux = out if self.has_aux else (out, None)
-    extra = self.inputs(local_params, batch) if with_inputs else {}
+    (loss, (aux, new_model_state)), grads = jax.value_and_grad(self.loss, has_aux=True)(
+        local_params, batch, model_state, worker_key)
+    extra = self.inputs(kind, local_params, batch, new_model_state, step) if kind.inputs else {}
     updates, state = self.tx.update(grads, state, params, **extra)
-    metrics = {"loss": jax.lax.pmean(loss, self.axis_name)}
+    # This worker's own metrics: no collective, so a step's bytes are its exchange's alone.
+    metrics = {"loss": loss}
     if self.skip_nonfinite:
       metrics["skipped_steps"] = state.skipped
-    if self.has_aux:
-      metrics["aux"] = jax.tree.map(lambda a: axes.all_gather(a, self.axis_name), aux)
-    return optax.apply_updates(params, updates), state, metrics
+      # A skipped step keeps the model state too: a non-finite batch would otherwise poison this
+      # worker's batch statistics for every later step.
+      new_model_state = jax.tree.map(lambda old, new: jnp.where(state.last_skipped, old, new),
+                                     model_state, new_model_state)
+    if self.has_aux or self.stateful:
+      metrics["aux"] = aux
+    return optax.apply_updates(params, updates), new_model_state, state, metrics
+
+  def gathered(self, metrics):
+    """A worker's metrics as :attr:`DataParallel.step` reports them: the mean loss, every
+    worker's aux stacked along a leading worker axis."""
+    metrics = dict(metrics, loss=jax.lax.pmean(metrics["loss"], self.axis_name))
+    if "skipped_steps" in metrics:  # the same on every worker: the skip is in lockstep
+      metrics["skipped_steps"] = jax.lax.pmax(metrics["skipped_steps"], self.axis_name)
+    if "aux" in metrics:
+      metrics["aux"] = jax.tree.map(lambda a: axes.all_gather(a, self.axis_name), metrics["aux"])
+    return metrics
 
 
-def _on_pmap(worker: _WorkerStep, axis_name, donate: bool) -> DataParallel:
+class _Programs(NamedTuple):
+  """The jitted programs of one :func:`data_parallel` on a mesh."""
+  worker: _WorkerStep
+  layout: workers_lib.Workers
+  specs: chex.ArrayTree
+  kinds: tuple[StepKind, ...]
+
+  def shard_map(self, fn, in_specs, out_specs):
+    # Simulated workers are untyped: shard_map's replication types know only mesh axes.
+    return jax.shard_map(fn, mesh=self.layout.mesh, in_specs=in_specs, out_specs=out_specs,
+                         check_vma=self.layout.per_device == 1)
+
+  def init(self):
+    state_axes = workers_lib.per_worker_axes(self.specs)
+    return jax.jit(self.shard_map(self.layout.each(self.worker.tx.init, None, state_axes),
+                                  in_specs=P(), out_specs=self.specs))
+
+  def per_device(self, state: TrainState, batch, kind: StepKind):
+    """One device's workers' step on their rows of ``state`` and ``batch``."""
+    state_axes = workers_lib.per_worker_axes(self.specs)
+    each = self.layout.each(functools.partial(self.worker, kind=kind),
+                            (None, None, 0, state_axes, 0), (None, 0, state_axes, 0))
+    params, model_state, opt_state, metrics = each(
+        state.step, state.params, state.model_state, state.opt_state,
+        _worker_rows(batch, self.layout.per_device))
+    return TrainState(state.step + 1, params, model_state, opt_state), metrics
+
+  def train_step(self):
+    layout, by_name = self.layout, {k.name: k for k in self.kinds}
+    specs = TrainState(P(), P(), layout.spec, self.specs)
+    default = next(k.name for k in self.kinds if k.every == 1)
+
+    # Metrics come out one row per worker (no collective in the step for them).
+    @functools.partial(jax.jit, static_argnames="kind", donate_argnums=0)
+    def jitted(state, batch, kind):
+      return self.shard_map(functools.partial(self.per_device, kind=by_name[kind]),
+                            in_specs=(specs, layout.spec), out_specs=(specs, layout.spec))(
+                                state, batch)
+
+    def train_step(state, batch, *, kind=None):
+      return jitted(state, batch, kind=kind or default)
+    # Compiled without running, as wire_bytes does, or traced for another platform.
+    train_step.lower = lambda state, batch, *, kind=None: jitted.lower(state, batch,
+                                                                       kind=kind or default)
+    train_step.trace = lambda state, batch, *, kind=None: jitted.trace(state, batch,
+                                                                       kind=kind or default)
+    return train_step
+
+  def simple_step(self, donate: bool):
+    """``(params, state, batch, *, kind) -> (params, state, metrics)``: the step without model
+    state or a step count (step 0's keys)."""
+    layout, by_name = self.layout, {k.name: k for k in self.kinds}
+    default = next(k.name for k in self.kinds if k.every == 1)
+
+    @functools.partial(jax.jit, static_argnums=3, donate_argnums=(1,) if donate else ())
+    def jitted(params, state, batch, kind):
+      def body(params, state, batch):
+        train_state = TrainState(jnp.zeros((), jnp.int32), params, (), state)
+        new, metrics = self.per_device(train_state, batch, by_name[kind])
+        gather = self.layout.each(self.worker.gathered, 0, None)
+        return new.params, new.opt_state, gather(metrics)
+      return self.shard_map(body, in_specs=(P(), self.specs, layout.spec),
+                            out_specs=(P(), self.specs, P()))(params, state, batch)
+
+    # Inputs placed as the step lays them out (a no-op for the step's own outputs), so that the
+    # first call, on the caller's arrays, compiles the same program as the later ones.
+    replicated, split = NamedSharding(layout.mesh, P()), NamedSharding(layout.mesh, layout.spec)
+
+    def step(params, state, batch, *, kind=None):
+      return jitted(jax.device_put(params, replicated), state, jax.device_put(batch, split),
+                    kind or default)
+    step.lower = lambda params, state, batch, *, kind=None: jitted.lower(
+        params, state, batch, kind or default)
+    return step
+
+  def reduce(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+    layout = self.layout
+    axis = layout.axis_name
+
+    def worker(params, model_state, batch):
+      model_state = jax.tree.map(lambda x: jax.lax.pmean(x, axis), model_state)
+      return jax.lax.psum(fn(params, model_state, batch), axis)
+
+    def body(params, model_state, batch):
+      each = layout.each(worker, (None, 0, 0), None)
+      return each(params, model_state, _worker_rows(batch, layout.per_device))
+    return jax.jit(self.shard_map(body, in_specs=(P(), layout.spec, layout.spec),
+                                  out_specs=P()))
+
+  def replicas_agree(self):
+    device_axes = self.layout.device_axes
+    return jax.jit(jax.shard_map(lambda params: drift.replicas_agree(params, device_axes),
+                                 mesh=self.layout.mesh, in_specs=P(), out_specs=P()))
+
+
+def _on_pmap(worker: _WorkerStep, kinds: tuple[StepKind, ...], axis_name,
+             donate: bool) -> DataParallel:
   """The same step under ``jax.pmap``: every state leaf carries the device axis."""
   count = jax.local_device_count()
   split = lambda batch: jax.tree.map(lambda x: x.reshape((count, -1) + x.shape[1:]), batch)
   copies = lambda tree: jax.tree.map(lambda x: jax.numpy.broadcast_to(x, (count,) + x.shape), tree)
   init_each = jax.pmap(worker.tx.init, axis_name=axis_name)
   init = lambda params: init_each(copies(params))
+  by_name = {k.name: k for k in kinds}
+  default = next(k.name for k in kinds if k.every == 1)
 
-  def step(params, state, batch, *, with_inputs=False):
-    return _pmapped(with_inputs)(params, state, split(batch))
+  def one_device(params, state, batch, kind):
+    params, _, state, metrics = worker(jnp.zeros((), jnp.int32), params, (), state, batch,
+                                       by_name[kind])
+    return params, state, worker.gathered(metrics)
 
-  @functools.lru_cache(maxsize=2)
-  def _pmapped(with_inputs):
-    return jax.pmap(functools.partial(worker, with_inputs=with_inputs),
-                    axis_name=axis_name, in_axes=(None, 0, 0), out_axes=(None, 0, None),
+  @functools.lru_cache(maxsize=None)
+  def pmapped(kind):
+    return jax.pmap(functools.partial(one_device, kind=kind), axis_name=axis_name,
+                    in_axes=(None, 0, 0), out_axes=(None, 0, None),
                     donate_argnums=(1,) if donate else ())
 
-  return DataParallel(init=init, step=step, specs=None, mesh=None)
+  def step(params, state, batch, *, kind=None):
+    return pmapped(kind or default)(params, state, split(batch))
+  step.lower = lambda params, state, batch, *, kind=None: pmapped(kind or default).lower(
+      params, state, split(batch))
+  return DataParallel(init=init, step=step, train_step=None, kinds=by_name, specs=None,
+                      mesh=None)
 
 
-def _abstract(tree: PyTree, mesh: jax.sharding.Mesh, specs: PyTree) -> PyTree:
+def _abstract(tree: chex.ArrayTree, mesh: jax.sharding.Mesh,
+              specs: chex.ArrayTree) -> chex.ArrayTree:
   """Shapes and dtypes of ``tree``, sharded on ``mesh`` by ``specs`` (a spec or a tree)."""
   specs = jax.tree.broadcast(specs, tree, is_leaf=lambda s: isinstance(s, P))
   return jax.tree.map(lambda x, spec: jax.ShapeDtypeStruct(

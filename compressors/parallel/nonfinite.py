@@ -9,15 +9,15 @@ updates and leaves the wrapped state (parameters' moments, residuals, curvature,
 it was; the skip is counted. Every worker takes the same decision, so replicas stay identical.
 """
 
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
+import chex
 import jax
 import jax.numpy as jnp
 import optax
 
 from compressors.network import axes
 
-PyTree = Any
 
 
 class SkipNonFiniteState(NamedTuple):
@@ -28,7 +28,7 @@ class SkipNonFiniteState(NamedTuple):
     skipped: steps skipped so far (int32, identical on every worker).
     last_skipped: whether the latest step was skipped (bool).
   """
-  inner: PyTree
+  inner: chex.ArrayTree
   skipped: jax.Array
   last_skipped: jax.Array
 
@@ -69,7 +69,7 @@ def skip_nonfinite(inner: optax.GradientTransformation, *,
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
 
-def _all_finite(tree: PyTree) -> jax.Array:
+def _all_finite(tree: chex.ArrayTree) -> jax.Array:
   leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)
             if jnp.issubdtype(jnp.asarray(x).dtype, jnp.inexact)]
   return jnp.all(jnp.stack(leaves)) if leaves else jnp.array(True)

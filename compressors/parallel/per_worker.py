@@ -12,7 +12,8 @@ computed from a per-worker value is per-worker. :func:`state_specs` traces one `
 ``shard_map`` and follows the data through the traced program: the gradient and the step's extra
 arguments are per worker, so is whatever is computed from them, except through a collective that
 makes its result the same everywhere (``psum``, ``pmax``, ``pmin``, all-gather); ``axis_index``,
-``ppermute``, ``all_to_all`` and reduce-scatter make theirs per worker (as JAX types them). A state leaf that comes out per-worker goes in per-worker at the
+``ppermute``, ``all_to_all`` and reduce-scatter make theirs per worker (as JAX types them). A state
+leaf that comes out per-worker goes in per-worker at the
 next step, until nothing changes (the least fixed point: a step counter that only counts stays
 replicated). So any optax wrapper (``MultiSteps``, ``apply_if_finite``, ``inject_hyperparams``,
 ``masked``) and any chain order work: an optimizer placed before the compressor sees each
@@ -20,8 +21,7 @@ worker's own gradient, and its moments are per worker. Under ``jax.pmap`` every 
 a leading device axis and none of this is needed.
 """
 
-from typing import Any
-
+import chex
 import jax
 import jax.extend
 import jax.numpy as jnp
@@ -29,22 +29,21 @@ from jax.sharding import PartitionSpec as P
 
 from compressors.network import axes
 
-PyTree = Any
 
 
-def add_device_axis(state: PyTree, specs: PyTree) -> PyTree:
+def add_device_axis(state: chex.ArrayTree, specs: chex.ArrayTree) -> chex.ArrayTree:
   """Gives every per-worker leaf (spec not ``P()``) a leading axis of size one, to leave
   ``shard_map``; ``specs`` is :func:`state_specs`'s."""
   return jax.tree.map(lambda x, spec: x if spec == P() else x[None], state, specs)
 
 
-def drop_device_axis(state: PyTree, specs: PyTree) -> PyTree:
+def drop_device_axis(state: chex.ArrayTree, specs: chex.ArrayTree) -> chex.ArrayTree:
   """Removes the leading axis :func:`add_device_axis` added (inside ``shard_map``)."""
   return jax.tree.map(lambda x, spec: x if spec == P() else x[0], state, specs)
 
 
-def state_specs(tx, params: PyTree, mesh: jax.sharding.Mesh, axis_name: axes.AxisName, *,
-                check_updates: bool = True, **extra_args) -> PyTree:
+def state_specs(tx, params: chex.ArrayTree, mesh: jax.sharding.Mesh, axis_name: axes.AxisName, *,
+                check_updates: bool = True, **extra_args) -> chex.ArrayTree:
   """``PartitionSpec``s of ``tx``'s state as :func:`add_device_axis` lays it out.
 
   Args:

@@ -3,13 +3,13 @@
 A study of compression needs many workers at a real model size, and one accelerator holds the
 memory of 8-64 workers of a ResNet-20 or a small transformer. :class:`Workers` runs
 ``per_device`` workers on every device of a mesh: ``jax.shard_map`` over the mesh axes and
-``jax.vmap`` over the last axis of ``axis_name`` (the simulated axis), so that the collectives of
-a transformation built with that ``axis_name`` span devices x workers (:mod:`compressors.network.axes`),
-ranks row-major: worker ``w`` of device ``d`` is rank ``d * per_device + w``. Each worker has its
-own batch shard, its own state and its own random fold, exactly as on :attr:`Workers.count`
-devices; the values equal those devices' to the reassociation of sums (a collective sums the
-workers of one device, then the devices; floating-point sums then round differently, by a few
-units of the last place; a payload all-reduced in float16 rounds in float16).
+``jax.vmap`` over the last axis of ``axis_name`` (the simulated axis), so that the collectives of a
+transformation built with that ``axis_name`` span devices x workers
+(:mod:`compressors.network.axes`), ranks row-major: worker ``w`` of device ``d`` is rank
+``d * per_device + w``. Each worker has its own batch shard, its own state and its own random fold,
+exactly as on :attr:`Workers.count` devices; the values equal those devices' to the reassociation of
+sums (a collective sums the workers of one device, then the devices; floating-point sums then round
+differently, by a few units of the last place; a payload all-reduced in float16 rounds in float16).
 
 Nothing travels between the workers of one device. What a step sends per worker is what it
 sends on :attr:`Workers.count` devices, read from the program compiled for them
@@ -25,13 +25,13 @@ import math
 from collections.abc import Callable, Hashable
 from typing import Any, NamedTuple
 
+import chex
 import jax
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from compressors.network import axes
 
-PyTree = Any
 
 
 class Workers(NamedTuple):
@@ -95,7 +95,7 @@ class Workers(NamedTuple):
     """The ``PartitionSpec`` on :attr:`mesh` of an array with one row per worker."""
     return P(self.device_axes if len(self.device_axes) > 1 else self.device_axes[0])
 
-  def layout(self, specs: PyTree) -> PyTree:
+  def layout(self, specs: chex.ArrayTree) -> chex.ArrayTree:
     """Specs of the equivalent program (``P(axis_name)`` per worker, ``P()`` replicated, as
     :func:`compressors.state_specs` gives them) -> specs on :attr:`mesh`."""
     return jax.tree.map(lambda s: P() if s == P() else self.spec, specs,
@@ -128,7 +128,7 @@ class Workers(NamedTuple):
         f"jax.config.update('jax_num_cpu_devices', {total}) before JAX's first computation "
         "(experiments.run does so from the config)")
 
-  def own_copy(self, params: PyTree) -> PyTree:
+  def own_copy(self, params: chex.ArrayTree) -> chex.ArrayTree:
     """A per-worker copy of replicated ``params``, to differentiate each worker's own loss.
 
     Under ``shard_map``'s replication checking, autodiff with respect to a replicated value sums
@@ -161,7 +161,7 @@ class Workers(NamedTuple):
     return one_worker
 
 
-def per_worker_axes(specs: PyTree) -> PyTree:
+def per_worker_axes(specs: chex.ArrayTree) -> chex.ArrayTree:
   """``in_axes``/``out_axes`` for :meth:`Workers.each` from specs: 0 per worker, None
   replicated."""
   return jax.tree.map(lambda s: None if s == P() else 0, specs, is_leaf=lambda s: isinstance(s, P))

@@ -5,11 +5,10 @@
 
 Calls :func:`experiments.bench.bytes.bytes_vs_workers` once per worker count (a child process
 simulating that many CPU devices compiles each exchange of a ResNet-50 and a BERT-base gradient;
-nothing runs). Each worker count takes about 2.5 minutes on 2 idle CPU cores (up to 8 on a busy
-machine). Quick (default): 2 workers (the smallest), 16 (two nodes of 8: the first count where
-the hierarchical mode has links between nodes, and TASC's 2 x 8 GPU setting) and 256 (the
-largest), about 8 minutes; every claim of the figure is answered at these three. ``full``: every
-power of two from 2 to 256, about 20 minutes.
+nothing runs). Quick (default): 2 workers (the smallest), 16 (two nodes of 8: the first count
+where the hierarchical mode has links between nodes, and TASC's 2 x 8 GPU setting) and 256 (the
+largest); every claim of the figure is answered at these three. ``full``: every power of two
+from 2 to 256, about three times as long.
 """
 
 import ml_collections

@@ -7,8 +7,7 @@ For 2 and 4 processes at 1 and 10 Gbit/s: :func:`experiments.bench.calibrate.cal
 loopback's alpha and beta, :func:`experiments.bench.links.link_times` times dense, top-k and
 TASC exchanges of one gradient, and the cost model predicts each. Without network namespaces (not
 root, no `ip`/`tc`) nothing runs and the report says why. Quick (default): a 4M-element gradient
-(16 MB), about 3 minutes on 2 busy CPU cores; ``full``: ResNet-50's 25,557,032 elements and 5
-repeats (estimated 10 minutes, not timed here).
+(16 MB); ``full``: ResNet-50's 25,557,032 elements and 5 repeats.
 """
 
 import ml_collections

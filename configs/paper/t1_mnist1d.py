@@ -7,8 +7,8 @@ row and seed of ``configs/paper/mnist1d.py``; run ``<row>_s<seed>`` works in
 ``workdir/<row>_s<seed>``. The rows (:func:`rows`) cover every registered method
 (:mod:`compressors.registry`): the settings chosen for the table (:data:`ROWS`), and the
 defaults of any method without a row of its own, under the method's name (fp16, bf16 and
-threshold today; a method registered later, by a plugin, too). 23 rows x 3 seeds today, about
-1-1.5 minutes each on 2 CPU cores (quick).
+threshold today; a method registered later, by a plugin, too). The reproduction's report
+(``paper_figures/t1.md``) records how long its runs took.
 
 Arguments: ``full`` (the config's full settings), ``seeds=N`` (default 3), ``subset=f4`` (only the
 runs of F4's loss curves: TASC with each sensitivity and top-k at 1% density, all with error

@@ -11,11 +11,10 @@ the batch). BERT-tiny runs are the sweep of ``configs/paper/t2_bert.py``
 optimizer's peak rate is first chosen from ``learning_rates`` at the smallest batch size (lowest
 final training loss), then scaled by ``sqrt(batch / base)``.
 
-Quick (default): MNIST-1D 30 epochs x 2 seeds (48 runs, 8 minutes with 2 jobs on 2 busy cores);
-BERT 8 epochs (about 900 training sequences of 128 tokens) at batch 32 to 256: 5 rate-selection
-runs at batch 32 and 6 more at the other batch sizes, 1.5-4 minutes each (about 25 minutes,
-up to 40 on a busy machine). ``full``: MNIST-1D 60 epochs x 3 seeds, BERT 40 epochs at batch 64
-to 512 (several hours).
+Quick (default): MNIST-1D 30 epochs x 2 seeds (48 runs); BERT 8 epochs (about 900 training
+sequences of 128 tokens) at batch 32 to 256: 5 rate-selection runs at batch 32 and 6 more at the
+other batch sizes (``paper_figures/t2.md`` records how long they took). ``full``: MNIST-1D 60
+epochs x 3 seeds, BERT 40 epochs at batch 64 to 512 (hours on a CPU).
 """
 
 import ml_collections

@@ -6,8 +6,7 @@
 (or ``python -m experiments.reproduce --target=t2``, which also writes the table). One run of
 ``configs/paper/large_batch.py`` per seed, optimizer and batch size of ``configs/paper/t2.py``
 (in that order); run ``<optimizer>_b<batch>_s<seed>`` works in ``workdir/<its name>``. Quick:
-48 runs, 9-35 s each; all of them took 8 minutes two at a time (``--jobs=2``) on 2 CPU cores
-that another job kept busy.
+48 runs (``paper_figures/t2.md`` records how long they took).
 
 Arguments: ``full`` (``configs/paper/t2.py``'s full settings), ``smoke`` (one seed of each
 optimizer at the two smallest batch sizes, 2 steps each, for tests).
