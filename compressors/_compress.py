@@ -192,7 +192,7 @@ class _Exchanged(NamedTuple):
   mean: jax.Array
   kept: jax.Array
   state: protocol.BufferState
-  support: jax.Array | None
+  sent_mask: jax.Array | None
 
 
 def _update(s: _Settings, updates: chex.ArrayTree, state: CompressState,
@@ -227,7 +227,7 @@ def _update(s: _Settings, updates: chex.ArrayTree, state: CompressState,
           for i, (g, e, b) in enumerate(zip(grad_buffers, residual_buffers, buffer_states))]
   sent = ()
   if s.report_sent:
-    sent = layout.to_tree([jnp.ones(o.mean.shape, bool) if o.support is None else o.support
+    sent = layout.to_tree([jnp.ones(o.mean.shape, bool) if o.sent_mask is None else o.sent_mask
                            for o in outs], [jnp.zeros(g.shape, bool) for g in grads])
   new_state = CompressState(
       count=state.count + 1, key=state.key,
@@ -269,7 +269,7 @@ def _exchange_buffer(s: _Settings, i: int, g: jax.Array, e: jax.Array | None,
     out = protocol.exchange(s.compressor, x, bstate, ctx)
     kept = x - out.sent
   if s.dense_axis is None:
-    return _Exchanged(out.mean, kept, out.state, out.support)
+    return _Exchanged(out.mean, kept, out.state, out.sent_mask)
   return _Exchanged(_all_gather(out.mean / group, s.dense_axis, g.size),
                     _place_owned_shard(kept, s.dense_axis, g.size), out.state, None)
 

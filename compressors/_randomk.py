@@ -48,12 +48,13 @@ def randomk(density: float, *, rescale: bool = False) -> protocol.Compressor:
     scale = ctx.size / values.shape[0] if rescale else 1.0
     return jnp.zeros((ctx.size,), values.dtype).at[indices(ctx)].set(values * scale)
 
-  def support(values, ctx):
+  def sent_mask_of(values, ctx):
     del values
     return jnp.zeros((ctx.size,), bool).at[indices(ctx)].set(True)
 
   return protocol.Compressor(
-      name="randomk", encode=encode, decode=decode, exchange="psum", support=support,
+      name="randomk", encode=encode, decode=decode, exchange="psum",
+      sent_mask_of=sent_mask_of,
       validate=lambda size, where: sparse.selection_size(density, size, where, "randomk"))
 
 

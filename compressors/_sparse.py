@@ -155,7 +155,7 @@ def decode(payload: SparsePayload, size: int) -> jax.Array:
   return jnp.zeros((size,), values.dtype).at[payload.indices].add(values)
 
 
-def support(payload: SparsePayload, size: int) -> jax.Array:
+def sent_mask(payload: SparsePayload, size: int) -> jax.Array:
   """``bool[size]``: True at the payload's valid indices."""
   valid = (jnp.ones(payload.indices.shape, bool) if payload.count is None
            else jnp.arange(payload.indices.shape[-1]) < payload.count)
@@ -179,7 +179,7 @@ def all_gather_compressor(name: str, encode, **fields) -> protocol.Compressor:
       decode=lambda p, ctx: decode(p, ctx.size),
       decode_gathered=lambda p, ctx: decode_gathered(p, ctx.size, ctx.num_workers),
       exchange="all_gather",
-      support=lambda p, ctx: support(p, ctx.size),
+      sent_mask_of=lambda p, ctx: sent_mask(p, ctx.size),
       **fields)
 
 

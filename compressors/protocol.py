@@ -40,10 +40,11 @@ How payloads meet (``exchange``)
     :meth:`Context.all_gather`), which honour the transformation's schedule.
 
 What was sent
-  Every :class:`Aggregate` says which entries this worker sent (``support``: a boolean mask, or
+  Every :class:`Aggregate` says which entries this worker sent (``sent_mask``: a boolean mask, or
   None for "every entry", as a quantizer sends), so that wrappers such as DGC's momentum
   correction (:func:`compressors.momentum_correction`) know what left the worker.
-  Encode/decode compressors give it with ``support(payload, ctx)``.
+  Encode/decode compressors give it with ``sent_mask_of(payload, ctx)``. ("Support" is kept for
+  the set of entries or blocks a sparsifier chooses, as in TASC's ``support`` setting.)
 
 Residuals
   :func:`compressors.compress` keeps ``x - sent``; a sparsifier may instead keep ``x`` with the
@@ -150,12 +151,12 @@ class Aggregate(NamedTuple):
     sent: this worker's contribution as it left the worker (``decode(encode(x))``); error
       feedback keeps ``x - sent``.
     state: the compressor's updated state for this buffer.
-    support: ``bool[d]``, the entries this worker sent; None when it sent every entry.
+    sent_mask: ``bool[d]``, the entries this worker sent; None when it sent every entry.
   """
   mean: jax.Array
   sent: jax.Array
   state: chex.ArrayTree
-  support: jax.Array | None = None
+  sent_mask: jax.Array | None = None
 
 
 class BufferState(NamedTuple):
@@ -192,7 +193,7 @@ class Compressor(NamedTuple):
       compressor reads from ``ctx.extras``.
     validate: ``(size, where) -> None`` raising a clear ValueError when the compressor cannot
       handle a buffer of ``size`` elements; ``where`` names the leaf for the message.
-    support: ``(payload, ctx) -> bool[d]``, the entries a payload carries; None when every
+    sent_mask_of: ``(payload, ctx) -> bool[d]``, the entries a payload carries; None when every
       payload carries every entry.
   """
   name: str
@@ -206,7 +207,7 @@ class Compressor(NamedTuple):
   aggregate: Callable[..., Aggregate] | None = None
   extra_args: tuple[str, ...] = ()
   validate: Callable[[int, str], None] | None = None
-  support: Callable[..., jax.Array] | None = None
+  sent_mask_of: Callable[..., jax.Array] | None = None
 
 
 class ResidualAggregate(NamedTuple):
@@ -279,8 +280,9 @@ def exchange(compressor: Compressor, x: jax.Array, state: BufferState, ctx: Cont
 
   payload, cstate = compressor.encode(x, state.compressor, ctx)
   sent = compressor.decode(payload, ctx)
-  support = None if compressor.support is None else compressor.support(payload, ctx)
-  out = Aggregate(mean=sent, sent=sent, state=state._replace(compressor=cstate), support=support)
+  sent_mask = None if compressor.sent_mask_of is None else compressor.sent_mask_of(payload, ctx)
+  out = Aggregate(mean=sent, sent=sent, state=state._replace(compressor=cstate),
+                  sent_mask=sent_mask)
   if ctx.axis_name is None:
     return out
   if compressor.exchange == "psum":

@@ -236,7 +236,7 @@ def _step(c: _Parts, g: jax.Array, e: jax.Array | None, state: TascState,
   aggregate = protocol.Aggregate(
       mean=mean, sent=_put_blocks(jnp.zeros_like(x), indices, out.sent_rows, block),
       state=TascState(curvature=curvature, scores=out.scores, scale=out.scale),
-      support=_put_blocks(jnp.zeros(x.shape, bool), indices, sent_blocks, block))
+      sent_mask=_put_blocks(jnp.zeros(x.shape, bool), indices, sent_blocks, block))
   kept = _put_blocks(x, _after(indices, energies), blocks - out.sent_rows, block)
   return aggregate, kept
 

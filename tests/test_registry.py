@@ -44,12 +44,12 @@ def halves(first: int = 0) -> compressors.Compressor:
   def decode(values, ctx):
     return jnp.zeros((ctx.size,), values.dtype).at[indices(ctx)].set(values, mode="drop")
 
-  def support(values, ctx):
+  def sent_mask_of(values, ctx):
     del values
     return jnp.zeros((ctx.size,), bool).at[indices(ctx)].set(True, mode="drop")
 
   return compressors.Compressor(name="halves", encode=encode, decode=decode, exchange="psum",
-                                support=support, extra_args=("weight",))
+                                sent_mask_of=sent_mask_of, extra_args=("weight",))
 
 
 @dataclasses.dataclass(frozen=True)
