@@ -233,8 +233,8 @@ def _evaluation_sums(model, task):
 def _data_parallel(config, model, task, tx, workers, example: TrainState,
                    batch) -> compressors.DataParallel:
   """The run's data-parallel step (:func:`compressors.data_parallel`) of ``tx`` on ``workers``,
-  with the method's step kinds; ``example`` and ``batch`` are abstract (shapes, dtypes), the
-  batch's rows of every worker one after the other."""
+  with the method's step kinds; ``example`` and ``batch`` are read for their shapes and dtypes
+  only, the batch's rows of every worker one after the other."""
   return compressors.data_parallel(
       _training_loss(model, task), tx, workers.mesh, example.params, batch,
       axis_name=workers.axis_name, workers_per_device=workers.per_device,
@@ -305,9 +305,10 @@ def _prefetch(make, steps, depth=2):
 _dense_bytes_cache: dict[str, float] = {}
 
 
-def _dense_bytes(config, model, task, learning_rate, workers, example, batch) -> float:
+def _dense_bytes(config, model, task, learning_rate, workers, state, batch) -> float:
   """Bytes per worker of the same step with ``method="dense"`` (compiled, never run; remembered
-  per process for runs that differ only in the method, as a sweep's do)."""
+  per process for runs that differ only in the method, as a sweep's do); ``state`` and ``batch``
+  are read for their shapes only."""
   key = json.dumps([workers.count, workers.per_device,
                     {k: v for k, v in config.to_dict().items()
                      if k not in ("method", "compression")}], sort_keys=True, default=str)
@@ -318,32 +319,32 @@ def _dense_bytes(config, model, task, learning_rate, workers, example, batch) ->
     dense_config.compression.momentum_correction = 0.0
     dense_config.compression.clip_norm = None
     dense_tx = methods.make_chain(dense_config, learning_rate, workers.axis_name)
-    dense = _data_parallel(dense_config, model, task, dense_tx, workers, example, batch)
-    opt_state = jax.eval_shape(dense.init, example.params)
-    _dense_bytes_cache[key] = dense.wire_bytes(example.params, opt_state, batch,
-                                               model_state=example.model_state).total
+    dense = _data_parallel(dense_config, model, task, dense_tx, workers, state, batch)
+    opt_state = jax.eval_shape(dense.init, state.params)
+    _dense_bytes_cache[key] = dense.wire_bytes(state.params, opt_state, batch,
+                                               model_state=state.model_state).total
   return _dense_bytes_cache[key]
 
 
-def _communication(config, model, task, learning_rate, dp, example: TrainState, batch,
+def _communication(config, model, task, learning_rate, dp, state: TrainState, batch,
                    steps: int) -> dict[str, Any]:
   """Bytes per worker per step, read from compiled programs (one worker per device): the
   gradient exchange of each step kind (``bytes_by_kind``), their mean over the run's ``steps``
   (``wire_bytes``: each step charged its kind's), the same step with ``method="dense"``
   (``dense_bytes``), ``compression_ratio`` (None with one worker: no bytes travel) and
   ``guard_bytes`` (the reliability checks: the non-finite skip's flag, part of every step and
-  taken out of the others, and the replica check, spread over its interval)."""
-  in_step_guard, replica_check = (dp.guard_bytes(example.params) if config.skip_nonfinite or
-                                  config.check_replicas_every else (0.0, 0.0))
-  in_step_guard = in_step_guard if config.skip_nonfinite else 0.0
-  by_kind = {kind: dp.wire_bytes(example.params, example.opt_state, batch, kind=kind,
-                                 model_state=example.model_state).total - in_step_guard
+  taken out of the others, and the replica check, spread over its interval). ``state`` is read
+  for its shapes only."""
+  in_step_guard = dp.nonfinite_flag_bytes() if config.skip_nonfinite else 0.0
+  replica_check = (dp.replica_check_bytes(state.params) / config.check_replicas_every
+                   if config.check_replicas_every else 0.0)
+  by_kind = {kind: dp.wire_bytes(state.params, state.opt_state, batch, kind=kind,
+                                 model_state=state.model_state).total - in_step_guard
              for kind in dp.kinds}
   wire = dp.bytes_per_step(by_kind, 0, steps)
   dense = (by_kind[dp.kind_at(1)] if config.method == "dense" else
-           _dense_bytes(config, model, task, learning_rate, dp.workers, example, batch)
+           _dense_bytes(config, model, task, learning_rate, dp.workers, state, batch)
            - in_step_guard)
-  replica_check = replica_check / config.check_replicas_every if config.check_replicas_every else 0
   return {"wire_bytes": wire, "dense_bytes": dense,
           "compression_ratio": dense / wire if wire else None,
           "bytes_by_kind": by_kind, "guard_bytes": in_step_guard + replica_check}
@@ -584,8 +585,7 @@ def _prepare(config, workdir, lock_workdir) -> tuple[_Run, TrainState]:
   if resumed is not None:
     logging.warning("%s: resuming from the checkpoint of step %d", workdir, resumed[0])
     state = resumed[1]
-  example = example._replace(opt_state=jax.eval_shape(lambda: state.opt_state))
-  communication = _communication(config, model, task, learning_rate, dp, example, batch_shape,
+  communication = _communication(config, model, task, learning_rate, dp, state, batch_shape,
                                  steps)
   return _Run(config, workdir, workers, dataset, steps, learning_rate, dp,
               dp.reduce(_evaluation_sums(model, task)), communication, checkpointer,

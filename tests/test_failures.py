@@ -33,7 +33,6 @@ from experiments import interrupt
 from experiments import launch
 from experiments import lock
 from experiments import logs
-from experiments import sweep
 from experiments import train
 from experiments import validation
 from experiments.data import fake

@@ -59,7 +59,6 @@ from compressors.parallel import per_worker
 from compressors.parallel import workers as workers_lib
 
 
-
 class StepKind(NamedTuple):
   """One kind of step: its name, how often it runs, and the inputs it passes to the update.
 
@@ -124,10 +123,10 @@ class DataParallel(NamedTuple):
   Attributes:
     init: ``params -> state``, jitted: the transformation's state, per-worker leaves laid out
       per worker (one row per worker, as :attr:`specs` say; under ``pmap`` every leaf).
-    step: ``(params, state, batch, *, kind=None) -> (params, state, metrics)``, jitted.
+    step: ``(params, state, batch, *, kind) -> (params, state, metrics)``, jitted.
       ``params`` are replicated; every leaf of ``batch`` is split over the workers along its
       first axis (each worker differentiates its loss on its share); ``kind`` names the step's
-      kind (:attr:`kinds`; None: the every-step kind). ``metrics``: ``loss``, the mean over
+      kind (:attr:`kinds`; by default the every-step kind). ``metrics``: ``loss``, the mean over
       workers of their losses; ``skipped_steps`` (with ``skip_nonfinite``), the steps skipped so
       far; ``aux`` (with ``has_aux`` or ``model_state``), every worker's aux stacked along a
       leading worker axis.
@@ -165,9 +164,11 @@ class DataParallel(NamedTuple):
   def wire_bytes(self, params: chex.ArrayTree, state: chex.ArrayTree, batch: chex.ArrayTree, *,
                  kind: str | None = None,
                  model_state: chex.ArrayTree = ()) -> hlo_bytes.WireBytes:
-    """Bytes one worker sends in a step of ``kind``, read from its compiled program (compiled,
-    never run): with several workers per device, from the program of one worker per device.
-    ``params``, ``state``, ``batch`` and ``model_state`` may be abstract (shapes, dtypes)."""
+    """Bytes one worker sends in a step of ``kind`` (None: the every-step kind), read from its
+    compiled program (compiled, never run): with several workers per device, from the program of
+    one worker per device. ``params``, ``state``, ``batch`` and ``model_state`` may be abstract
+    (shapes, dtypes)."""
+    kind = kind or self.kind_at(1)  # only an every-step kind runs at step 1
     if self.workers is not None and self.workers.per_device > 1:
       one_each = self.equivalent()
       shapes = lambda tree, specs: _abstract(tree, one_each.mesh, specs)
@@ -190,20 +191,22 @@ class DataParallel(NamedTuple):
     counts = kind_counts(tuple(self.kinds.values()), start, stop)
     return sum(per_kind[k] * n for k, n in counts.items()) / max(1, stop - start)
 
-  def guard_bytes(self, params: chex.ArrayTree) -> tuple[float, float]:
-    """Bytes per worker of the reliability checks, from programs compiled for one worker per
-    device: ``(in_step, replica_check)``, the non-finite skip's flag (part of every step) and one
-    replica check (:attr:`replicas_agree`). ``params`` may be abstract."""
-    one_each = self.equivalent() if self.workers.per_device > 1 else self
-    layout = one_each.workers
+  def nonfinite_flag_bytes(self) -> float:
+    """Bytes per worker of the non-finite skip's flag, a part of every step (compiled alone, for
+    one worker per device: it does not depend on the gradient)."""
+    layout = (self.equivalent() if self.workers.per_device > 1 else self).workers
     guard = nonfinite.skip_nonfinite(optax.identity(), axis_name=layout.axis_name)
     flag_only = jax.shard_map(lambda g: guard.update(g[0], guard.init(g[0]))[1].skipped[None],
                               mesh=layout.mesh, in_specs=layout.spec, out_specs=layout.spec)
-    in_step = hlo_bytes.wire_bytes(flag_only,
-                                   jax.ShapeDtypeStruct((layout.count,), jnp.float32)).total
-    replica_check = hlo_bytes.wire_bytes(one_each.replicas_agree,
-                                         _abstract(params, layout.mesh, P())).total
-    return in_step, replica_check
+    return hlo_bytes.wire_bytes(flag_only,
+                                jax.ShapeDtypeStruct((layout.count,), jnp.float32)).total
+
+  def replica_check_bytes(self, params: chex.ArrayTree) -> float:
+    """Bytes per worker of one replica check (:attr:`replicas_agree`), compiled for one worker
+    per device; ``params`` may be abstract."""
+    one_each = self.equivalent() if self.workers.per_device > 1 else self
+    return hlo_bytes.wire_bytes(one_each.replicas_agree,
+                                _abstract(params, one_each.mesh, P())).total
 
 
 def data_parallel(loss_fn: Callable[..., Any], tx: optax.GradientTransformation,
@@ -407,10 +410,10 @@ class _WorkerStep(NamedTuple):
 
   def gathered(self, metrics):
     """A worker's metrics as :attr:`DataParallel.step` reports them: the mean loss, every
-    worker's aux stacked along a leading worker axis."""
-    metrics = dict(metrics, loss=jax.lax.pmean(metrics["loss"], self.axis_name))
-    if "skipped_steps" in metrics:  # the same on every worker: the skip is in lockstep
-      metrics["skipped_steps"] = jax.lax.pmax(metrics["skipped_steps"], self.axis_name)
+    worker's aux stacked along a leading worker axis (``skipped_steps`` is left out: the caller
+    takes it from the replicated state)."""
+    metrics = {k: v for k, v in metrics.items() if k != "skipped_steps"}
+    metrics["loss"] = jax.lax.pmean(metrics["loss"], self.axis_name)
     if "aux" in metrics:
       metrics["aux"] = jax.tree.map(lambda a: axes.all_gather(a, self.axis_name), metrics["aux"])
     return metrics
@@ -446,37 +449,30 @@ class _Programs(NamedTuple):
   def train_step(self):
     layout, by_name = self.layout, {k.name: k for k in self.kinds}
     specs = TrainState(P(), P(), layout.spec, self.specs)
-    default = next(k.name for k in self.kinds if k.every == 1)
 
     # Metrics come out one row per worker (no collective in the step for them).
     @functools.partial(jax.jit, static_argnames="kind", donate_argnums=0)
-    def jitted(state, batch, kind):
+    def train_step(state, batch, kind=kind_at(self.kinds, 1)):
       return self.shard_map(functools.partial(self.per_device, kind=by_name[kind]),
                             in_specs=(specs, layout.spec), out_specs=(specs, layout.spec))(
                                 state, batch)
-
-    def train_step(state, batch, *, kind=None):
-      return jitted(state, batch, kind=kind or default)
-    # Compiled without running, as wire_bytes does, or traced for another platform.
-    train_step.lower = lambda state, batch, *, kind=None: jitted.lower(state, batch,
-                                                                       kind=kind or default)
-    train_step.trace = lambda state, batch, *, kind=None: jitted.trace(state, batch,
-                                                                       kind=kind or default)
     return train_step
 
   def simple_step(self, donate: bool):
     """``(params, state, batch, *, kind) -> (params, state, metrics)``: the step without model
     state or a step count (step 0's keys)."""
     layout, by_name = self.layout, {k.name: k for k in self.kinds}
-    default = next(k.name for k in self.kinds if k.every == 1)
+    default = kind_at(self.kinds, 1)
 
-    @functools.partial(jax.jit, static_argnums=3, donate_argnums=(1,) if donate else ())
-    def jitted(params, state, batch, kind):
+    @functools.partial(jax.jit, static_argnames="kind", donate_argnums=(1,) if donate else ())
+    def jitted(params, state, batch, kind=default):
       def body(params, state, batch):
         train_state = TrainState(jnp.zeros((), jnp.int32), params, (), state)
         new, metrics = self.per_device(train_state, batch, by_name[kind])
-        gather = self.layout.each(self.worker.gathered, 0, None)
-        return new.params, new.opt_state, gather(metrics)
+        gathered = self.layout.each(self.worker.gathered, 0, None)(metrics)
+        if self.worker.skip_nonfinite:
+          gathered["skipped_steps"] = new.opt_state.skipped
+        return new.params, new.opt_state, gathered
       return self.shard_map(body, in_specs=(P(), self.specs, layout.spec),
                             out_specs=(P(), self.specs, P()))(params, state, batch)
 
@@ -484,11 +480,10 @@ class _Programs(NamedTuple):
     # first call, on the caller's arrays, compiles the same program as the later ones.
     replicated, split = NamedSharding(layout.mesh, P()), NamedSharding(layout.mesh, layout.spec)
 
-    def step(params, state, batch, *, kind=None):
+    def step(params, state, batch, *, kind=default):
       return jitted(jax.device_put(params, replicated), state, jax.device_put(batch, split),
-                    kind or default)
-    step.lower = lambda params, state, batch, *, kind=None: jitted.lower(
-        params, state, batch, kind or default)
+                    kind=kind)
+    step.lower = jitted.lower  # compiled without running, as wire_bytes does
     return step
 
   def reduce(self, fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -520,12 +515,15 @@ def _on_pmap(worker: _WorkerStep, kinds: tuple[StepKind, ...], axis_name,
   init_each = jax.pmap(worker.tx.init, axis_name=axis_name)
   init = lambda params: init_each(copies(params))
   by_name = {k.name: k for k in kinds}
-  default = next(k.name for k in kinds if k.every == 1)
+  default = kind_at(kinds, 1)
 
   def one_device(params, state, batch, kind):
     params, _, state, metrics = worker(jnp.zeros((), jnp.int32), params, (), state, batch,
                                        by_name[kind])
-    return params, state, worker.gathered(metrics)
+    gathered = worker.gathered(metrics)
+    if worker.skip_nonfinite:
+      gathered["skipped_steps"] = state.skipped
+    return params, state, gathered
 
   @functools.lru_cache(maxsize=None)
   def pmapped(kind):
@@ -533,9 +531,9 @@ def _on_pmap(worker: _WorkerStep, kinds: tuple[StepKind, ...], axis_name,
                     in_axes=(None, 0, 0), out_axes=(None, 0, None),
                     donate_argnums=(1,) if donate else ())
 
-  def step(params, state, batch, *, kind=None):
-    return pmapped(kind or default)(params, state, split(batch))
-  step.lower = lambda params, state, batch, *, kind=None: pmapped(kind or default).lower(
+  def step(params, state, batch, *, kind=default):
+    return pmapped(kind)(params, state, split(batch))
+  step.lower = lambda params, state, batch, *, kind=default: pmapped(kind).lower(
       params, state, split(batch))
   return DataParallel(init=init, step=step, train_step=None, kinds=by_name, specs=None,
                       mesh=None)
