@@ -1,12 +1,14 @@
 """Each compressor's aggregate against a numpy reference of its algorithm, on 8 workers."""
 
 import importlib
+import re
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from jax.sharding import PartitionSpec as P
 
 import scipy.stats
 
@@ -245,6 +247,45 @@ def test_sampled_top_k_fills_its_capacity_when_no_threshold_splits_ties():
   sent = np.asarray(grads) - np.asarray(new_state.residual["w"])
   assert np.all(np.count_nonzero(sent, axis=1) == 10)
   np.testing.assert_allclose(np.asarray(new_state.residual["w"]) + sent, grads)
+
+
+def test_sampled_top_k_in_the_contexts_an_accelerator_runs_it(monkeypatch):
+  """The selection top-k takes on accelerators, where it runs there: 8 workers simulated as 2
+  devices x 4 (vmap inside shard_map) send what 8 devices do (check_vma on), at the same bytes;
+  and traced as a GPU process traces it ("auto"), lowered for 8 abstract H100s, it sorts no
+  full buffer (its top_k calls see the sample and the candidates only)."""
+  size, density = 4096, 0.01
+  params = {"w": jnp.zeros((size,))}
+  batch = (jax.random.normal(jax.random.PRNGKey(1), (N * 4, size)), jnp.zeros((N * 4,)))
+  loss = lambda p, b: jnp.mean((b[0] @ p["w"] - b[1]) ** 2)
+  runs = {}
+  for devices, per_device in ((N, 1), (2, N // 2)):
+    axis = "data" if per_device == 1 else ("data", "worker")
+    tx = optax.chain(compressors.compress(compressors.topk(density, selection="sampled"),
+                                          axis_name=axis), optax.sgd(0.1))
+    dp = compressors.data_parallel(loss, tx, harness.mesh(devices), params, batch,
+                                   axis_name=axis, workers_per_device=per_device)
+    p, state = params, dp.init(params)
+    for _ in range(3):
+      p, state, _ = dp.step(p, state, batch)
+    runs[devices] = (np.asarray(p["w"]), dp.wire_bytes(p, state, batch).total)
+  np.testing.assert_allclose(runs[2][0], runs[N][0], rtol=1e-5, atol=1e-7)
+  assert runs[2][1] == runs[N][1]
+
+  h100 = jax.sharding.AbstractDevice(device_kind="NVIDIA H100 80GB HBM3", num_cores=132,
+                                     platform="gpu")
+  mesh = jax.sharding.AbstractMesh((N,), ("data",), axis_types=(jax.sharding.AxisType.Auto,),
+                                   abstract_device=h100)
+  tx = compressors.compress(compressors.topk(density), axis_name="data")  # selection="auto"
+  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+  grads = jax.ShapeDtypeStruct((N, size), jnp.float32,
+                               sharding=jax.sharding.NamedSharding(mesh, P("data")))
+  step = jax.shard_map(lambda g: tx.update({"w": g[0]}, tx.init({"w": g[0]}))[0]["w"],
+                       mesh=mesh, in_specs=P("data"), out_specs=P())
+  with jax.sharding.use_abstract_mesh(mesh):
+    text = jax.jit(step).trace(grads).lower(lowering_platforms=("cuda",)).as_text()
+  sorted_sizes = [int(n) for n in re.findall(r"top_k\(.*\) : tensor<(\d+)xf32>", text)]
+  assert sorted_sizes and max(sorted_sizes) < size, sorted_sizes
 
 
 def test_topk_refuses_an_unknown_selection():
