@@ -38,10 +38,21 @@ from compressors.parallel.data_parallel import TrainState
 from compressors.parallel.data_parallel import data_parallel
 from compressors._dense import cast
 from compressors._dense import dense
+from compressors._demo import DemoState
+from compressors._demo import demo
 from compressors._dgc import dgc
+from compressors._local import LocalUpdatesState
+from compressors._local import apply_local_updates
+from compressors._local import local_update_kinds
+from compressors._local import local_updates
+from compressors._local import nesterov_outer
+from compressors._local import synchronised_params
+from compressors._intq import quantize
 from compressors.parallel.drift import replicas_agree
 from compressors._momentum import MomentumCorrectionState
 from compressors._momentum import momentum_correction
+from compressors._onebit_adam import OnebitAdamState
+from compressors._onebit_adam import onebit_adam
 from compressors.parallel.nonfinite import SkipNonFiniteState
 from compressors.parallel.nonfinite import skip_nonfinite
 from compressors.parallel.per_worker import add_device_axis
@@ -57,6 +68,10 @@ from compressors._sign import signsgd
 from compressors._terngrad import terngrad
 from compressors._threshold import threshold
 from compressors._topk import topk
+from compressors._warmup import density_warmup
+from compressors._warmup import warmup_boundaries
+from compressors._warmup import warmup_densities
+from compressors._warmup import warmup_kinds
 from compressors.network.axes import AxisName
 from compressors.network.collectives import all_reduce
 from compressors.protocol import Aggregate
@@ -74,12 +89,15 @@ _PLANNER = ("Bucket", "Plan", "plan")
 
 __all__ = (
     "Aggregate", "AxisName", "Bucket", "CompressState", "Compressor", "Context", "DataParallel",
-    "Link", "MomentumCorrectionState", "Plan", "ResidualAggregate", "SkipNonFiniteState",
-    "StepKind", "Topology", "TrainState", "WireBytes", "Workers", "add_device_axis",
-    "all_reduce", "cast", "collective_cost", "compress", "data_parallel", "dense", "dgc",
-    "drop_device_axis", "efsignsgd", "momentum_correction", "onebit", "plan", "powersgd",
-    "qsgd", "randomk", "registry", "replicas_agree", "signsgd", "skip_nonfinite", "state_specs",
-    "terngrad", "threshold", "topk", "uniform_subset", "wire_bytes",
+    "DemoState", "Link", "LocalUpdatesState", "MomentumCorrectionState", "OnebitAdamState", "Plan",
+    "ResidualAggregate", "SkipNonFiniteState", "StepKind", "Topology", "TrainState", "WireBytes",
+    "Workers", "add_device_axis", "all_reduce", "apply_local_updates", "cast", "collective_cost",
+    "compress", "data_parallel", "demo", "dense", "density_warmup", "dgc", "drop_device_axis",
+    "efsignsgd", "local_update_kinds", "local_updates", "momentum_correction", "nesterov_outer",
+    "onebit", "onebit_adam", "plan", "powersgd", "qsgd", "quantize", "randomk", "registry",
+    "replicas_agree", "signsgd", "skip_nonfinite", "state_specs", "synchronised_params", "terngrad",
+    "threshold", "topk", "uniform_subset", "warmup_boundaries", "warmup_densities", "warmup_kinds",
+    "wire_bytes"
 )
 
 

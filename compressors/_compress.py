@@ -10,11 +10,15 @@ et al. 2019 "Error feedback fixes SignSGD and other gradient compression schemes
 
   a = g + e;   sent = decode(encode(a));   e' = a - sent
 
-so that ``sent + e' == a`` at every step: nothing that was not sent is lost.
+so that ``sent + e' == a`` at every step: nothing that was not sent is lost. With
+``error_decay = beta < 1`` (SparseLoCo, Sarfi et al. 2025, arXiv 2508.15706) the residual fades
+before it is added, ``a = g + beta e``: what is not sent for long is forgotten rather than sent
+late, and ``sent + e' == a`` still holds.
 """
 
 import dataclasses
 from collections.abc import Callable, Hashable
+import numbers
 from typing import Any, NamedTuple
 
 import chex
@@ -58,6 +62,7 @@ class _Settings:
   axis_name: axes.AxisName
   dense_axis: axes.AxisName
   error_feedback: bool
+  error_decay: float
   fuse: bool
   seed: int
   schedule_of_buffer: Callable[[int, int], str]
@@ -68,7 +73,8 @@ class _Settings:
 def compress(compressor: protocol.Compressor, *, axis_name: axes.AxisName,
              dense_axis: axes.AxisName = None, error_feedback: bool = True, fuse: bool = True,
              seed: int = 0, schedule: Any = "psum", topology: Any = None,
-             report_sent: bool = False) -> optax.GradientTransformationExtraArgs:
+             report_sent: bool = False,
+             error_decay: float = 1.0) -> optax.GradientTransformationExtraArgs:
   """Compresses each worker's gradient, exchanges it, and returns the decoded mean.
 
   Args:
@@ -102,6 +108,10 @@ def compress(compressor: protocol.Compressor, *, axis_name: axes.AxisName,
     report_sent: keep in the state (``CompressState.sent``) which entries each worker sent at
       the latest step, for wrappers that need it (:func:`compressors.momentum_correction`);
       costs one boolean per gradient entry and worker. Flat mode only.
+    error_decay: the factor ``beta`` in [0, 1] the residual is multiplied by before it is added
+      to the next gradient, ``a = g + beta e`` (SparseLoCo, Sarfi et al. 2025, arXiv
+      2508.15706, decays it by 0.95); 1, the default, is error feedback as Seide et al. and
+      Stich et al. have it, bit for bit. Needs ``error_feedback``.
 
   Returns:
     An ``optax.GradientTransformationExtraArgs``. Extra arguments named in
@@ -110,7 +120,8 @@ def compress(compressor: protocol.Compressor, *, axis_name: axes.AxisName,
   """
   settings = _Settings(
       compressor=compressor, axis_name=axis_name, dense_axis=dense_axis,
-      error_feedback=error_feedback, fuse=fuse, seed=seed,
+      error_feedback=error_feedback,
+      error_decay=_check_error_decay(error_decay, error_feedback), fuse=fuse, seed=seed,
       schedule_of_buffer=_check_arguments(compressor, axis_name, dense_axis, seed, schedule,
                                           topology, report_sent),
       topology=topology, report_sent=report_sent)
@@ -141,6 +152,20 @@ def _check_arguments(compressor, axis_name, dense_axis, seed, schedule, topology
                      "hierarchical mode a device sends the reduced shard of its node, not its own "
                      "entries; report_sent is for flat mode")
   return _schedules(schedule, topology, axis_name)
+
+
+def _check_error_decay(error_decay: float, error_feedback: bool) -> float:
+  """``error_decay`` as a float, refused outside [0, 1] or, unless 1, without error feedback."""
+  if isinstance(error_decay, bool) or not isinstance(error_decay, numbers.Real):
+    raise TypeError(f"compress: error_decay must be a number in [0, 1], got {error_decay!r}")
+  if not 0.0 <= float(error_decay) <= 1.0:
+    raise ValueError(f"compress: error_decay={error_decay!r} is outside [0, 1]; it multiplies "
+                     "the error-feedback residual before it is added to the next gradient (1: "
+                     "no decay)")
+  if float(error_decay) != 1.0 and not error_feedback:
+    raise ValueError(f"compress: error_decay={error_decay!r} with error_feedback=False: there is "
+                     "no residual to decay; allowed: error_decay=1.0, or error_feedback=True")
+  return float(error_decay)
 
 
 def _init(s: _Settings, params: chex.ArrayTree) -> CompressState:
@@ -210,6 +235,8 @@ def _update(s: _Settings, updates: chex.ArrayTree, state: CompressState,
   residuals = treedef.flatten_up_to(state.residual) if s.error_feedback else None
   residual_buffers = (layout.to_buffers(residuals) if s.error_feedback
                       else [None] * len(grad_buffers))
+  if s.error_feedback and s.error_decay != 1.0:  # 1: no multiply, so no change in any bit
+    residual_buffers = [e * s.error_decay for e in residual_buffers]
   extras = {name: layout.to_buffers(_extra_leaves(name, extra_args[name], treedef, grads))
             for name in s.compressor.extra_args if extra_args.get(name) is not None}
   wheres = (["the fused gradient"] if s.fuse else [f"gradient leaf {p}" for p in paths])

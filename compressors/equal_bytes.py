@@ -15,6 +15,13 @@ that is not within ``tolerance`` (a method whose bytes are fixed, or that cannot
 PowerSGD sends the model's vectors uncompressed, TASC's block scores cost one number per block).
 The bytes of the settings it picks are then checked against the compiled step
 (``tests/test_equal_bytes.py``: within 10% at 8 and 32 workers).
+
+A local-update method (DiLoCo) sends its exchange's bytes once every ``H`` steps, so its bytes
+per step are the exchange's over ``H``, and a tier can be met by ``H``, by the exchange's own
+setting, or by both (``H = 100`` with float32 is 100x; ``H = 10`` with TASC at 10x is too). The
+rule: an exchange whose bytes are fixed (dense, fp16, int8) meets the tier through ``H``; one
+with a budget (top-k's density, TASC's) keeps the configured ``H`` and meets the tier through
+its budget, at ``ratio / H``.
 """
 
 import dataclasses
@@ -41,6 +48,7 @@ class Solution(NamedTuple):
     target_bytes: ``dense_bytes / ratio``.
     feasible: whether ``bytes`` is within the tolerance of the target.
     note: why not, when not (''otherwise).
+    exchange_settings: a local-update method's exchange's settings (None for others).
   """
   method: str
   settings: Any
@@ -49,6 +57,7 @@ class Solution(NamedTuple):
   target_bytes: float
   feasible: bool
   note: str = ""
+  exchange_settings: Any = None
 
   @property
   def ratio(self) -> float:
@@ -64,13 +73,19 @@ def topology(num_workers: int) -> topology_lib.Topology:
 
 
 def method_bytes(method: str, shapes: Sequence[tuple[int, ...]], num_workers: int,
-                 settings: Any = None) -> float:
-  """Bytes one device sends per step with ``method`` (cost model, the ``psum`` schedule)."""
-  return registry.cost(method, shapes, topology(num_workers), settings).bytes_sent
+                 settings: Any = None, exchange_settings: Any = None) -> float:
+  """Bytes one device sends per step with ``method`` (cost model, the ``psum`` schedule); a
+  local-update method's exchange's bytes over its ``H`` (``every``)."""
+  sent = registry.cost(method, shapes, topology(num_workers), settings,
+                       exchange_settings=exchange_settings).bytes_sent
+  if registry.get(method).family == "local":
+    return sent / (registry.get(method).settings() if settings is None else settings).every
+  return sent
 
 
 def solve(method: str, shapes: Sequence[tuple[int, ...]], num_workers: int, ratio: float,
-          settings: Any = None, *, tolerance: float = TOLERANCE) -> Solution:
+          settings: Any = None, *, tolerance: float = TOLERANCE,
+          exchange_settings: Any = None) -> Solution:
   """The settings of ``method`` whose bytes per step come closest to dense's over ``ratio``.
 
   Args:
@@ -80,6 +95,7 @@ def solve(method: str, shapes: Sequence[tuple[int, ...]], num_workers: int, rati
     ratio: the tier, dense bytes over the target (> 1); a name of :data:`TIERS` works too.
     settings: the method's other settings (default: its defaults); the budget field is replaced.
     tolerance: how far from the target, relatively, still counts as on the tier.
+    exchange_settings: a local-update method's exchange's settings (default: its defaults).
 
   Returns:
     A :class:`Solution`; ``feasible`` False (with a ``note``) when no setting lands within the
@@ -95,6 +111,9 @@ def solve(method: str, shapes: Sequence[tuple[int, ...]], num_workers: int, rati
   entry = registry.get(method)
   settings = entry.settings() if settings is None else settings
   shapes = [tuple(s) for s in shapes]
+  if entry.family == "local":
+    return _solve_local(method, shapes, num_workers, ratio, settings, exchange_settings,
+                        tolerance)
   dense = method_bytes("dense", shapes, num_workers)
   target = dense / ratio
   cost = lambda s: method_bytes(method, shapes, num_workers, s)
@@ -114,6 +133,33 @@ def solve(method: str, shapes: Sequence[tuple[int, ...]], num_workers: int, rati
       f"{method}'s bytes are fixed: {dense / sent:.3g}x" if entry.budget is None else
       f"closest: {sent:,.0f} bytes ({dense / sent:.3g}x), {off:+.0%} from the target")
   return Solution(method, chosen, sent, dense, target, feasible, note)
+
+
+def _solve_local(method, shapes, num_workers, ratio, settings, exchange_settings,
+                 tolerance) -> Solution:
+  """:func:`solve` for a local-update method (see the module docstring)."""
+  exchange = registry.get(settings.exchange)
+  exchange_settings = exchange.settings() if exchange_settings is None else exchange_settings
+  dense = method_bytes("dense", shapes, num_workers)
+  if exchange.budget is None:  # H meets the tier
+    once = method_bytes(settings.exchange, shapes, num_workers, exchange_settings)
+    settings = dataclasses.replace(settings, every=max(1, round(once * ratio / dense)))
+    solved = Solution(method, settings, once / settings.every, dense, dense / ratio, True,
+                      exchange_settings=exchange_settings)
+  else:  # the exchange meets ratio / H
+    if ratio / settings.every <= 1:
+      return Solution(method, settings, math.nan, dense, dense / ratio, False,
+                      f"every={settings.every} alone is {settings.every}x, beyond {ratio:g}x; "
+                      "lower it", exchange_settings)
+    inner = solve(settings.exchange, shapes, num_workers, ratio / settings.every,
+                  exchange_settings, tolerance=tolerance)
+    solved = Solution(method, settings, inner.bytes / settings.every, dense, dense / ratio,
+                      inner.feasible, inner.note, inner.settings)
+  off = solved.bytes / solved.target_bytes - 1
+  if abs(off) > tolerance:
+    return solved._replace(feasible=False, note=solved.note or (
+        f"closest: {dense / solved.bytes:.3g}x, {off:+.0%} from the target"))
+  return solved
 
 
 def fit_field(settings: Any, field: str, cost: Callable[[Any], float],

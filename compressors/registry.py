@@ -67,12 +67,31 @@ class Common:
     momentum_correction: DGC's local momentum around the sparsifier (then plain SGD after it);
       0: off. Methods that correct momentum themselves (DGC) refuse it.
     clip_norm: the local gradient clipping of ``momentum_correction``; None: off.
+    exchanged: what a per-step method (compressor or transformation) exchanges: ``"gradient"``,
+      each worker's gradient, compressed before the optimizer (``chain(exchange, optimizer)``,
+      one optimizer state for all), or ``"update"``, each worker's optimizer update, compressed
+      after its own optimizer (``chain(optimizer, exchange)``, the optimizer's moments per
+      worker). Methods that are their own optimizer or update locally refuse ``"update"``.
+    error_decay: the error-feedback residual is multiplied by this before it is added to the
+      next input (``a = g + error_decay * e``): 1 is error feedback as its papers have it;
+      SparseLoCo decays it (0.95) in place of outer momentum.
+    density_warmup_steps: DGC's density warm-up (Lin et al. 2018), for every method whose
+      bytes are set by a density: over this many first steps the density falls exponentially
+      from ``density_warmup_start`` to the method's own, in ``density_warmup_stages`` equal
+      stages (each a step kind of its own, charged its own bytes); 0: off.
+    density_warmup_start: the density of the warm-up's first stage (DGC: 0.25).
+    density_warmup_stages: stages of the warm-up (DGC: 4, each a quarter of the last).
   """
   error_feedback: bool | None = None
   fuse: bool = True
   seed: int = 0
   momentum_correction: float = 0.0
   clip_norm: float | None = None
+  exchanged: str = "gradient"
+  error_decay: float = 1.0
+  density_warmup_steps: int = 0
+  density_warmup_start: float = 0.25
+  density_warmup_stages: int = 4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,15 +104,30 @@ class Method:
     settings: a frozen dataclass of the method's own settings, every field with a default.
     cost: ``(settings, shapes, topology, schedule) -> compressors.network.topology.Cost`` of one
       exchange of gradients whose leaves have ``shapes``, summable payloads all-reduced by
-      ``schedule`` (a name of :data:`compressors.network.collectives.SCHEDULES`, or ``"auto"``).
+      ``schedule`` (a name of :data:`compressors.network.collectives.SCHEDULES`, or ``"auto"``);
+      None for a local-update method, whose synchronisation is priced by its exchange's entry.
     compressor: ``settings -> Compressor``, run through :func:`compressors.compress`; or
     transformation: ``(settings, *, axis_name, error_feedback, fuse, seed, report_sent) ->``
       an optax transformation, for methods that are more than ``compress(compressor)`` (TASC).
+      These two are *exchanges*: chained with the run's optimizer (:func:`training`).
+    optimizer: ``(settings, learning_rate, *, axis_name, seed) ->`` the whole per-worker
+      training transformation, for a method that is its own optimizer (DeMo, 1-bit Adam): it
+      takes each worker's gradient, runs its own collectives, and returns the update to apply,
+      the same on every worker.
+    local: ``(settings, inner, exchange, *, axis_name) ->`` the whole per-worker training
+      transformation of a local-update method (DiLoCo): ``inner`` is the run's optimizer, run
+      by each worker on its own gradient; ``exchange`` the per-worker transformation of the
+      method its settings' ``exchange`` field names, which carries the pseudo-gradient. Its
+      parameters differ between workers between synchronisations
+      (``data_parallel(..., per_worker_params=True)``).
     error_feedback: the method's default for ``Common.error_feedback``.
     fuse: the buffer layout the method needs (PowerSGD: per leaf, False); None: the common one.
     momentum: ``settings -> (momentum, clip_norm)`` for a method that is a sparsifier inside
       :func:`compressors.momentum_correction` (DGC); None: the common ``momentum_correction``.
     step_inputs: ``settings -> StepInputs | None``, the per-step inputs of its ``update``.
+    kinds: ``settings -> tuple[compressors.StepKind, ...]``: the step kinds of a method whose
+      steps differ by more than inputs (1-bit Adam's dense warm-up, then compressed steps); None:
+      those of ``step_inputs`` (:func:`step_kinds`).
     budget: what sets the bytes of one exchange, for :func:`compressors.equal_bytes.solve`: the
       name of a settings field that the bytes grow with (a float is a fraction in (0, 1], an
       int a count >= 1), or ``(settings, shapes, cost, target_bytes) -> settings | None`` for a
@@ -103,19 +137,23 @@ class Method:
   name: str
   summary: str
   settings: type
-  cost: Callable[..., topology_lib.Cost]
+  cost: Callable[..., topology_lib.Cost] | None = None
   compressor: Callable[[Any], protocol.Compressor] | None = None
   transformation: Callable[..., optax.GradientTransformationExtraArgs] | None = None
+  optimizer: Callable[..., optax.GradientTransformationExtraArgs] | None = None
+  local: Callable[..., optax.GradientTransformationExtraArgs] | None = None
   error_feedback: bool = True
   fuse: bool | None = None
   momentum: Callable[[Any], tuple[float, float | None]] | None = None
   step_inputs: Callable[[Any], StepInputs | None] | None = None
+  kinds: Callable[[Any], tuple[Any, ...]] | None = None
   budget: str | Callable[..., Any] | None = None
 
   def __post_init__(self):
-    if (self.compressor is None) == (self.transformation is None):
-      raise ValueError(f"registry: method {self.name!r} needs exactly one of compressor= or "
-                       "transformation=")
+    builders = [self.compressor, self.transformation, self.optimizer, self.local]
+    if sum(b is not None for b in builders) != 1:
+      raise ValueError(f"registry: method {self.name!r} needs exactly one of compressor=, "
+                       "transformation=, optimizer= or local=")
     if not dataclasses.is_dataclass(self.settings):
       raise TypeError(f"registry: method {self.name!r}: settings must be a dataclass, got "
                       f"{self.settings!r}")
@@ -125,9 +163,24 @@ class Method:
       raise ValueError(f"registry: method {self.name!r}: settings fields {missing} have no "
                        "default; every setting needs one")
     fields = [f.name for f in dataclasses.fields(self.settings)]
+    if (self.cost is None) != (self.local is not None):
+      raise ValueError(f"registry: method {self.name!r}: cost= is required, except for a "
+                       "local-update method (priced by its exchange)")
+    if self.local is not None and "exchange" not in fields:
+      raise ValueError(f"registry: local-update method {self.name!r} needs a settings field "
+                       "'exchange' naming the method that carries its pseudo-gradient")
     if isinstance(self.budget, str) and self.budget not in fields:
       raise ValueError(f"registry: method {self.name!r}: budget={self.budget!r} is not one of "
                        f"its settings {fields}")
+
+
+  @property
+  def family(self) -> str:
+    """``"exchange"`` (a compressor or transformation chained with the run's optimizer),
+    ``"optimizer"`` (its own optimizer) or ``"local"`` (local updates)."""
+    if self.optimizer is not None:
+      return "optimizer"
+    return "local" if self.local is not None else "exchange"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,12 +194,17 @@ class NoSettings:
 # back (experiments -> tasc -> compressors).
 BUILTIN = (
     ("dense", "compressors._dense"), ("fp16", "compressors._dense"),
-    ("bf16", "compressors._dense"), ("topk", "compressors._topk"),
+    ("bf16", "compressors._dense"), ("int8", "compressors._intq"), ("int4", "compressors._intq"),
+    ("topk", "compressors._topk"),
     ("randomk", "compressors._randomk"), ("threshold", "compressors._threshold"),
     ("dgc", "compressors._dgc"), ("qsgd", "compressors._qsgd"),
     ("terngrad", "compressors._terngrad"), ("signsgd", "compressors._sign"),
     ("efsignsgd", "compressors._sign"), ("onebit", "compressors._sign"),
-    ("powersgd", "compressors._powersgd"), ("tasc", "tasc._transform"),
+    ("powersgd", "compressors._powersgd"),
+    ("demo", "compressors._demo"),
+    ("onebit_adam", "compressors._onebit_adam"),
+    ("tasc", "tasc._transform"),
+    ("diloco", "compressors._local"), ("sparseloco", "compressors._local"),
 )
 
 _METHODS: dict[str, Method] = {}
@@ -237,22 +295,71 @@ def transformation(name: str, settings: Any = None, *, axis_name,
   from compressors import _compress  # pylint: disable=import-outside-toplevel
   from compressors import _momentum  # pylint: disable=import-outside-toplevel
   method = get(name)
+  if method.family != "exchange":
+    raise ValueError(f"method {name!r} is a {method.family} method, not a per-step exchange: "
+                     "registry.training builds its whole transformation")
   settings = method.settings() if settings is None else settings
   if not isinstance(settings, method.settings):
     raise TypeError(f"method {name!r}: settings must be a {method.settings.__name__}, got "
                     f"{settings!r}")
+  from compressors import _warmup  # pylint: disable=import-outside-toplevel
   error_feedback = method.error_feedback if common.error_feedback is None else common.error_feedback
   momentum, clip_norm = _momentum_of(method, settings, common, error_feedback)
   corrected = momentum > 0 or clip_norm is not None
   options = dict(axis_name=axis_name, error_feedback=error_feedback, seed=common.seed,
-                 fuse=common.fuse if method.fuse is None else method.fuse, report_sent=corrected)
-  if method.compressor is not None:
-    tx = _compress.compress(method.compressor(settings), **options)
-  else:
-    tx = method.transformation(settings, **options)
-  if corrected:
-    tx = _momentum.momentum_correction(tx, momentum, clip_norm=clip_norm, axis_name=axis_name)
-  return tx
+                 fuse=common.fuse if method.fuse is None else method.fuse, report_sent=corrected,
+                 error_decay=common.error_decay)
+  densities, field = _warmup_densities(method, settings, common)
+
+  def build(density=None):
+    own = settings if density is None else dataclasses.replace(settings, **{field: density})
+    if method.compressor is not None:
+      tx = _compress.compress(method.compressor(own), **options)
+    else:  # TASC: every stage in the blocks of the final density (one state for all)
+      extra = {"block_density": getattr(settings, field)} if densities else {}
+      tx = method.transformation(own, **options, **extra)
+    if corrected:
+      tx = _momentum.momentum_correction(tx, momentum, clip_norm=clip_norm, axis_name=axis_name)
+    return tx
+  if not densities:
+    return build()
+  return _warmup.density_warmup(build, getattr(settings, field), densities)
+
+
+def density_field(method: Method) -> str | None:
+  """The settings field that is a method's density (the fraction it sends), for the density
+  warm-up: its budget when that is a fraction (``density``, ``max_density``), TASC's
+  ``density``; None for a method whose bytes are not set by a density."""
+  fields = {f.name: f.default for f in dataclasses.fields(method.settings)}
+  if isinstance(method.budget, str) and isinstance(fields.get(method.budget), float):
+    return method.budget
+  return "density" if callable(method.budget) and isinstance(fields.get("density"),
+                                                             float) else None
+
+
+def _warmup_densities(method: Method, settings: Any, common: Common) -> tuple[tuple, str]:
+  """``(the warm-up's stage densities, the density field)``; no stages without a warm-up.
+
+  Raises:
+    ValueError: a warm-up asked of a method with no density, or bad warm-up settings.
+  """
+  from compressors import _warmup  # pylint: disable=import-outside-toplevel
+  if not common.density_warmup_steps:
+    return (), None
+  field = density_field(method)
+  if field is None:
+    raise ValueError(f"density_warmup_steps={common.density_warmup_steps!r} with method "
+                     f"{method.name!r}, whose bytes are not set by a density; allowed: 0, or a "
+                     f"sparsifier ({[n for n in names() if density_field(get(n))]})")
+  final = getattr(settings, field)
+  if not isinstance(final, float):
+    raise ValueError(f"density_warmup_steps={common.density_warmup_steps!r} with "
+                     f"{method.name}.{field}={final!r}: the warm-up needs one density; allowed: "
+                     "a float")
+  densities = _warmup.warmup_densities(final, common.density_warmup_start,
+                                       common.density_warmup_stages)
+  _warmup.warmup_boundaries(common.density_warmup_steps, len(densities))  # checks them
+  return tuple(densities), field
 
 
 def _momentum_of(method: Method, settings: Any, common: Common,
@@ -276,6 +383,101 @@ def _momentum_of(method: Method, settings: Any, common: Common,
   return momentum, clip_norm
 
 
+EXCHANGED = ("gradient", "update")
+
+
+def training(name: str, settings: Any = None, *, optimizer: optax.GradientTransformation,
+             learning_rate: optax.ScalarOrSchedule, axis_name, common: Common = Common(),
+             exchange_settings: Any = None) -> optax.GradientTransformationExtraArgs:
+  """The whole per-worker training transformation of method ``name`` with the run's
+  ``optimizer``: what ``compressors.data_parallel`` runs.
+
+  * An exchange (a compressor or transformation): ``chain(exchange, optimizer)`` with
+    ``common.exchanged="gradient"`` (the mean gradient into one optimizer), ``chain(optimizer,
+    exchange)`` with ``"update"`` (each worker's own optimizer, its update exchanged).
+  * A method that is its own optimizer (DeMo, 1-bit Adam): that, with ``learning_rate``;
+    ``optimizer`` is not used.
+  * A local-update method (DiLoCo): ``optimizer`` is each worker's inner optimizer and the
+    method its settings' ``exchange`` names, with ``exchange_settings``, carries the
+    pseudo-gradient.
+
+  Raises:
+    ValueError: settings the method refuses, or common settings that do not fit it.
+  """
+  method = get(name)
+  settings = method.settings() if settings is None else settings
+  if common.exchanged not in EXCHANGED:
+    raise ValueError(f"exchanged={common.exchanged!r}; allowed: {EXCHANGED}")
+  if method.family != "exchange":
+    _refuse_for_family(method, common)
+  if method.family == "optimizer":
+    return method.optimizer(settings, learning_rate, axis_name=axis_name, seed=common.seed)
+  if method.family == "local":
+    return method.local(settings, optimizer, local_exchange(settings, exchange_settings,
+                                                            axis_name=axis_name, common=common),
+                        axis_name=axis_name)
+  exchange = transformation(name, settings, axis_name=axis_name, common=common)
+  if common.exchanged == "update":
+    return optax.chain(optimizer, exchange)
+  return optax.chain(exchange, optimizer)
+
+
+def _refuse_for_family(method: Method, common: Common) -> None:
+  """Common settings that only per-step exchanges take."""
+  what = ("is its own optimizer" if method.family == "optimizer" else
+          "updates locally and exchanges pseudo-gradients")
+  for field, default in (("exchanged", "gradient"), ("momentum_correction", 0.0),
+                         ("clip_norm", None), ("error_decay", 1.0), ("density_warmup_steps", 0)):
+    value = getattr(common, field)
+    if value != default:
+      where = ("its exchange's settings carry it" if method.family == "local" and field in (
+          "error_decay",) else "it applies to per-step exchanges")
+      raise ValueError(f"{field}={value!r} with method {method.name!r}, which {what}: {where}; "
+                       f"allowed: {default!r}")
+
+
+def local_exchange(settings: Any, exchange_settings: Any = None, *, axis_name,
+                   common: Common = Common()) -> optax.GradientTransformationExtraArgs:
+  """The per-worker exchange a local-update method's ``settings`` name (``settings.exchange``,
+  a per-step method), with its ``settings.error_decay``.
+
+  Raises:
+    ValueError: the exchange is not a per-step method.
+  """
+  exchange = get(settings.exchange)
+  if exchange.family != "exchange":
+    raise ValueError(f"exchange={settings.exchange!r} is a {exchange.family} method; the "
+                     "pseudo-gradient goes through a per-step exchange: one of "
+                     f"{[n for n in names() if get(n).family == 'exchange']}")
+  return transformation(settings.exchange, exchange_settings, axis_name=axis_name,
+                        common=dataclasses.replace(common, error_decay=settings.error_decay))
+
+
+def step_kinds(name: str, settings: Any = None, *, common: Common = Common(),
+               exchange_settings: Any = None) -> tuple[Any, ...]:
+  """The step kinds (``compressors.StepKind``) of method ``name`` with ``settings``: its own
+  (:attr:`Method.kinds`), else its per-step inputs' (``"step"`` and ``"with_inputs"``); a
+  local-update method's local and synchronising steps (the exchange's inputs made at the
+  synchronisations); each kind once per stage of a density warm-up."""
+  from compressors.parallel import step_kinds as kinds_lib  # pylint: disable=import-outside-toplevel
+  method = get(name)
+  settings = method.settings() if settings is None else settings
+  if method.family == "local":
+    from compressors import _local  # pylint: disable=import-outside-toplevel
+    exchange = step_kinds(settings.exchange, exchange_settings)
+    return _local.local_update_kinds(settings.every, exchange)
+  if method.kinds is not None:
+    kinds = tuple(method.kinds(settings))
+  else:
+    kinds = kinds_lib.step_kinds(step_inputs(name, settings))
+  densities, _ = ((), None) if method.family != "exchange" else _warmup_densities(
+      method, settings, common)
+  if densities:
+    from compressors import _warmup  # pylint: disable=import-outside-toplevel
+    kinds = _warmup.warmup_kinds(kinds, common.density_warmup_steps, len(densities))
+  return kinds
+
+
 def step_inputs(name: str, settings: Any = None) -> StepInputs | None:
   """The per-step inputs of method ``name`` with ``settings``, or None if it takes none."""
   method = get(name)
@@ -286,11 +488,14 @@ def step_inputs(name: str, settings: Any = None) -> StepInputs | None:
 
 
 def cost(name: str, shapes: Shapes, topology: topology_lib.Topology, settings: Any = None, *,
-         schedule: str = "psum") -> topology_lib.Cost:
-  """The cost model's price of one exchange by method ``name`` (see :attr:`Method.cost`)."""
+         schedule: str = "psum", exchange_settings: Any = None) -> topology_lib.Cost:
+  """The cost model's price of one exchange by method ``name`` (see :attr:`Method.cost`); of a
+  local-update method, one synchronisation: its exchange's with ``exchange_settings``."""
   method = get(name)
-  return method.cost(method.settings() if settings is None else settings,
-                     [tuple(s) for s in shapes], topology, schedule)
+  settings = method.settings() if settings is None else settings
+  if method.family == "local":
+    return cost(settings.exchange, shapes, topology, exchange_settings, schedule=schedule)
+  return method.cost(settings, [tuple(s) for s in shapes], topology, schedule)
 
 
 def num_elements(shapes: Shapes) -> int:

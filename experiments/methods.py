@@ -1,14 +1,18 @@
-"""Config -> the optax chain a run trains with: the method's exchange, then the optimizer.
+"""Config -> the per-worker transformation a run trains with, and its step kinds.
 
-The chain is ``optax.chain(communication, optimizer)`` (:func:`make_chain`), which the runner's
-step (``compressors.data_parallel``) wraps in ``compressors.skip_nonfinite`` when
-``config.skip_nonfinite``. The communication transformation runs
-per worker inside ``shard_map`` over the data axis and is the only place where gradients cross
-devices: ``config.method`` names a method of :mod:`compressors.registry` (``dense`` is a plain
-all-reduce through the same wrapper, so every method's bytes are measured the same way), built
-from ``config.compression``'s shared settings and its own block ``config.compression.<method>``.
-Nothing here names a method: every built-in method and any method registered with
-``registry.register`` is available to every config.
+``config.method`` names a method of :mod:`compressors.registry`, built from
+``config.compression``'s shared settings and its own block ``config.compression.<method>``
+(:func:`make_chain`, :func:`compressors.registry.training`): a per-step exchange chained with
+``config.optimizer`` before it (``config.compression.exchanged="gradient"``, the default) or
+after it (``"update"``); a method that is its own optimizer (DeMo, 1-bit Adam); or a local-update
+method (DiLoCo) whose inner optimizer is ``config.optimizer`` and whose pseudo-gradient goes
+through the per-step method its settings' ``exchange`` names (with that method's block). The
+runner's step (``compressors.data_parallel``) wraps it in ``compressors.skip_nonfinite`` when
+``config.skip_nonfinite``. It runs per worker inside ``shard_map`` over the data axis and is the
+only place where anything crosses devices (``dense`` is a plain all-reduce through the same
+wrapper, so every method's bytes are measured the same way). Nothing here names a method: every
+built-in method and any method registered with ``registry.register`` is available to every
+config.
 """
 
 import dataclasses
@@ -57,8 +61,26 @@ def _dataclass_from(cls: type, block, where: str):
   return cls(**{k: v for k, v in block.items() if k in names})
 
 
+def exchange_settings(config) -> Any:
+  """The settings of the exchange of a local-update ``config.method`` (the method its
+  ``exchange`` setting names, from ``config.compression.<exchange>``); None for other methods."""
+  method = check_method(config.method)
+  if method.family != "local":
+    return None
+  name = config.compression[config.method].exchange
+  if not isinstance(name, str) or name not in registry.names():
+    raise ValueError(f"config.compression.{config.method}.exchange={name!r} is not a known "
+                     f"method; known: {list(registry.names())}")
+  block = config.compression.get(name)
+  if block is None:
+    raise ValueError(f"config.compression has no block {name!r} for "
+                     f"config.compression.{config.method}.exchange={name!r}")
+  return _dataclass_from(registry.get(name).settings, block, f"config.compression.{name}")
+
+
 def communication(config, axis_name: str = AXIS_NAME) -> optax.GradientTransformationExtraArgs:
-  """The per-worker transformation that exchanges gradients for ``config.method``.
+  """The per-worker transformation that exchanges gradients for a per-step ``config.method``
+  (without the optimizer; benchmarks time it alone).
 
   Raises:
     ValueError, TypeError: settings the method refuses, prefixed with the config block.
@@ -68,10 +90,11 @@ def communication(config, axis_name: str = AXIS_NAME) -> optax.GradientTransform
       config.method, own, axis_name=axis_name, common=common(config)))
 
 
-def step_inputs(config) -> registry.StepInputs | None:
-  """The per-step inputs of ``config.method``'s update (TASC's curvature refresh), or None."""
+def step_kinds(config) -> tuple[Any, ...]:
+  """The step kinds (``compressors.StepKind``) of ``config.method``'s steps."""
   own = settings(config)
-  return _in_config(config, own, lambda: registry.step_inputs(config.method, own))
+  return _in_config(config, own, lambda: registry.step_kinds(
+      config.method, own, common=common(config), exchange_settings=exchange_settings(config)))
 
 
 def _in_config(config, own, build):
@@ -112,15 +135,17 @@ def _traced_shapes(model_json: str, vocab_size: int, seq_len: int):
 def equal_bytes_settings(config) -> tuple[Any, equal_bytes.Solution | None]:
   """``(settings, solution)``: the method's settings (:func:`settings`) with its budget solved
   for ``config.equal_bytes`` (``ratio``: bytes per step dense's over this; ``workers``), by
-  :func:`compressors.equal_bytes.solve` on :func:`parameter_shapes`; ``solution`` is None, and
-  the settings as configured, for a method whose bytes are fixed or a config without the
-  request."""
+  :func:`compressors.equal_bytes.solve` on :func:`parameter_shapes` (a local-update method's
+  ``every`` or its exchange's budget; the latter in ``solution.exchange_settings``);
+  ``solution`` is None, and the settings as configured, for a method whose bytes are fixed or a
+  config without the request."""
   own = settings(config)
   request = config.get("equal_bytes")
-  if request is None or registry.get(config.method).budget is None:
+  method = registry.get(config.method)
+  if request is None or (method.budget is None and method.family != "local"):
     return own, None
   solution = equal_bytes.solve(config.method, parameter_shapes(config), request.workers,
-                               request.ratio, own)
+                               request.ratio, own, exchange_settings=exchange_settings(config))
   return solution.settings, solution
 
 
@@ -134,6 +159,8 @@ def fill_equal_bytes(config) -> None:
   solved, solution = equal_bytes_settings(config)
   if solution is not None:
     config.compression[config.method].update(dataclasses.asdict(solved))
+    if solution.exchange_settings is not None:  # a local-update method's exchange's, solved too
+      config.compression[solved.exchange].update(dataclasses.asdict(solution.exchange_settings))
 
 
 LR_SCHEDULES = ("constant", "cosine", "step", "warmup_poly", "mlperf_lars")
@@ -211,6 +238,21 @@ def optimizer(config, learning_rate: optax.ScalarOrSchedule) -> optax.GradientTr
 
 def make_chain(config, learning_rate: optax.ScalarOrSchedule,
                axis_name: str = AXIS_NAME) -> optax.GradientTransformationExtraArgs:
-  """``optax.chain(communication(config), optimizer(config))``: run its ``update`` per worker
-  inside ``shard_map`` over ``axis_name``; its output is identical on every worker."""
-  return optax.chain(communication(config, axis_name), optimizer(config, learning_rate))
+  """The per-worker training transformation of ``config`` (:func:`compressors.registry.training`
+  with ``optimizer(config)``): run its ``update`` per worker inside ``shard_map`` over
+  ``axis_name``; its output is identical on every worker (a local-update method's between
+  synchronisations excepted).
+
+  Raises:
+    ValueError, TypeError: settings the method refuses, prefixed with the config block.
+  """
+  own = settings(config)
+  return _in_config(config, own, lambda: registry.training(
+      config.method, own, optimizer=optimizer(config, learning_rate),
+      learning_rate=learning_rate, axis_name=axis_name, common=common(config),
+      exchange_settings=exchange_settings(config)))
+
+
+def per_worker_params(config) -> bool:
+  """Whether ``config.method``'s parameters differ between workers between synchronisations."""
+  return check_method(config.method).family == "local"

@@ -90,6 +90,7 @@ import optax
 import tqdm
 
 import compressors
+from compressors.parallel import step_kinds
 from experiments import checkpoint
 from experiments import data
 from experiments import distributed
@@ -238,8 +239,9 @@ def _data_parallel(config, model, task, tx, workers, example: TrainState,
   return compressors.data_parallel(
       _training_loss(model, task), tx, workers.mesh, example.params, batch,
       axis_name=workers.axis_name, workers_per_device=workers.per_device,
-      step_inputs=methods.step_inputs(config), model_state=example.model_state,
-      rng=jax.random.PRNGKey(config.seed), skip_nonfinite=config.skip_nonfinite)
+      kinds=methods.step_kinds(config), model_state=example.model_state,
+      rng=jax.random.PRNGKey(config.seed), skip_nonfinite=config.skip_nonfinite,
+      per_worker_params=methods.per_worker_params(config))
 
 
 def _init_state(init_variables, dp: compressors.DataParallel, seed) -> TrainState:
@@ -252,7 +254,7 @@ def _init_state(init_variables, dp: compressors.DataParallel, seed) -> TrainStat
           compiler_options=_FAST_COMPILE)
   params, model_state = init(seed)
   step = jax.device_put(jnp.zeros((), jnp.int32), replicated)
-  return TrainState(step, params, model_state, dp.init(params))
+  return TrainState(step, dp.worker_params(params), model_state, dp.init(params))
 
 
 def _local_devices(mesh: Mesh) -> list[jax.Device]:
@@ -336,14 +338,16 @@ def _communication(config, model, task, learning_rate, dp, state: TrainState, ba
   taken out of the others, and the replica check, spread over its interval). ``state`` is read
   for its shapes only."""
   in_step_guard = dp.nonfinite_flag_bytes() if config.skip_nonfinite else 0.0
-  replica_check = (dp.replica_check_bytes(state.params) / config.check_replicas_every
-                   if config.check_replicas_every else 0.0)
+  replica_check = dp.replica_check_bytes(state.params) * _replica_checks_per_step(config, dp,
+                                                                                 steps)
   by_kind = {kind: dp.wire_bytes(state.params, state.opt_state, batch, kind=kind,
                                  model_state=state.model_state).total - in_step_guard
              for kind in dp.kinds}
   wire = dp.bytes_per_step(by_kind, 0, steps)
+  # The dense step's state is laid out for one model (replicated parameters).
+  one_model = state._replace(params=jax.eval_shape(dp.model_params, state))
   dense = (by_kind[dp.kind_at(1)] if config.method == "dense" else
-           _dense_bytes(config, model, task, learning_rate, dp.workers, state, batch)
+           _dense_bytes(config, model, task, learning_rate, dp.workers, one_model, batch)
            - in_step_guard)
   return {"wire_bytes": wire, "dense_bytes": dense,
           "compression_ratio": dense / wire if wire else None,
@@ -359,13 +363,43 @@ def _bytes_so_far(communication: dict[str, Any], dp, done: int) -> dict[str, Any
           "compression_ratio": dense / wire if wire else None}
 
 
+def _synchronises(dp, kind: str) -> bool:
+  """Whether a step of ``kind`` leaves every worker with the same parameters: every step, or
+  with per-worker parameters (local updates) a synchronising one."""
+  return not dp.per_worker_params or bool(dp.kinds[kind].update_kwargs().get("synchronise"))
+
+
+def _replica_check_due(config, dp, done: int) -> bool:
+  """Whether the replica check runs after step ``done - 1``: every
+  ``config.check_replicas_every`` steps, or with local updates after every synchronisation
+  (between them the workers' parameters differ by design)."""
+  if not config.check_replicas_every:
+    return False
+  if dp.per_worker_params:
+    return _synchronises(dp, dp.kind_at(done - 1))
+  return done % config.check_replicas_every == 0
+
+
+def _replica_checks_per_step(config, dp, steps: int) -> float:
+  """Replica checks per training step over a run of ``steps`` (for their bytes)."""
+  if not config.check_replicas_every:
+    return 0.0
+  if not dp.per_worker_params:
+    return 1 / config.check_replicas_every
+  counts = step_kinds.kind_counts(tuple(dp.kinds.values()), 0, steps)
+  return sum(n for kind, n in counts.items() if _synchronises(dp, kind)) / max(1, steps)
+
+
 def _check_replicas(dp, params, step: int) -> None:
-  """Raises :class:`ReplicaDriftError` naming ``step`` if the devices' parameters differ."""
+  """Raises :class:`ReplicaDriftError` naming ``step`` if the devices' parameters differ (with
+  per-worker parameters, if the workers' rows do)."""
   if bool(jax.device_get(dp.replicas_agree(params))):
     return
   differing = []
   for path, leaf in jax.tree_util.tree_leaves_with_path(params):
     shards = [(s.device.id, np.asarray(s.data)) for s in leaf.addressable_shards]
+    if dp.per_worker_params:  # one row per worker: compare the rows
+      shards = [(f"{d} row {r}", row) for d, x in shards for r, row in enumerate(x)]
     devices = [d for d, x in shards[1:] if x.tobytes() != shards[0][1].tobytes()]
     if devices:
       differing.append(f"{jax.tree_util.keystr(path)} on devices {devices} (vs device "
@@ -388,10 +422,12 @@ def _train_batch(dataset, config, step: int) -> dict[str, np.ndarray]:
         f"must be readable in the dataset's format (see experiments/data/)") from e
 
 
-def _evaluate(evaluate, state, dataset, workers) -> dict[str, float]:
+def _evaluate(evaluate, state, dataset, workers, dp) -> dict[str, float]:
+  """The test metrics of the model's parameters (with local updates, the synchronised ones)."""
+  params = dp.model_params(state)
   sums = np.zeros(3)
   for batch in dataset.eval_batches():
-    sums += np.asarray(jax.device_get(evaluate(state.params, state.model_state,
+    sums += np.asarray(jax.device_get(evaluate(params, state.model_state,
                                                _to_global(batch, workers))))
   return dataset.derive({"test_loss": float(sums[0] / sums[2]),
                          "test_accuracy": float(sums[1] / sums[2])})
@@ -526,9 +562,10 @@ def _train(config, workdir, stop: interrupt.StopRequest, started: float, lock_wo
   start = int(jax.device_get(state.step))
   writer = logs.MetricsWriter(workdir, active=run.is_main, resume_step=start)
   state, train_loss, examples_per_sec = _loop(run, state, start, writer, stop)
-  if config.check_replicas_every and run.steps % config.check_replicas_every:
+  if (config.check_replicas_every and not run.dp.per_worker_params
+      and run.steps % config.check_replicas_every):
     _check_replicas(run.dp, state.params, run.steps)  # before the final checkpoint
-  final_eval = _evaluate(run.evaluate, state, run.dataset, run.workers)
+  final_eval = _evaluate(run.evaluate, state, run.dataset, run.workers, run.dp)
   writer.write(run.steps, final_eval)
   run.checkpointer.save(run.steps, state)
   run.checkpointer.close()
@@ -589,7 +626,7 @@ def _prepare(config, workdir, lock_workdir) -> tuple[_Run, TrainState]:
                                  steps)
   return _Run(config, workdir, workers, dataset, steps, learning_rate, dp,
               dp.reduce(_evaluation_sums(model, task)), communication, checkpointer,
-              sum(x.size for x in jax.tree.leaves(state.params))), state
+              sum(x.size for x in jax.tree.leaves(dp.model_params(state)))), state
 
 
 def _loop(run: _Run, state: TrainState, start: int, writer, stop: interrupt.StopRequest):
@@ -628,10 +665,10 @@ def _loop(run: _Run, state: TrainState, start: int, writer, stop: interrupt.Stop
       train_loss = _log(run, writer, done, jax.device_get(mean_metrics(metrics)),
                         examples_per_sec)
       progress.set_postfix(loss=f"{train_loss:.4f}")
-    if config.check_replicas_every and done % config.check_replicas_every == 0:
+    if _replica_check_due(config, dp, done):
       _check_replicas(dp, state.params, done)
     if config.eval_every and done % config.eval_every == 0 and done != run.steps:
-      writer.write(done, _evaluate(run.evaluate, state, run.dataset, run.workers))
+      writer.write(done, _evaluate(run.evaluate, state, run.dataset, run.workers, dp))
     if config.checkpoint_every and done % config.checkpoint_every == 0:
       run.checkpointer.save(done, state)
   progress.close()
@@ -655,7 +692,8 @@ def _stop(run: _Run, state: TrainState, step: int, start: int, writer, stop) -> 
   """Checkpoints step ``step`` (unless nothing ran since the last checkpoint) and raises
   :class:`experiments.interrupt.Interrupted`."""
   if step > start:  # else the latest checkpoint (none at step 0) already holds this position
-    if run.config.check_replicas_every and step % run.config.check_replicas_every:
+    if (run.config.check_replicas_every and not run.dp.per_worker_params
+        and step % run.config.check_replicas_every):
       _check_replicas(run.dp, state.params, step)
     run.checkpointer.save(step, state)
   run.checkpointer.close()

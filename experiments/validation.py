@@ -118,8 +118,8 @@ def check_config(config, num_workers: int) -> None:
     raise ValueError(f"config.optimizer.name={config.optimizer.name!r} with "
                      f"compression.momentum_correction={c.momentum_correction!r} applies "
                      "momentum twice; allowed: 'sgd' (or momentum_correction=0)")
-  methods.communication(config)
-  methods.step_inputs(config)
+  methods.make_chain(config, config.optimizer.learning_rate)
+  methods.step_kinds(config)
 
 
 def check_config_file(spec: str, what: str = "--config") -> None:

@@ -112,7 +112,8 @@ class _Parts:
 
 
 def tasc(settings: settings_lib.TascSettings, *, leaf_sizes: Sequence[int] | None = None,
-         dense_axis: axes.AxisName = None) -> protocol.Compressor:
+         dense_axis: axes.AxisName = None,
+         block_density: float | None = None) -> protocol.Compressor:
   """The TASC :class:`compressors.Compressor` (psum exchange, extra argument ``curvature``).
 
   Most users want :func:`tasc.tasc_compress`, which wraps this in :func:`compressors.compress`.
@@ -124,6 +125,9 @@ def tasc(settings: settings_lib.TascSettings, *, leaf_sizes: Sequence[int] | Non
       mode); None when each buffer is one leaf.
     dense_axis: the fast axis when :func:`compressors.compress` runs in hierarchical mode
       (the buffer is then this device's shard; ``"fisher"`` and the leaf layout need to know).
+    block_density: the density ``block_size=None`` picks the block size at (default: the
+      capacity's), so that the stages of a density warm-up share one state
+      (:func:`tasc.tasc_compress`).
 
   Returns:
     A :class:`compressors.Compressor`.
@@ -137,7 +141,7 @@ def tasc(settings: settings_lib.TascSettings, *, leaf_sizes: Sequence[int] | Non
 
   @functools.cache
   def plan_of(size: int, shards: int) -> plan_lib.BufferPlan:
-    return plan_lib.buffer_plan(s, size, leaf_sizes, shards)
+    return plan_lib.buffer_plan(s, size, leaf_sizes, shards, block_density)
 
   parts = _Parts(settings=s, support=supports.SUPPORTS[s.support],
                  wire=wire_formats.FORMATS[s.wire_dtype], dense_axis=dense_axis,

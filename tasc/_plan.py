@@ -52,7 +52,8 @@ def auto_block_size(size: int, density: float) -> int:
 
 
 def buffer_plan(settings: settings_lib.TascSettings, size: int,
-                leaf_sizes: Sequence[int] | None = None, shards: int = 1) -> BufferPlan:
+                leaf_sizes: Sequence[int] | None = None, shards: int = 1,
+                block_density: float | None = None) -> BufferPlan:
   """The plan of a buffer of ``size`` elements.
 
   Args:
@@ -63,6 +64,9 @@ def buffer_plan(settings: settings_lib.TascSettings, size: int,
       when the buffer is one leaf.
     shards: the fast axis's size in hierarchical mode (the fused leaves are cut into that many
       shards, ``size`` elements each), 1 otherwise.
+    block_density: the density at which ``block_size=None`` picks the block size (default: the
+      capacity's); the stages of a density warm-up pass their final density, so that they cut
+      the buffer into the same blocks.
 
   Returns:
     The :class:`BufferPlan`.
@@ -71,7 +75,7 @@ def buffer_plan(settings: settings_lib.TascSettings, size: int,
     ValueError: ``leaf_sizes`` that do not make a buffer of ``size`` elements in ``shards``.
   """
   density = settings.capacity_density
-  block_size = settings.block_size or auto_block_size(size, density)
+  block_size = settings.block_size or auto_block_size(size, block_density or density)
   num_blocks = scores.num_blocks(size, block_size)
   selected = round(density * num_blocks)
   if leaf_sizes is None:

@@ -42,6 +42,7 @@ import optax
 
 import compressors
 from compressors.network import axes
+from compressors import checks
 from compressors import equal_bytes
 from compressors import registry
 from compressors.network import topology as topology_lib
@@ -58,6 +59,7 @@ def tasc_compress(settings: settings_lib.TascSettings | None = None, /, *,
                   axis_name: axes.AxisName, dense_axis: axes.AxisName = None,
                   error_feedback: bool = True, fuse: bool = True, seed: int = 0,
                   schedule: Any = "psum", topology: Any = None, report_sent: bool = False,
+                  error_decay: float = 1.0, block_density: float | None = None,
                   **fields) -> optax.GradientTransformationExtraArgs:
   """TASC: Hessian-aware structured sparsification over a block support shared by all workers.
 
@@ -87,6 +89,13 @@ def tasc_compress(settings: settings_lib.TascSettings | None = None, /, *,
     topology: the workers' :class:`compressors.network.topology.Topology`, for ``schedule="auto"``.
     report_sent: keep which entries each worker sent in the state, for
       :func:`compressors.momentum_correction` (see :func:`compressors.compress`).
+    error_decay: the factor in [0, 1] the residual is multiplied by before it is added to the
+      next gradient (SparseLoCo, arXiv 2508.15706; see :func:`compressors.compress`).
+    block_density: the density in (0, 1] at which ``block_size=None`` picks each buffer's block
+      size (default: ``density``'s capacity). The blocks size the state (the curvature and
+      scores, one per block), so a density warm-up (:func:`compressors.density_warmup`, after
+      Lin et al. 2018) builds each stage with its own ``density`` and the final density here:
+      every stage then cuts the buffers into the same blocks and shares one state.
     **fields: fields of :class:`tasc.TascSettings` replacing those of ``settings``, e.g.
       ``tasc_compress(axis_name="data", density=0.01)``.
 
@@ -104,13 +113,17 @@ def tasc_compress(settings: settings_lib.TascSettings | None = None, /, *,
   block_size = settings.block_size or (None if fuse else plan_lib.AUTO_BLOCK_SIZES[0])
   settings = dataclasses.replace(settings, density=rho, block_size=block_size)
   needs_leaf_sizes = fuse and settings.min_blocks_per_leaf > 0
+  if block_density is not None:
+    block_density = checks.check_fraction(block_density, "block_density", "tasc_compress")
 
   @functools.cache
   def transformation(leaf_sizes: tuple[int, ...] | None):
-    compressor = compressor_lib.tasc(settings, leaf_sizes=leaf_sizes, dense_axis=dense_axis)
+    compressor = compressor_lib.tasc(settings, leaf_sizes=leaf_sizes, dense_axis=dense_axis,
+                                     block_density=block_density)
     return compressors.compress(compressor, axis_name=axis_name, dense_axis=dense_axis,
                                 error_feedback=error_feedback, fuse=fuse, seed=seed,
-                                schedule=schedule, topology=topology, report_sent=report_sent)
+                                schedule=schedule, topology=topology, report_sent=report_sent,
+                                error_decay=error_decay)
 
   def for_tree(tree):
     """The transformation for gradients like ``tree``: one per leaf layout, built once."""
@@ -140,7 +153,8 @@ def _with_fields(settings: settings_lib.TascSettings | None,
   if unknown:
     raise TypeError(f"tasc_compress: got an unexpected argument {unknown[0]}={fields[unknown[0]]!r}"
                     f"; allowed: axis_name, dense_axis, error_feedback, fuse, seed, schedule, "
-                    f"topology, report_sent and the fields of tasc.TascSettings {known}")
+                    f"topology, report_sent, error_decay, block_density and the fields of "
+                    f"tasc.TascSettings {known}")
   if settings is None:
     return settings_lib.TascSettings(**fields)
   if not isinstance(settings, settings_lib.TascSettings):

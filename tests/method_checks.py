@@ -3,25 +3,36 @@
 ``tests/test_methods_common.py`` runs them on every method of :mod:`compressors.registry`, so a
 method added to the registry is checked without a line of test code; a method registered
 elsewhere (a plugin, a test) can call :func:`run_all` itself. Each check builds the method as the
-runner does (:func:`compressors.registry.transformation`), with its default settings unless given
-others, on 8 workers and a two-leaf model (a 200 x 200 matrix and a 200-vector: 40,200 entries,
-enough for every default density and TASC's 256-element blocks):
+runner does (:func:`compressors.registry.transformation` for a per-step exchange,
+:func:`compressors.registry.training` with its step kinds for a method that is its own optimizer
+or updates locally), with its default settings unless given others (a local-update method
+synchronising every 4 steps, 1-bit Adam freezing after 5, so that 20 steps run every kind), on 8
+workers and a two-leaf model (a 200 x 200 matrix and a 200-vector: 40,200 entries, enough for
+every default density and TASC's 256-element blocks):
 
 * nothing is lost: each step, the mean over workers of ``g + e`` equals the mean the method
   returned plus the mean of the residuals it kept (and, for the two-phase exchange, what the
   chunks' owners kept), to the rounding of the sums: float32's, or that of the narrower type a
   payload is all-reduced in (fp16's all-reduce rounds its partial sums in float16); with the
   method's own momentum correction, its velocity is the input;
-* replicas stay bit-identical over 20 training steps (:func:`compressors.data_parallel`), and
-  the step compiles once;
+* replicas stay bit-identical over 20 training steps (:func:`compressors.data_parallel`; a
+  local-update method's after its synchronisations, and not between them), and each step kind
+  compiles once;
 * ``pmap`` gives the bits ``shard_map`` gives;
 * fused and per-leaf buffers give the same bits on a one-leaf model, where they hold the same
   buffer (methods that force a layout are skipped);
 * the bytes on the wire, read from the compiled program, are within 5% of the method's
-  cost-model entry;
+  cost-model entry (a local-update method's synchronisation, its exchange's; its local steps
+  move nothing but the non-finite guard's flag);
 * 8 workers as 8 devices, as 2 devices x 4 simulated workers and as 1 device x 8 simulated
   workers (:mod:`compressors.parallel.workers`) send the same bytes per step and train to the same
   parameters, to the rounding of sums taken in another order.
+
+A local-update method's exchange is a per-step method checked on its own (nothing lost, fused =
+per leaf): those checks run on its exchange. A method that is its own optimizer (DeMo, 1-bit
+Adam) keeps its memory in its own form; its test module checks that nothing is lost against a
+numpy reference of its paper's algorithm (tests/test_demo.py, tests/test_onebit_adam.py), and
+the fused layout does not apply to it.
 """
 
 import contextlib
@@ -40,10 +51,51 @@ PARAMS = {"w": jnp.zeros((200, 200)), "b": jnp.zeros((200,))}
 COST_TOLERANCE = 0.05
 
 
+# Settings with which 20 steps run every step kind of a method whose defaults would not.
+SHORT_SETTINGS = {"diloco": dict(every=4), "sparseloco": dict(every=4),
+                  "onebit_adam": dict(freeze_step=5)}
+OWN_BOOKKEEPING = {"demo": "tests/test_demo.py", "onebit_adam": "tests/test_onebit_adam.py"}
+# 1-bit Adam divides a sum over workers by sqrt(v), which amplifies the sum's last-bit
+# differences where the gradient is near zero, and its compressed steps sign them: summed in
+# another order (simulated workers), an entry can take the other sign. Its parameters are
+# compared after its dense warm-up, to a thousandth of a step of the learning rate each step
+# (a worker's rows mixed up moves them by whole steps), and its bytes in every kind.
+PARAMS_COMPARED_AFTER = {"onebit_adam": 5}
+LEARNING_RATE = 0.01
+
+
 def transformation(name: str, settings=None, **common):
   """The method's per-worker transformation over ``"data"``, as the runner builds it."""
   return registry.transformation(name, settings, axis_name="data",
                                  common=registry.Common(**common))
+
+
+def _settings(name: str, settings=None):
+  """``settings``, or the method's defaults with :data:`SHORT_SETTINGS`."""
+  if settings is not None:
+    return settings
+  return registry.default_settings(name, **SHORT_SETTINGS.get(name, {}))
+
+
+def _family(name: str) -> str:
+  return registry.get(name).family
+
+
+def training_step(name: str, settings, mesh, *, axis="data", per_device: int = 1):
+  """``compressors.data_parallel`` of the method with plain SGD (an exchange's optimizer, a
+  local-update method's inner one) on the regression of :func:`_regression_batch`, with the
+  method's step kinds."""
+  settings = _settings(name, settings)
+  if _family(name) == "exchange":
+    tx = optax.chain(registry.transformation(name, settings, axis_name=axis,
+                                             common=registry.Common()), optax.sgd(LEARNING_RATE))
+  else:
+    tx = registry.training(name, settings, optimizer=optax.sgd(LEARNING_RATE),
+                           learning_rate=LEARNING_RATE, axis_name=axis)
+  return compressors.data_parallel(
+      _loss, tx, mesh, PARAMS, _regression_batch(), axis_name=axis,
+      workers_per_device=per_device, kinds=registry.step_kinds(name, settings),
+      per_worker_params=_family(name) == "local")
 
 
 def _compress_state(state) -> compressors.CompressState:
@@ -81,7 +133,13 @@ _FLOAT_TYPES = {"f16": "float16", "bf16": "bfloat16", "f32": "float32", "f64": "
 
 def check_nothing_lost(name: str, settings=None, steps: int = 3) -> None:
   """Each step: mean_i(input_i + e_i) == returned mean + mean_i(e'_i) + owners' change, to the
-  rounding of the sums (float32's, or the narrower type a payload is all-reduced in)."""
+  rounding of the sums (float32's, or the narrower type a payload is all-reduced in); of a
+  local-update method, its exchange's."""
+  if _family(name) == "local":
+    return check_nothing_lost(_settings(name, settings).exchange, None, steps)
+  if _family(name) == "optimizer":
+    assert name in OWN_BOOKKEEPING, f"{name}: no test of its own bookkeeping is named"
+    return None
   method = registry.get(name)
   settings = method.settings() if settings is None else settings
   momentum = 0.0
@@ -114,23 +172,31 @@ def _loss(params, batch):
 
 
 def check_replicas_identical_and_one_compile(name: str, settings=None, steps: int = 20) -> None:
-  """20 steps of ``chain(method, sgd)`` on a regression (``compressors.data_parallel``, the
-  method's per-step inputs on the steps they are due): bit-identical parameters everywhere, one
-  compiled step (two with per-step inputs)."""
-  inputs = registry.step_inputs(name, settings)
+  """20 steps of the method (:func:`training_step`, each step of the kind due): bit-identical
+  parameters everywhere after every step that synchronises (with local updates, different
+  ones between synchronisations), each kind compiled once."""
+  dp = training_step(name, settings, harness.mesh())
   batch = _regression_batch()
-  dp = compressors.data_parallel(_loss, optax.chain(transformation(name, settings),
-                                                    optax.sgd(0.01)),
-                                 harness.mesh(), PARAMS, batch, step_inputs=inputs)
-  params, state, _ = dp.step(PARAMS, dp.init(PARAMS), batch, kind=dp.kind_at(0))
-  compiled = []  # after the first step: at most the variant without the inputs
+  params, state, _ = dp.step(dp.worker_params(PARAMS), dp.init(PARAMS), batch,
+                             kind=dp.kind_at(0))
+  compiled, ran = [], {dp.kind_at(0)}
+  dp.replicas_agree(params)  # compiled before the count
   with _counting_compilations(compiled):
     for t in range(1, steps):
       params, state, metrics = dp.step(params, state, batch, kind=dp.kind_at(t))
-  harness.assert_replicas_identical(params)
+      ran.add(dp.kind_at(t))
+      synchronised = dp.kinds[dp.kind_at(t)].update_kwargs().get("synchronise",
+                                                                 not dp.per_worker_params)
+      if dp.per_worker_params:
+        assert bool(dp.replicas_agree(params)) == synchronised, f"{name}: step {t}"
+  if dp.per_worker_params:
+    assert synchronised, f"{name}: the check must end on a synchronising step"
+  else:
+    harness.assert_replicas_identical(params)
   assert int(metrics["skipped_steps"]) == 0 and np.isfinite(float(metrics["loss"]))
-  expected = int(inputs is not None and inputs.every > 1)
-  assert len(compiled) == expected, f"{name}: {len(compiled)} compilations, {expected} expected"
+  assert ran == set(dp.kinds), f"{name}: kinds {set(dp.kinds) - ran} never ran in {steps} steps"
+  assert len(compiled) == len(ran) - 1, (f"{name}: {len(compiled)} compilations, "
+                                         f"{len(ran) - 1} expected")
 
 
 @contextlib.contextmanager
@@ -146,7 +212,10 @@ def _counting_compilations(events: list):
 
 
 def check_pmap_equals_shard_map(name: str, settings=None, steps: int = 2) -> None:
-  """The same updates under ``pmap`` and ``shard_map`` give the same bits."""
+  """The same updates under ``pmap`` and ``shard_map`` give the same bits (a method with step
+  kinds of its own: the same training steps, each kind run)."""
+  if _family(name) != "exchange":
+    return _pmap_equals_shard_map_steps(name, settings)
   tx = transformation(name, settings)
   sm_state, sm_update = harness.shard_map_update(tx, harness.mesh(), PARAMS)
   pm_init, pm_update = harness.pmap_update(tx)
@@ -161,10 +230,27 @@ def check_pmap_equals_shard_map(name: str, settings=None, steps: int = 2) -> Non
         np.testing.assert_array_equal(copy, np.asarray(a), err_msg=f"{name}: step {t}")
 
 
+def _pmap_equals_shard_map_steps(name: str, settings=None, steps: int = 8) -> None:
+  """``steps`` training steps under ``pmap`` and ``shard_map``: the same bits."""
+  batch = _regression_batch()
+  results = []
+  for mesh in (harness.mesh(), None):
+    dp = training_step(name, settings, mesh)
+    params, state = dp.worker_params(PARAMS), dp.init(PARAMS)
+    for t in range(steps):
+      params, state, _ = dp.step(params, state, batch, kind=dp.kind_at(t))
+    results.append(jax.tree.map(np.asarray, params))
+  for a, b in zip(*map(jax.tree.leaves, results)):
+    np.testing.assert_array_equal(a, b, err_msg=f"{name}: pmap differs from shard_map")
+
+
 def check_fused_equals_per_leaf(name: str, settings=None, steps: int = 2) -> None:
-  """On a one-leaf model, fused and per-leaf buffers are the same buffer: the same bits."""
-  if registry.get(name).fuse is not None:
-    return  # the method runs in one layout only
+  """On a one-leaf model, fused and per-leaf buffers are the same buffer: the same bits (a
+  local-update method: its exchange's)."""
+  if _family(name) == "local":
+    return check_fused_equals_per_leaf(_settings(name, settings).exchange, None, steps)
+  if registry.get(name).fuse is not None or _family(name) == "optimizer":
+    return None  # the method runs in one layout only
   one_leaf = {"w": PARAMS["w"].reshape(-1)}
   means = []
   for fuse in (True, False):
@@ -180,11 +266,24 @@ def check_fused_equals_per_leaf(name: str, settings=None, steps: int = 2) -> Non
 
 
 def check_bytes_within_cost_model(name: str, settings=None) -> None:
-  """Bytes one device sends, from the compiled update, within 5% of the cost-model entry."""
-  measured = harness.update_bytes(transformation(name, settings), PARAMS, harness.mesh()).total
+  """Bytes one device sends, from the compiled update, within 5% of the cost-model entry (a
+  method with step kinds of its own: its last kind's, less the non-finite guard's flag; a
+  local-update method's local steps: the flag alone)."""
   topology = compressors.Topology.flat(N, compressors.Link(alpha=1e-6, bandwidth=1e9))
+  settings = _settings(name, settings) if _family(name) != "exchange" else settings
   modelled = registry.cost(name, [x.shape for x in jax.tree.leaves(PARAMS)], topology,
                            settings).bytes_sent
+  if _family(name) == "exchange":
+    measured = harness.update_bytes(transformation(name, settings), PARAMS,
+                                    harness.mesh()).total
+  else:
+    dp = training_step(name, settings, harness.mesh())
+    state = jax.eval_shape(dp.init, PARAMS)
+    by_kind = {k: dp.wire_bytes(dp.worker_params(PARAMS), state, _regression_batch(),
+                                kind=k).total - dp.nonfinite_flag_bytes() for k in dp.kinds}
+    if dp.per_worker_params:
+      assert by_kind.pop("local") == 0, f"{name}: a local step moves more than the guard's flag"
+    measured = by_kind[list(dp.kinds)[-1]]
   assert abs(measured - modelled) <= COST_TOLERANCE * modelled, (
       f"{name}: {measured:,.0f} bytes on the wire, the cost model says {modelled:,.0f}")
 
@@ -196,33 +295,36 @@ def _regression_batch():
 
 
 def check_simulated_workers_match_devices(name: str, settings=None, steps: int = 4) -> None:
-  """8 workers as 8 devices, 2 x 4 and 1 x 8 simulated: the same bytes per step (each read from
-  its compiled program), and parameters equal to the rounding of reassociated sums (float32's,
-  or that of the narrower type a payload is all-reduced in)."""
-  inputs = registry.step_inputs(name, settings)
+  """8 workers as 8 devices, 2 x 4 and 1 x 8 simulated: the same bytes per step of each kind
+  (each read from its compiled program), and parameters equal to the rounding of reassociated
+  sums (float32's, or that of the narrower type a payload is all-reduced in)."""
   batch = _regression_batch()
+  steps = steps if _family(name) == "exchange" else max(steps, 8)  # every kind runs
   runs = {}
   for devices, per_device in ((N, 1), (2, N // 2), (1, N)):
     axis = "data" if per_device == 1 else ("data", "worker")
-    tx = optax.chain(registry.transformation(name, settings, axis_name=axis,
-                                             common=registry.Common()), optax.sgd(0.01))
-    dp = compressors.data_parallel(_loss, tx, harness.mesh(devices), PARAMS, batch,
-                                   axis_name=axis, workers_per_device=per_device,
-                                   step_inputs=inputs)
-    params, state = PARAMS, dp.init(PARAMS)
+    dp = training_step(name, settings, harness.mesh(devices), axis=axis, per_device=per_device)
+    params, state = dp.worker_params(PARAMS), dp.init(PARAMS)
     for t in range(steps):
+      if t == PARAMS_COMPARED_AFTER.get(name, steps):
+        compared = jax.tree.map(np.asarray, params)
       params, state, _ = dp.step(params, state, batch, kind=dp.kind_at(t))
-    bytes_per_step = dp.wire_bytes(params, state, batch, kind=dp.kind_at(0))
-    runs[devices, per_device] = (jax.tree.map(np.asarray, params), bytes_per_step)
+    kinds = sorted({dp.kind_at(t) for t in range(steps)})
+    compared = jax.tree.map(np.asarray, params) if name not in PARAMS_COMPARED_AFTER else compared
+    runs[devices, per_device] = (compared,
+                                 {k: dp.wire_bytes(params, state, batch, kind=k) for k in kinds})
   (reference, reference_bytes), *others = runs.values()
   # Each step's update is a sum over N workers, rounded N - 1 times in either order.
-  epsilon = _reduction_epsilon(reference_bytes)
+  epsilon = max(_reduction_epsilon(b) for b in reference_bytes.values())
   scale = max(float(np.abs(x).max()) for x in jax.tree.leaves(reference))
-  for (devices, per_device), (params, bytes_per_step) in zip(list(runs)[1:], others):
+  if name in PARAMS_COMPARED_AFTER:
+    epsilon, scale = 1e-3, PARAMS_COMPARED_AFTER[name] * LEARNING_RATE / (N * steps)
+  for (devices, per_device), (params, bytes_per_kind) in zip(list(runs)[1:], others):
     where = f"{name}: {devices} devices x {per_device} workers"
-    assert bytes_per_step.total == reference_bytes.total, (
-        f"{where} send {bytes_per_step.total:,.0f} bytes per step, 8 devices "
-        f"{reference_bytes.total:,.0f}")
+    for kind, sent in bytes_per_kind.items():
+      assert sent.total == reference_bytes[kind].total, (
+          f"{where} send {sent.total:,.0f} bytes in a {kind} step, 8 devices "
+          f"{reference_bytes[kind].total:,.0f}")
     for a, b in zip(jax.tree.leaves(reference), jax.tree.leaves(params)):
       np.testing.assert_allclose(b, a, rtol=0, atol=N * steps * epsilon * scale, err_msg=where)
 

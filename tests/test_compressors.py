@@ -1,5 +1,6 @@
 """Each compressor's aggregate against a numpy reference of its algorithm, on 8 workers."""
 
+import functools
 import importlib
 import re
 
@@ -13,7 +14,6 @@ from jax.sharding import PartitionSpec as P
 import scipy.stats
 
 import compressors
-from compressors._dgc import warmup_stages
 from tests import harness
 
 randomk_module = importlib.import_module("compressors._randomk")
@@ -302,17 +302,44 @@ def test_dgc_local_clipping_scales_by_inverse_sqrt_workers():
   np.testing.assert_allclose(means[0], clipped.mean(0), rtol=1e-5, atol=1e-7)
 
 
-def test_dgc_warmup_density_falls_by_four_each_stage():
-  np.testing.assert_allclose(warmup_stages(0.001, 0.25),
-                             [0.25, 0.0625, 0.015625, 0.00390625, 0.001])
-  stages = warmup_stages(0.01, 0.25)
-  grads, means, residuals, _ = _run(
-      compressors.dgc(0.01, warmup_steps=2 * (len(stages) - 1), sample_fraction=1.0),
-      steps=len(stages) * 2)
-  sent_counts = [int(np.count_nonzero(grads[t] + (residuals[t - 1] if t else 0) - residuals[t]))
-                 for t in range(len(grads))]
-  expected = [N * int(round(stages[min(t // 2, len(stages) - 1)] * D)) for t in range(len(grads))]
-  assert sent_counts == expected
+def test_dgc_with_the_density_warmup_is_dgc_at_each_stage_s_density():
+  """DGC's warm-up is the framework's (config.compression.density_warmup_steps): each stage is
+  the whole method at its density (0.25, then 0.05, then the final 0.01), and the stages hand on
+  one state, velocity and accumulation, with nothing lost (numpy reference of momentum
+  correction, the exact threshold, factor masking)."""
+  final, momentum = 0.01, 0.9
+  common = compressors.registry.Common(density_warmup_steps=4, density_warmup_stages=2)
+  tx = compressors.registry.transformation(
+      "dgc", compressors.registry.default_settings("dgc", density=final, momentum=momentum,
+                                                  sample_fraction=1.0),
+      axis_name="data", common=common)
+  densities = compressors.warmup_densities(final, common.density_warmup_start, 2)
+  np.testing.assert_allclose(densities, [0.25, 0.05], rtol=1e-12)
+  assert compressors.registry.step_kinds("dgc", common=common) == compressors.warmup_kinds(
+      compressors.registry.step_kinds("dgc"), 4, 2)
+  stages = [*enumerate(densities), (None, final)]
+  state, _ = harness.shard_map_update(tx, harness.mesh(), PARAMS)
+  updates = {stage: harness.shard_map_update(
+      optax.GradientTransformation(tx.init, functools.partial(tx.update, density_stage=stage)),
+      harness.mesh(), PARAMS)[1] for stage, _ in stages}
+  u = np.zeros((N, D), np.float32)
+  e = np.zeros((N, D), np.float32)
+  for i, (stage, density) in enumerate(stages):
+    k = round(density * D)
+    for repeat in range(2):
+      g = harness.per_worker_grads(jax.random.PRNGKey(10 * i + repeat), N, PARAMS)
+      mean, state = updates[stage](PARAMS, state, g)
+      u = momentum * u + harness.fused(g, N)
+      a = u + e
+      sent = harness.topk_reference(a, k)
+      assert np.count_nonzero(sent) == N * k
+      np.testing.assert_allclose(harness.fused(mean, 1)[0], sent.sum(0) / N, rtol=1e-5,
+                                 atol=1e-6)
+      e = a - sent
+      u = np.where(sent != 0, 0, u)  # factor masking
+      np.testing.assert_allclose(harness.fused(state.inner.residual, N), e, rtol=1e-5,
+                                 atol=1e-6)
+      np.testing.assert_allclose(harness.fused(state.velocity, N), u, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])

@@ -28,8 +28,16 @@ def test_threshold_and_cast_arguments():
     compressors.threshold(-1)
   with pytest.raises(ValueError, match="dtype=int8 is not supported; allowed"):
     compressors.cast(jnp.int8)
-  with pytest.raises(ValueError, match="warmup_steps=-1 must be an int >= 0"):
-    compressors.dgc(0.01, warmup_steps=-1)
+
+
+def test_dgc_density_warmup_of_negative_steps():
+  """DGC's warm-up is the general one (config.compression.density_warmup_steps): its bad
+  settings are named when the method is built."""
+  settings = compressors.registry.default_settings("dgc", density=0.01)
+  with pytest.raises(ValueError, match="density_warmup_steps=-1 is below 0"):
+    compressors.registry.transformation(
+        "dgc", settings, axis_name="data",
+        common=compressors.registry.Common(density_warmup_steps=-1))
 
 
 def _in_shard_map(tx, grads, params=None, axis="data"):

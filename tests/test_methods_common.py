@@ -20,4 +20,4 @@ def test_every_method_passes_every_check(name, check):
 def test_every_builtin_method_is_registered():
   assert set(registry.names()) >= {"dense", "fp16", "bf16", "topk", "randomk", "threshold",
                                    "dgc", "qsgd", "terngrad", "signsgd", "efsignsgd", "onebit",
-                                   "powersgd", "tasc"}
+                                   "powersgd", "tasc", "int8", "int4"}

@@ -5,6 +5,7 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from jax.sharding import PartitionSpec as P
 
@@ -61,10 +62,22 @@ def test_threshold_and_dgc_are_charged_at_capacity():
   assert _step_bytes(compressors.dgc(0.01)).total == expected
 
 
-def test_dgc_warmup_is_charged_at_its_most_expensive_stage():
-  report = _step_bytes(compressors.dgc(0.01, warmup_steps=100))
-  capacity = round(0.25 * D)
-  assert report.total == (N - 1) / N * N * (capacity * 8 + 4)
+def test_dgc_warmup_stages_are_each_charged_their_own_bytes():
+  """DGC's warm-up (config.compression.density_warmup_steps): each stage is its own program,
+  moving its own density's capacity, then the final density's."""
+  common = compressors.registry.Common(density_warmup_steps=100, density_warmup_stages=2)
+  tx = compressors.registry.transformation(
+      "dgc", compressors.registry.default_settings("dgc", density=0.01), axis_name="data",
+      common=common)
+  densities = compressors.warmup_densities(0.01, common.density_warmup_start, 2)
+  params = {"w": jax.ShapeDtypeStruct((D,), jnp.float32)}
+  charged = []
+  for stage, density in [*enumerate(densities), (None, 0.01)]:
+    stage_tx = optax.GradientTransformation(tx.init,
+                                            functools.partial(tx.update, density_stage=stage))
+    charged.append(harness.update_bytes(stage_tx, params, harness.mesh()).total)
+    assert charged[-1] == (N - 1) / N * N * (round(density * D) * 8 + 4)
+  assert charged == sorted(charged, reverse=True) and len(set(charged)) == 3
 
 
 def test_masked_dense_psum_is_not_compression():

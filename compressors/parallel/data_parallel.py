@@ -51,55 +51,18 @@ import optax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from compressors import _local
 from compressors.network import axes
 from compressors.parallel import drift
 from compressors.parallel import hlo_bytes
 from compressors.parallel import nonfinite
 from compressors.parallel import per_worker
+from compressors.parallel import step_kinds as kinds_lib
+from compressors.parallel.step_kinds import StepKind
+from compressors.parallel.step_kinds import kind_at
+from compressors.parallel.step_kinds import kind_counts
+from compressors.parallel.step_kinds import step_kinds
 from compressors.parallel import workers as workers_lib
-
-
-class StepKind(NamedTuple):
-  """One kind of step: its name, how often it runs, and the inputs it passes to the update.
-
-  Attributes:
-    name: what the kind is called (``DataParallel.kinds`` keys, logs).
-    every: the kind runs at the steps that are multiples of ``every`` (1: every step not claimed
-      by a kind of larger ``every``).
-    inputs: ``(loss_fn, params, batch, key, axis_name) -> dict`` of keyword arguments for the
-      update (``registry.StepInputs.make``), or None: the update takes none.
-  """
-  name: str
-  every: int
-  inputs: Callable[..., dict[str, Any]] | None = None
-
-
-def step_kinds(step_inputs: Any = None) -> tuple[StepKind, ...]:
-  """The kinds of a method with per-step ``step_inputs`` (``registry.StepInputs`` or None):
-  ``"step"`` every step, and ``"with_inputs"`` every ``step_inputs.every`` steps."""
-  plain = StepKind("step", 1)
-  if step_inputs is None or step_inputs.every <= 0:
-    return (plain,)
-  if step_inputs.every == 1:
-    return (StepKind("with_inputs", 1, step_inputs.make),)
-  return (plain, StepKind("with_inputs", step_inputs.every, step_inputs.make))
-
-
-def kind_at(kinds: Sequence[StepKind], step: int) -> str:
-  """The name of the kind that runs at ``step`` (the largest ``every`` that divides it)."""
-  return max((k for k in kinds if step % k.every == 0), key=lambda k: k.every).name
-
-
-def kind_counts(kinds: Sequence[StepKind], start: int, stop: int) -> dict[str, int]:
-  """How many of the steps ``start, ..., stop - 1`` each kind runs."""
-  steps = np.arange(start, stop)
-  claimed = np.zeros(steps.shape, bool)
-  counts = {}
-  for kind in sorted(kinds, key=lambda k: -k.every):
-    mine = (steps % kind.every == 0) & ~claimed
-    counts[kind.name] = int(mine.sum())
-    claimed |= mine
-  return counts
 
 
 class TrainState(NamedTuple):
@@ -144,7 +107,11 @@ class DataParallel(NamedTuple):
       per device); None under pmap.
     reduce: ``fn -> jitted (params, model_state, batch) -> sum over workers of fn(params,
       mean model_state, worker's batch)`` (evaluation: the model state averaged over workers).
-    replicas_agree: ``params -> bool[]``, jitted: the parameters bit-identical on every device.
+    replicas_agree: ``params -> bool[]``: the parameters bit-identical on every device (with
+      per-worker parameters: every worker's row the same, as after a synchronising step).
+    worker_params: ``params -> params`` laid out as the step takes them: the identity, or with
+      per-worker parameters replicated ones copied to one row per worker.
+    per_worker_params: the parameters have one row per worker (:func:`data_parallel`).
   """
   init: Callable[[chex.ArrayTree], chex.ArrayTree]
   step: Callable[..., tuple[chex.ArrayTree, chex.ArrayTree, dict[str, Any]]]
@@ -156,6 +123,21 @@ class DataParallel(NamedTuple):
   equivalent: Callable[[], "DataParallel"] | None = None
   reduce: Callable[[Callable[..., Any]], Callable[..., Any]] | None = None
   replicas_agree: Callable[[chex.ArrayTree], jax.Array] | None = None
+  worker_params: Callable[[chex.ArrayTree], chex.ArrayTree] = lambda params: params
+  per_worker_params: bool = False
+
+  @property
+  def params_spec(self) -> P:
+    """The parameters' ``PartitionSpec`` on :attr:`mesh`: ``P()``, or one row per worker."""
+    return self.workers.spec if self.per_worker_params else P()
+
+  def model_params(self, state: TrainState) -> chex.ArrayTree:
+    """The parameters the model is (to evaluate), replicated: ``state.params``, or with
+    per-worker parameters those of the latest synchronisation
+    (``compressors.synchronised_params``)."""
+    if not self.per_worker_params:
+      return state.params
+    return _local.synchronised_params(state.opt_state)
 
   def kind_at(self, step: int) -> str:
     """The name of the kind that runs at ``step``."""
@@ -172,14 +154,15 @@ class DataParallel(NamedTuple):
     if self.workers is not None and self.workers.per_device > 1:
       one_each = self.equivalent()
       shapes = lambda tree, specs: _abstract(tree, one_each.mesh, specs)
-      return one_each.wire_bytes(shapes(params, P()), shapes(state, one_each.specs),
+      return one_each.wire_bytes(shapes(params, one_each.params_spec),
+                                 shapes(state, one_each.specs),
                                  shapes(batch, one_each.workers.spec), kind=kind,
                                  model_state=shapes(model_state, one_each.workers.spec))
     # The steps' own lower (not a jit around them): a wrapped step still compiles the real one.
     if self.train_step is None:  # pmap
       return hlo_bytes.wire_bytes(self.step, params, state, batch, kind=kind)
     state = TrainState(_abstract(jnp.zeros((), jnp.int32), self.mesh, P()),
-                       _abstract(params, self.mesh, P()),
+                       _abstract(params, self.mesh, self.params_spec),
                        _abstract(model_state, self.mesh, self.workers.spec),
                        _abstract(state, self.mesh, self.specs))
     batch = _abstract(batch, self.mesh, self.workers.spec)
@@ -206,7 +189,7 @@ class DataParallel(NamedTuple):
     per device; ``params`` may be abstract."""
     one_each = self.equivalent() if self.workers.per_device > 1 else self
     return hlo_bytes.wire_bytes(one_each.replicas_agree,
-                                _abstract(params, one_each.mesh, P())).total
+                                _abstract(params, one_each.mesh, one_each.params_spec)).total
 
 
 def data_parallel(loss_fn: Callable[..., Any], tx: optax.GradientTransformation,
@@ -215,7 +198,7 @@ def data_parallel(loss_fn: Callable[..., Any], tx: optax.GradientTransformation,
                   has_aux: bool = False, step_inputs: Any = None,
                   kinds: Sequence[StepKind] | None = None, model_state: chex.ArrayTree = None,
                   rng: jax.Array | None = None, skip_nonfinite: bool = True,
-                  donate: bool = False) -> DataParallel:
+                  donate: bool = False, per_worker_params: bool = False) -> DataParallel:
   """A data-parallel step of ``tx`` over the workers of ``axis_name`` (see the module docstring).
 
   Args:
@@ -245,6 +228,11 @@ def data_parallel(loss_fn: Callable[..., Any], tx: optax.GradientTransformation,
     skip_nonfinite: wrap ``tx`` in :func:`compressors.skip_nonfinite` (strongly advised).
     donate: donate the state's buffers to :attr:`DataParallel.step` (saves memory; the old
       state is invalid). :attr:`DataParallel.train_step` always donates.
+    per_worker_params: the parameters differ between workers between synchronisations (a
+      local-update method, ``compressors.local_updates``): the step takes and returns them with
+      one row per worker (:meth:`DataParallel.worker_params` lays replicated ones out so), each
+      worker differentiates at its own, and updates are applied with
+      ``compressors.apply_local_updates`` (bit-identical rows after a synchronising step).
 
   Returns:
     A :class:`DataParallel`.
@@ -255,7 +243,7 @@ def data_parallel(loss_fn: Callable[..., Any], tx: optax.GradientTransformation,
       not fit the mesh, a leaf of ``batch`` does not split evenly over the workers, or
       ``model_state`` without a mesh, before anything compiles.
   """
-  kinds = _checked_kinds(kinds if kinds is not None else step_kinds(step_inputs))
+  kinds = kinds_lib.checked(kinds if kinds is not None else step_kinds(step_inputs))
   if mesh is None:
     if workers_per_device != 1:
       raise ValueError(f"workers_per_device={workers_per_device!r} needs a mesh (shard_map); "
@@ -268,45 +256,33 @@ def data_parallel(loss_fn: Callable[..., Any], tx: optax.GradientTransformation,
       tx = nonfinite.skip_nonfinite(tx, axis_name=axis_name)
     # pmap differentiates each device's own loss: no copy to type.
     return _on_pmap(_WorkerStep(loss_fn, tx, axis_name, has_aux, False, rng, skip_nonfinite,
-                                lambda params: params), kinds, axis_name, donate)
+                                lambda params: params), kinds, axis_name, donate,
+                    per_worker_params)
   layout = workers_lib.Workers.on(mesh, axis_name, workers_per_device)
   _check_batch(batch, layout.count)
   one_each = functools.partial(
       data_parallel, loss_fn, tx, params=params, batch=batch, axis_name=axis_name,
       has_aux=has_aux, kinds=kinds, model_state=model_state, rng=rng,
-      skip_nonfinite=skip_nonfinite)
+      skip_nonfinite=skip_nonfinite, per_worker_params=per_worker_params)
   wrapped = nonfinite.skip_nonfinite(tx, axis_name=axis_name) if skip_nonfinite else tx
   worker = _WorkerStep(loss_fn, wrapped, axis_name, has_aux, model_state is not None, rng,
-                       skip_nonfinite, layout.own_copy)
+                       skip_nonfinite, (lambda p: p) if per_worker_params else layout.own_copy)
   model_state = () if model_state is None else model_state
   # Shapes and dtypes, laid out as the step takes them (a mesh of explicit axes checks that).
   params = _abstract(params, mesh, P())
   batch = _abstract(batch, mesh, layout.spec)
   model_state = _abstract(model_state, mesh, layout.spec)
-  specs = layout.layout(_state_specs(worker, kinds, layout, params, model_state, batch))
-  programs = _Programs(worker, layout, specs, kinds)
+  specs = layout.layout(_state_specs(worker, kinds, layout, params, model_state, batch,
+                                     per_worker_params))
+  programs = _Programs(worker, layout, specs, kinds,
+                       layout.spec if per_worker_params else P())
   return DataParallel(
       init=programs.init(), step=programs.simple_step(donate), train_step=programs.train_step(),
       kinds={k.name: k for k in kinds}, specs=specs, mesh=mesh, workers=layout,
       equivalent=functools.cache(lambda: one_each(mesh=layout.equivalent_mesh()))
       if layout.per_device > 1 else None,
-      reduce=programs.reduce, replicas_agree=programs.replicas_agree())
-
-
-def _checked_kinds(kinds: Sequence[StepKind]) -> tuple[StepKind, ...]:
-  """``kinds`` as a tuple, refused when names repeat, an ``every`` is not a positive int, or no
-  kind runs every step."""
-  kinds = tuple(kinds)
-  names = [k.name for k in kinds]
-  if len(set(names)) != len(names):
-    raise ValueError(f"data_parallel: kinds={names} repeat a name; each kind needs its own")
-  for k in kinds:
-    if isinstance(k.every, bool) or not isinstance(k.every, int) or k.every < 1:
-      raise ValueError(f"data_parallel: kind {k.name!r} has every={k.every!r}; allowed: an "
-                       "int >= 1")
-  if not any(k.every == 1 for k in kinds):
-    raise ValueError(f"data_parallel: kinds {names} leave steps to no kind; one needs every=1")
-  return kinds
+      reduce=programs.reduce, replicas_agree=programs.replicas_agree(),
+      worker_params=programs.worker_params(), per_worker_params=per_worker_params)
 
 
 def _check_batch(batch: chex.ArrayTree, num_workers: int) -> None:
@@ -321,10 +297,11 @@ def _check_batch(batch: chex.ArrayTree, num_workers: int) -> None:
           f"so that axis must be a multiple of {num_workers}")
 
 
-def _state_specs(worker, kinds, layout, params, model_state, batch) -> chex.ArrayTree:
+def _state_specs(worker, kinds, layout, params, model_state, batch,
+                 per_worker_params) -> chex.ArrayTree:
   """:func:`compressors.state_specs` of the step, traced on the mesh of one worker per device
-  (the state's layout is the same with simulated workers), with what each kind's inputs make
-  per worker."""
+  (the state's layout is the same with simulated workers) for each kind, with what its inputs
+  make per worker and its options: a leaf is per worker if any kind makes it so."""
   axis = layout.axis_name
   if layout.per_device == 1:  # the mesh itself, with the inputs laid out on it
     mesh = layout.mesh
@@ -332,20 +309,29 @@ def _state_specs(worker, kinds, layout, params, model_state, batch) -> chex.Arra
     mesh = layout.equivalent_mesh(abstract=True)
     params, model_state, batch = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
                                               (params, model_state, batch))
-  extras = {}
+  found, traced = None, set()
   for kind in kinds:
-    if kind.inputs is None:
+    key = (id(kind.inputs), tuple(sorted(kind.update_kwargs().items())))
+    if key in traced:  # the same update as a kind traced already
       continue
+    traced.add(key)
+    extras = {}
+    if kind.inputs is not None:
 
-    def per_worker_inputs(p, m, b, kind=kind):
-      m = jax.tree.map(lambda x: x[0], m)
-      made = worker.inputs(kind, worker.own_copy(p), b, m, jnp.zeros((), jnp.int32))
-      return jax.tree.map(lambda x: x[None], made)
-    made = jax.eval_shape(jax.shard_map(
-        per_worker_inputs, mesh=mesh, in_specs=(P(), P(axis), P(axis)), out_specs=P(axis),
-        check_vma=False), params, model_state, batch)
-    extras.update(jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), made))
-  return per_worker.state_specs(worker.tx, params, mesh, axis, **extras)
+      def per_worker_inputs(p, m, b, kind=kind):
+        m = jax.tree.map(lambda x: x[0], m)
+        made = worker.inputs(kind, worker.own_copy(p), b, m, jnp.zeros((), jnp.int32))
+        return jax.tree.map(lambda x: x[None], made)
+      made = jax.eval_shape(jax.shard_map(
+          per_worker_inputs, mesh=mesh, in_specs=(P(), P(axis), P(axis)), out_specs=P(axis),
+          check_vma=False), params, model_state, batch)
+      extras = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), made)
+    specs = per_worker.state_specs(worker.tx, params, mesh, axis,
+                                   per_worker_params=per_worker_params,
+                                   options=kind.update_kwargs(), **extras)
+    found = specs if found is None else jax.tree.map(
+        lambda a, b: a if a != P() else b, found, specs, is_leaf=lambda x: isinstance(x, P))
+  return found
 
 
 def _worker_rows(batch: chex.ArrayTree, per_device: int) -> chex.ArrayTree:
@@ -395,7 +381,7 @@ class _WorkerStep(NamedTuple):
     (loss, (aux, new_model_state)), grads = jax.value_and_grad(self.loss, has_aux=True)(
         local_params, batch, model_state, worker_key)
     extra = self.inputs(kind, local_params, batch, new_model_state, step) if kind.inputs else {}
-    updates, state = self.tx.update(grads, state, params, **extra)
+    updates, state = self.tx.update(grads, state, params, **extra, **kind.update_kwargs())
     # This worker's own metrics: no collective, so a step's bytes are its exchange's alone.
     metrics = {"loss": loss}
     if self.skip_nonfinite:
@@ -406,7 +392,7 @@ class _WorkerStep(NamedTuple):
                                      model_state, new_model_state)
     if self.has_aux or self.stateful:
       metrics["aux"] = aux
-    return optax.apply_updates(params, updates), new_model_state, state, metrics
+    return _local.apply_local_updates(params, updates, state), new_model_state, state, metrics
 
   def gathered(self, metrics):
     """A worker's metrics as :attr:`DataParallel.step` reports them: the mean loss, every
@@ -425,6 +411,12 @@ class _Programs(NamedTuple):
   layout: workers_lib.Workers
   specs: chex.ArrayTree
   kinds: tuple[StepKind, ...]
+  params_spec: P  # P() replicated, the workers' spec with per-worker parameters
+
+  @property
+  def params_axis(self):
+    """The parameters' ``in_axes``/``out_axes`` for :meth:`Workers.each`."""
+    return None if self.params_spec == P() else 0
 
   def shard_map(self, fn, in_specs, out_specs):
     # Simulated workers are untyped: shard_map's replication types know only mesh axes.
@@ -436,11 +428,22 @@ class _Programs(NamedTuple):
     return jax.jit(self.shard_map(self.layout.each(self.worker.tx.init, None, state_axes),
                                   in_specs=P(), out_specs=self.specs))
 
+  def worker_params(self):
+    """Replicated parameters -> laid out as the step takes them (one row per worker with
+    per-worker parameters)."""
+    if self.params_axis is None:
+      return lambda params: params
+    count = self.layout.count
+    sharding = NamedSharding(self.layout.mesh, self.params_spec)
+    return jax.jit(lambda params: jax.tree.map(
+        lambda x: jnp.broadcast_to(x, (count,) + x.shape), params), out_shardings=sharding)
+
   def per_device(self, state: TrainState, batch, kind: StepKind):
     """One device's workers' step on their rows of ``state`` and ``batch``."""
     state_axes = workers_lib.per_worker_axes(self.specs)
     each = self.layout.each(functools.partial(self.worker, kind=kind),
-                            (None, None, 0, state_axes, 0), (None, 0, state_axes, 0))
+                            (None, self.params_axis, 0, state_axes, 0),
+                            (self.params_axis, 0, state_axes, 0))
     params, model_state, opt_state, metrics = each(
         state.step, state.params, state.model_state, state.opt_state,
         _worker_rows(batch, self.layout.per_device))
@@ -448,14 +451,21 @@ class _Programs(NamedTuple):
 
   def train_step(self):
     layout, by_name = self.layout, {k.name: k for k in self.kinds}
-    specs = TrainState(P(), P(), layout.spec, self.specs)
+    specs = TrainState(P(), self.params_spec, layout.spec, self.specs)
+    program, default = kinds_lib.same_programs(self.kinds), kind_at(self.kinds, 1)
 
     # Metrics come out one row per worker (no collective in the step for them).
     @functools.partial(jax.jit, static_argnames="kind", donate_argnums=0)
-    def train_step(state, batch, kind=kind_at(self.kinds, 1)):
+    def jitted(state, batch, kind):
       return self.shard_map(functools.partial(self.per_device, kind=by_name[kind]),
                             in_specs=(specs, layout.spec), out_specs=(specs, layout.spec))(
                                 state, batch)
+
+    # Kinds that differ only in when they run share one compiled program.
+    def train_step(state, batch, *, kind=default):
+      return jitted(state, batch, kind=program[kind])
+    train_step.lower = lambda state, batch, *, kind=default: jitted.lower(state, batch,
+                                                                          kind=program[kind])
     return train_step
 
   def simple_step(self, donate: bool):
@@ -473,17 +483,22 @@ class _Programs(NamedTuple):
         if self.worker.skip_nonfinite:
           gathered["skipped_steps"] = new.opt_state.skipped
         return new.params, new.opt_state, gathered
-      return self.shard_map(body, in_specs=(P(), self.specs, layout.spec),
-                            out_specs=(P(), self.specs, P()))(params, state, batch)
+      return self.shard_map(body, in_specs=(self.params_spec, self.specs, layout.spec),
+                            out_specs=(self.params_spec, self.specs, P()))(params, state, batch)
 
     # Inputs placed as the step lays them out (a no-op for the step's own outputs), so that the
     # first call, on the caller's arrays, compiles the same program as the later ones.
-    replicated, split = NamedSharding(layout.mesh, P()), NamedSharding(layout.mesh, layout.spec)
+    params_sharding = NamedSharding(layout.mesh, self.params_spec)
+    split = NamedSharding(layout.mesh, layout.spec)
+
+    program = kinds_lib.same_programs(self.kinds)
 
     def step(params, state, batch, *, kind=default):
-      return jitted(jax.device_put(params, replicated), state, jax.device_put(batch, split),
-                    kind=kind)
-    step.lower = jitted.lower  # compiled without running, as wire_bytes does
+      return jitted(jax.device_put(params, params_sharding), state, jax.device_put(batch, split),
+                    kind=program[kind])
+    # Compiled without running, as wire_bytes does.
+    step.lower = lambda params, state, batch, *, kind=default: jitted.lower(
+        params, state, batch, kind=program[kind])
     return step
 
   def reduce(self, fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -501,14 +516,20 @@ class _Programs(NamedTuple):
                                   out_specs=P()))
 
   def replicas_agree(self):
-    device_axes = self.layout.device_axes
-    return jax.jit(jax.shard_map(lambda params: drift.replicas_agree(params, device_axes),
-                                 mesh=self.layout.mesh, in_specs=P(), out_specs=P()))
+    layout = self.layout
+    if self.params_axis is None:
+      return jax.jit(jax.shard_map(lambda params: drift.replicas_agree(params, layout.device_axes),
+                                   mesh=layout.mesh, in_specs=P(), out_specs=P()))
+    # Per-worker parameters: every worker's row against every other's (a checksum per leaf).
+    each = layout.each(lambda params: drift.replicas_agree(params, layout.axis_name), 0, 0)
+    rows = self.shard_map(each, in_specs=layout.spec, out_specs=layout.spec)
+    return jax.jit(lambda params: jnp.all(rows(params)))
 
 
-def _on_pmap(worker: _WorkerStep, kinds: tuple[StepKind, ...], axis_name,
-             donate: bool) -> DataParallel:
-  """The same step under ``jax.pmap``: every state leaf carries the device axis."""
+def _on_pmap(worker: _WorkerStep, kinds: tuple[StepKind, ...], axis_name, donate: bool,
+             per_worker_params: bool) -> DataParallel:
+  """The same step under ``jax.pmap``: every state leaf carries the device axis (and the
+  parameters, when they are per worker)."""
   count = jax.local_device_count()
   split = lambda batch: jax.tree.map(lambda x: x.reshape((count, -1) + x.shape[1:]), batch)
   copies = lambda tree: jax.tree.map(lambda x: jax.numpy.broadcast_to(x, (count,) + x.shape), tree)
@@ -527,16 +548,20 @@ def _on_pmap(worker: _WorkerStep, kinds: tuple[StepKind, ...], axis_name,
 
   @functools.lru_cache(maxsize=None)
   def pmapped(kind):
+    params_axis = 0 if per_worker_params else None
     return jax.pmap(functools.partial(one_device, kind=kind), axis_name=axis_name,
-                    in_axes=(None, 0, 0), out_axes=(None, 0, None),
+                    in_axes=(params_axis, 0, 0), out_axes=(params_axis, 0, None),
                     donate_argnums=(1,) if donate else ())
 
+  program = kinds_lib.same_programs(kinds)
+
   def step(params, state, batch, *, kind=default):
-    return pmapped(kind)(params, state, split(batch))
-  step.lower = lambda params, state, batch, *, kind=default: pmapped(kind).lower(
+    return pmapped(program[kind])(params, state, split(batch))
+  step.lower = lambda params, state, batch, *, kind=default: pmapped(program[kind]).lower(
       params, state, split(batch))
   return DataParallel(init=init, step=step, train_step=None, kinds=by_name, specs=None,
-                      mesh=None)
+                      mesh=None, worker_params=copies if per_worker_params else lambda p: p,
+                      per_worker_params=per_worker_params)
 
 
 def _abstract(tree: chex.ArrayTree, mesh: jax.sharding.Mesh,

@@ -51,15 +51,14 @@ def skip_nonfinite(inner: optax.GradientTransformation, *,
                               last_skipped=jnp.zeros((), bool))
 
   def update_fn(updates, state, params=None, **extra_args):
-    bad_here = ~_all_finite(updates)
-    bad_anywhere = bad_here
+    new_updates, new_inner = inner.update(updates, state.inner, params, **extra_args)
+    # The new updates count too: a local-update method's differ between workers.
+    skip = ~_all_finite(updates) | ~_all_finite(new_updates)
     if axes.as_tuple(axis_name):
-      flag = bad_here.astype(jnp.int32)
+      flag = skip.astype(jnp.int32)
       if axes.replication_checked(axis_name) and not axes.is_varying(flag, axis_name):
         flag = jax.lax.pcast(flag, axes.as_tuple(axis_name), to="varying")
-      bad_anywhere = jax.lax.psum(flag, axis_name) > 0
-    new_updates, new_inner = inner.update(updates, state.inner, params, **extra_args)
-    skip = bad_anywhere | ~_all_finite(new_updates)
+      skip = jax.lax.psum(flag, axis_name) > 0
     keep = lambda old, new: jax.tree.map(lambda o, n: jnp.where(skip, o, n), old, new)
     return (jax.tree.map(lambda u: jnp.where(skip, jnp.zeros_like(u), u), new_updates),
             SkipNonFiniteState(inner=keep(state.inner, new_inner),

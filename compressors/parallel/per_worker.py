@@ -21,6 +21,8 @@ worker's own gradient, and its moments are per worker. Under ``jax.pmap`` every 
 a leading device axis and none of this is needed.
 """
 
+from typing import Any
+
 import chex
 import jax
 import jax.extend
@@ -43,7 +45,8 @@ def drop_device_axis(state: chex.ArrayTree, specs: chex.ArrayTree) -> chex.Array
 
 
 def state_specs(tx, params: chex.ArrayTree, mesh: jax.sharding.Mesh, axis_name: axes.AxisName, *,
-                check_updates: bool = True, **extra_args) -> chex.ArrayTree:
+                check_updates: bool = True, per_worker_params: bool = False,
+                options: dict[str, Any] | None = None, **extra_args) -> chex.ArrayTree:
   """``PartitionSpec``s of ``tx``'s state as :func:`add_device_axis` lays it out.
 
   Args:
@@ -55,6 +58,10 @@ def state_specs(tx, params: chex.ArrayTree, mesh: jax.sharding.Mesh, axis_name: 
       all-reduce schedules (``compress(..., schedule="ring")``) come out of ``ppermute``, which
       JAX types as per-worker although every worker holds the same bits: with those, run
       ``shard_map(..., check_vma=False)`` and pass False.
+    per_worker_params: the parameters differ between workers (a local-update method between
+      synchronisations); then the updates may too (``check_updates`` does not apply).
+    options: static keyword arguments of ``tx.update`` (a step kind's options), passed as they
+      are.
     **extra_args: the extra arguments the training step passes to ``tx.update`` on some steps
       (e.g. ``curvature=`` shaped like the parameters; values or ``ShapeDtypeStruct``s): a
       state leaf that only they make per-worker is found only if they are given.
@@ -74,7 +81,7 @@ def state_specs(tx, params: chex.ArrayTree, mesh: jax.sharding.Mesh, axis_name: 
       lambda x: jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x)), (params, extra_args))
   state = jax.eval_shape(jax.shard_map(tx.init, mesh=mesh, in_specs=P(), out_specs=P(),
                                        check_vma=False), params)
-  body, layout = _traced_update(tx, params, state, mesh, axis_name, extra_args)
+  body, layout = _traced_update(tx, params, state, mesh, axis_name, extra_args, options or {})
   per_worker = [False] * layout["state"]
   # The body's first inputs are constants the trace hoisted, then the arguments in order; its
   # outputs are the updates, then the new state. A value's mark is the set of axes it varies
@@ -82,14 +89,15 @@ def state_specs(tx, params: chex.ArrayTree, mesh: jax.sharding.Mesh, axis_name: 
   constants = len(body.invars) - layout["params"] - layout["state"] - layout["varying"]
   none, every = frozenset(), frozenset(names)
   while True:
-    sources = ([none] * (constants + layout["params"]) + [every if w else none for w in per_worker]
+    sources = ([none] * constants + [every if per_worker_params else none] * layout["params"]
+               + [every if w else none for w in per_worker]
                + [every] * layout["varying"])
     found = [bool(axes_) for axes_ in _varying_axes(body, sources)]
     updates, found = found[:layout["updates"]], found[layout["updates"]:]
     if found == per_worker:
       break
     per_worker = [a or b for a, b in zip(per_worker, found)]
-  if check_updates and any(updates):
+  if check_updates and not per_worker_params and any(updates):
     raise ValueError(
         "state_specs: the updates of this transformation differ between the workers of "
         f"{axis_name!r}, so the replicas would drift apart: the compressor (compress, "
@@ -102,13 +110,14 @@ def state_specs(tx, params: chex.ArrayTree, mesh: jax.sharding.Mesh, axis_name: 
                             [P(axis_name) if w else P() for w in per_worker])
 
 
-def _traced_update(tx, params, state, mesh, axis_name, extra_args):
+def _traced_update(tx, params, state, mesh, axis_name, extra_args, options):
   """The jaxpr of one ``update`` inside ``shard_map`` (untyped: ``check_vma=False``, so whatever
   the state's leaves turn out to be, the trace goes through), and the counts of its inputs
   (parameters, state leaves, then the gradient and the extra arguments) and of its outputs'
   updates (the new state's leaves follow)."""
   def update(params, state, grads, extra_args):
-    return jax.tree.map(lambda x: x[None], tx.update(grads, state, params, **extra_args))
+    return jax.tree.map(lambda x: x[None], tx.update(grads, state, params, **extra_args,
+                                                     **options))
 
   grads = jax.tree.map(lambda p: jax.ShapeDtypeStruct(jnp.shape(p), jnp.result_type(p)), params)
   outer = jax.make_jaxpr(jax.shard_map(update, mesh=mesh, in_specs=P(), out_specs=P(axis_name),

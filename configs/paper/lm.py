@@ -49,7 +49,6 @@ TIERS = {
 }
 # Settings every run of a method gets besides its budget.
 METHOD_SETTINGS = {
-    "dgc": dict(warmup_steps=0),
     "tasc": dict(wire_dtype="float16", hessian_every=10, num_probes=1),
 }
 ERROR_FEEDBACK = ("topk", "randomk")  # the "top-k with error feedback"; DGC has its own

@@ -26,9 +26,9 @@ def overrides(method: str, seed: int) -> dict:
   own = {field: settings[arg] for arg, field in (("density", "density"),
                                                  ("sensitivity", "sensitivity"),
                                                  ("wire", "wire_dtype")) if arg in settings}
-  if name == "dgc":
-    own["warmup_steps"] = 0  # steady-state bytes, as in the MNIST-1D table
   compression = {"seed": seed, name: own}
+  if name == "dgc":  # configs/cifar.py warms DGC's density up; steady-state bytes, as in MNIST-1D
+    compression["density_warmup_steps"] = 0
   if "ef" in settings:
     compression["error_feedback"] = settings["ef"]
   return {"seed": seed, "compression": compression}

@@ -258,8 +258,9 @@ def notes() -> tuple[str, ...]:
       "TASC's block scores (1 float per block) are included for every sensitivity; its "
       "Hutchinson curvature is each device's own estimate and moves no bytes.",
       f"Error feedback by default: {', '.join(error_feedback)}; '_noef' turns it off. A row "
-      "named after its method runs the method's default settings. DGC runs without its "
-      "density warm-up (its compiled switch would be charged at the warm-up's 25% density).",
+      "named after its method runs the method's default settings. DGC runs without the "
+      "density warm-up (config.compression.density_warmup_steps=0), so its bytes are the "
+      "steady state's.",
   )
 
 

@@ -1,0 +1,234 @@
+"""Local updates: each worker optimises on its own for ``H`` steps, then the workers exchange
+what they moved (the pseudo-gradient) through any compressor and take one outer step together.
+
+DiLoCo (Douillard et al. 2023, "DiLoCo: Distributed Low-Communication Training of Language
+Models"): each worker runs an inner optimizer (AdamW) on its own gradient with no collective; every
+``H`` steps the pseudo-gradient ``Delta = theta_sync - theta_worker`` is all-reduced (the mean over
+workers), an outer optimizer (SGD with Nesterov momentum, lr 0.7, momentum 0.9) updates the
+synchronised parameters with it as its gradient, and every worker restarts from them; the inner
+optimizers' states stay each worker's own. Here the pseudo-gradient goes through an *exchange*:
+any per-worker transformation that returns the mean over workers (``compressors.compress`` of any
+compressor with error feedback, ``tasc.tasc_compress`` with its shared support), so the family
+covers DiLoCo (dense float32), OpenDiLoCo (float16), INTELLECT-1 (int8), SparseLoCo (top-k with an
+error buffer decayed in place of outer momentum: ``compress(topk, error_decay=0.95)`` and an
+outer SGD of lr 1) and TASC on the pseudo-gradient.
+
+Which step synchronises is static (the keyword ``synchronise`` of ``update``): a local step and a
+synchronising step are two programs, the local one with no collective at all, so each one's bytes
+are read from its own compiled program (``compressors.data_parallel`` with the kinds of
+:func:`local_update_kinds`, and ``per_worker_params=True``: the parameters differ between workers
+between synchronisations).
+
+After a synchronising step every worker must hold the synchronised parameters bit for bit;
+``params + (theta_sync - params)`` is not ``theta_sync`` in floating point, so apply the updates
+with :func:`apply_local_updates` (``data_parallel`` does), which lands exactly on them.
+"""
+
+from collections.abc import Sequence
+import dataclasses
+import math
+from typing import Any, NamedTuple
+
+import chex
+import jax
+import jax.numpy as jnp
+import optax
+
+from compressors import checks
+from compressors import registry
+from compressors.parallel.step_kinds import StepKind
+
+
+class LocalUpdatesState(NamedTuple):
+  """State of :func:`local_updates` on one worker.
+
+  Attributes:
+    synchronised: ``bool[]``: the latest step synchronised (the parameters are then
+      :attr:`anchor` on every worker); the same on every worker.
+    anchor: the synchronised parameters of the latest synchronisation, the same on every worker
+      (the model a run evaluates).
+    inner: the inner optimizer's state, this worker's own.
+    outer: the outer optimizer's state, the same on every worker.
+    exchange: the exchange's state (error-feedback residuals: this worker's own).
+  """
+  synchronised: jax.Array
+  anchor: chex.ArrayTree
+  inner: Any
+  outer: Any
+  exchange: Any
+
+
+def nesterov_outer(learning_rate: float = 0.7, momentum: float = 0.9) -> optax.GradientTransformation:
+  """DiLoCo's outer optimizer: SGD with Nesterov momentum on the pseudo-gradient."""
+  return optax.sgd(learning_rate, momentum=momentum or None, nesterov=bool(momentum))
+
+
+def local_updates(inner: optax.GradientTransformation,
+                  exchange: optax.GradientTransformation,
+                  outer: optax.GradientTransformation | None = None
+                  ) -> optax.GradientTransformationExtraArgs:
+  """Local updates with an exchanged pseudo-gradient (DiLoCo; see the module docstring).
+
+  Args:
+    inner: the optimizer each worker runs on its own gradient (e.g. ``optax.adamw(4e-4)``).
+    exchange: the per-worker transformation that returns the mean over workers of what it is
+      given, with its own collectives (``compressors.compress(compressors.dense(),
+      axis_name=...)``, ``tasc.tasc_compress(...)``, ...); it sees only pseudo-gradients.
+    outer: the optimizer of the synchronised parameters, given the exchanged pseudo-gradient as
+      its gradient (default :func:`nesterov_outer`: lr 0.7, Nesterov momentum 0.9).
+
+  Returns:
+    An ``optax.GradientTransformationExtraArgs`` whose ``update(grads, state, params, *,
+    synchronise=False, **extra_args)`` runs inside ``shard_map``/``pmap`` over the exchange's
+    axis: ``params`` are this worker's; with ``synchronise=False`` (static) it returns the inner
+    optimizer's update and moves nothing; with ``synchronise=True`` it exchanges the
+    pseudo-gradient (``extra_args`` go to the exchange, e.g. TASC's curvature), takes the outer
+    step and returns what moves this worker onto the new synchronised parameters (apply it with
+    :func:`apply_local_updates`).
+  """
+  outer = nesterov_outer() if outer is None else outer
+  exchange = optax.with_extra_args_support(exchange)
+
+  def init(params):
+    return LocalUpdatesState(jnp.zeros((), bool), jax.tree.map(jnp.asarray, params),
+                             inner.init(params), outer.init(params), exchange.init(params))
+
+  def update(grads, state, params=None, *, synchronise: bool = False, **extra_args):
+    if params is None:
+      raise ValueError("local_updates: update needs params (this worker's parameters)")
+    updates, inner_state = inner.update(grads, state.inner, params)
+    if not synchronise:
+      return updates, state._replace(synchronised=jnp.zeros((), bool), inner=inner_state)
+    worker = optax.apply_updates(params, updates)
+    pseudo_gradient = jax.tree.map(lambda a, w: (a - w).astype(a.dtype), state.anchor, worker)
+    mean, exchange_state = exchange.update(pseudo_gradient, state.exchange, state.anchor,
+                                           **extra_args)
+    outer_updates, outer_state = outer.update(mean, state.outer, state.anchor)
+    anchor = optax.apply_updates(state.anchor, outer_updates)
+    return (jax.tree.map(lambda a, p: a - p, anchor, params),
+            LocalUpdatesState(jnp.ones((), bool), anchor, inner_state, outer_state,
+                              exchange_state))
+
+  return optax.GradientTransformationExtraArgs(init, update)
+
+
+def _local_states(state: chex.ArrayTree) -> list[LocalUpdatesState]:
+  return [s for s in jax.tree.leaves(state, is_leaf=lambda x: isinstance(x, LocalUpdatesState))
+          if isinstance(s, LocalUpdatesState)]
+
+
+def apply_local_updates(params: chex.ArrayTree, updates: chex.ArrayTree,
+                        state: chex.ArrayTree) -> chex.ArrayTree:
+  """``optax.apply_updates(params, updates)``, except after a synchronising step of the
+  :func:`local_updates` inside ``state`` (the state after the step): then the synchronised
+  parameters themselves, bit for bit on every worker. Without such a state, plain
+  ``optax.apply_updates``."""
+  applied = optax.apply_updates(params, updates)
+  found = _local_states(state)
+  if not found:
+    return applied
+  if len(found) > 1:
+    raise ValueError(f"apply_local_updates: the state holds {len(found)} local_updates states; "
+                     "one local-update transformation per chain")
+  (local,) = found
+  return jax.tree.map(lambda a, p: jnp.where(local.synchronised, a, p).astype(p.dtype),
+                      local.anchor, applied)
+
+
+def synchronised_params(state: chex.ArrayTree) -> chex.ArrayTree | None:
+  """The synchronised parameters of the :func:`local_updates` inside ``state`` (the model a run
+  with local updates evaluates), or None if there is none."""
+  found = _local_states(state)
+  return found[0].anchor if len(found) == 1 else None
+
+
+def local_update_kinds(every: int, inputs_kinds: Sequence[StepKind] = ()) -> tuple[StepKind, ...]:
+  """The step kinds of local updates synchronising every ``every`` steps: ``"local"`` (no
+  collective), and ``"sync"`` at steps ``every - 1, 2 every - 1, ...`` (after ``every`` local
+  gradients). ``inputs_kinds``: the exchange's own kinds that carry inputs (TASC's curvature
+  refresh, every ``N`` steps): their inputs are made at the synchronisations that fall in their
+  period (every ``lcm(every, N)`` steps, the first synchronisation among them), as
+  ``"sync_with_inputs"``.
+
+  Raises:
+    ValueError: ``every`` is not an int >= 1.
+  """
+  checks.check_int(every, "every", 1, "local_update_kinds")
+  sync = {"synchronise": True}
+  kinds = [StepKind("local", 1), StepKind("sync", every, options=sync, phase=every - 1)]
+  if every == 1:
+    kinds = kinds[1:]
+    kinds[0] = kinds[0]._replace(phase=0)
+  for kind in inputs_kinds:
+    if kind.inputs is None:
+      continue
+    period = math.lcm(every, kind.every)
+    if period == every:  # every synchronisation carries the inputs
+      kinds = [k._replace(inputs=kind.inputs) if k.name == "sync" else k for k in kinds]
+    else:
+      kinds.append(StepKind("sync_with_inputs", period, kind.inputs, sync, phase=every - 1))
+  return tuple(kinds)
+
+
+@dataclasses.dataclass(frozen=True)
+class DilocoSettings:
+  """``method="diloco"``: local updates with an exchanged pseudo-gradient (Douillard et al. 2023).
+
+  Attributes:
+    every: ``H``, the steps between synchronisations (each worker's inner optimizer runs ``H``
+      steps on its own gradient; then the pseudo-gradient is exchanged).
+    exchange: the registered per-step method that carries the pseudo-gradient (``dense``: float32
+      as in DiLoCo; ``fp16`` as OpenDiLoCo; ``int8`` as INTELLECT-1; ``topk``, ``tasc``, ...),
+      with its own settings block (``config.compression.<exchange>``).
+    outer_learning_rate: the outer SGD's learning rate (DiLoCo: 0.7).
+    outer_momentum: its Nesterov momentum (DiLoCo: 0.9); 0: plain SGD.
+    error_decay: the exchange's error-feedback residual is multiplied by this before the next
+      pseudo-gradient is added (SparseLoCo's beta); 1: plain error feedback.
+  """
+  every: int = 100
+  exchange: str = "dense"
+  outer_learning_rate: float = 0.7
+  outer_momentum: float = 0.9
+  error_decay: float = 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class SparselocoSettings(DilocoSettings):
+  """``method="sparseloco"`` (SparseLoCo, arXiv 2508.15706): DiLoCo with a top-k exchange whose
+  error buffer, decayed by ``error_decay`` (0.95), replaces outer momentum: ``e <- beta e +
+  Delta; s = topk(e); e <- e - s; theta <- theta - lr mean(s)`` with outer lr 1. (SparseLoCo also
+  quantizes the kept values to 2 bits and takes top-k per chunk; here the exchange's own
+  compressor sends them, e.g. float32 top-k over the fused buffer.)"""
+  every: int = 30
+  exchange: str = "topk"
+  outer_learning_rate: float = 1.0
+  outer_momentum: float = 0.0
+  error_decay: float = 0.95
+
+
+def _check_settings(s: DilocoSettings) -> DilocoSettings:
+  caller = "local updates"
+  checks.check_int(s.every, "every", 1, caller)
+  checks.check_real(s.outer_learning_rate, "outer_learning_rate", 0.0, math.inf, "[0, inf)",
+                    caller)
+  checks.check_real(s.outer_momentum, "outer_momentum", 0.0, 1.0, "[0, 1)", caller)
+  checks.check_real(s.error_decay, "error_decay", 0.0, 1.0 + 1e-12, "[0, 1]", caller)
+  return s
+
+
+def _build(s: DilocoSettings, inner, exchange, *, axis_name) -> optax.GradientTransformationExtraArgs:
+  del axis_name  # the exchange carries it
+  _check_settings(s)
+  return local_updates(inner, exchange, nesterov_outer(s.outer_learning_rate, s.outer_momentum))
+
+
+METHODS = (
+    registry.Method(
+        name="diloco", summary="local updates, the pseudo-gradient exchanged every H steps by "
+        "any method and an outer Nesterov step (DiLoCo, Douillard et al. 2023)",
+        settings=DilocoSettings, local=_build, error_feedback=False),
+    registry.Method(
+        name="sparseloco", summary="DiLoCo with an error-fed top-k pseudo-gradient whose decayed "
+        "error buffer replaces outer momentum (SparseLoCo, 2025)",
+        settings=SparselocoSettings, local=_build, error_feedback=False),
+)
