@@ -24,7 +24,6 @@ After a synchronising step every worker must hold the synchronised parameters bi
 with :func:`apply_local_updates` (``data_parallel`` does), which lands exactly on them.
 """
 
-from collections.abc import Sequence
 import dataclasses
 import math
 from typing import Any, NamedTuple
@@ -142,31 +141,35 @@ def synchronised_params(state: chex.ArrayTree) -> chex.ArrayTree | None:
   return found[0].anchor if len(found) == 1 else None
 
 
-def local_update_kinds(every: int, inputs_kinds: Sequence[StepKind] = ()) -> tuple[StepKind, ...]:
+def local_update_kinds(every: int, exchange_inputs: Any = None) -> tuple[StepKind, ...]:
   """The step kinds of local updates synchronising every ``every`` steps: ``"local"`` (no
   collective), and ``"sync"`` at steps ``every - 1, 2 every - 1, ...`` (after ``every`` local
-  gradients). ``inputs_kinds``: the exchange's own kinds that carry inputs (TASC's curvature
-  refresh, every ``N`` steps): their inputs are made at the synchronisations that fall in their
-  period (every ``lcm(every, N)`` steps, the first synchronisation among them), as
-  ``"sync_with_inputs"``.
+  gradients; every step when ``every`` is 1).
+
+  Args:
+    every: ``H``, steps between synchronisations.
+    exchange_inputs: the exchange's per-step inputs (a ``registry.StepInputs``, e.g.
+      ``registry.step_inputs("tasc")``: its curvature, every ``N`` steps), or None. They are
+      made at the synchronisations every ``lcm(every, N)`` steps (the first synchronisation
+      among them), as ``"sync_with_inputs"``, or at every synchronisation when ``N`` divides
+      ``every``.
 
   Raises:
     ValueError: ``every`` is not an int >= 1.
   """
   checks.check_int(every, "every", 1, "local_update_kinds")
   sync = {"synchronise": True}
-  kinds = [StepKind("local", 1), StepKind("sync", every, options=sync, phase=every - 1)]
   if every == 1:
-    kinds = kinds[1:]
-    kinds[0] = kinds[0]._replace(phase=0)
-  for kind in inputs_kinds:
-    if kind.inputs is None:
-      continue
-    period = math.lcm(every, kind.every)
+    kinds = [StepKind("sync", 1, options=sync)]
+  else:
+    kinds = [StepKind("local", 1), StepKind("sync", every, options=sync, phase=every - 1)]
+  if exchange_inputs is not None and exchange_inputs.every > 0:
+    period = math.lcm(every, exchange_inputs.every)
     if period == every:  # every synchronisation carries the inputs
-      kinds = [k._replace(inputs=kind.inputs) if k.name == "sync" else k for k in kinds]
+      kinds[-1] = kinds[-1]._replace(inputs=exchange_inputs.make)
     else:
-      kinds.append(StepKind("sync_with_inputs", period, kind.inputs, sync, phase=every - 1))
+      kinds.append(StepKind("sync_with_inputs", period, exchange_inputs.make, sync,
+                            phase=every - 1))
   return tuple(kinds)
 
 

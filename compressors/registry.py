@@ -464,8 +464,8 @@ def step_kinds(name: str, settings: Any = None, *, common: Common = Common(),
   settings = method.settings() if settings is None else settings
   if method.family == "local":
     from compressors import _local  # pylint: disable=import-outside-toplevel
-    exchange = step_kinds(settings.exchange, exchange_settings)
-    return _local.local_update_kinds(settings.every, exchange)
+    return _local.local_update_kinds(settings.every,
+                                     step_inputs(settings.exchange, exchange_settings))
   if method.kinds is not None:
     kinds = tuple(method.kinds(settings))
   else:

@@ -7,10 +7,14 @@ Fields (all overridable on the command line, e.g. ``--config.batch_size=256``):
   method, compression             gradient exchange: ``method`` names a method of
                                   compressors.registry; ``compression`` holds the settings all
                                   methods share (error_feedback, fuse, seed,
-                                  momentum_correction, clip_norm) and one block per method with
-                                  its own (``compression.topk.density``, ``compression.tasc.*``)
-  optimizer, schedule             optimizer after the exchange, learning-rate schedule (its
-                                  warmup in epochs or, ``warmup_steps``, in steps)
+                                  momentum_correction, clip_norm, exchanged, error_decay,
+                                  density_warmup_*: compressors.registry.Common) and one block
+                                  per method with its own (``compression.topk.density``,
+                                  ``compression.tasc.*``, ``compression.diloco.every``)
+  optimizer, schedule             the optimizer (after a per-step exchange, or before it with
+                                  ``compression.exchanged="update"``; a local-update method's
+                                  inner optimizer), learning-rate schedule (its warmup in
+                                  epochs or, ``warmup_steps``, in steps)
   batch_size, eval_batch_size     global batch sizes (divisible by the number of workers)
   num_steps | num_epochs          training length (exactly one > 0)
   log_every, eval_every, checkpoint_every, keep_checkpoints   in steps (0 = only at the end)
@@ -28,7 +32,8 @@ Fields (all overridable on the command line, e.g. ``--config.batch_size=256``):
                                   whose final train or test loss is not finite, counts as
                                   diverged: results.json says why and the runner exits 1
   check_replicas_every            steps between checks that every device holds bit-identical
-                                  parameters (0 = never); a mismatch stops the run
+                                  parameters (0 = never; with local updates, any > 0 checks
+                                  after every synchronisation); a mismatch stops the run
   seed
 """
 

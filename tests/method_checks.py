@@ -10,7 +10,8 @@ synchronising every 4 steps, 1-bit Adam freezing after 5, so that 20 steps run e
 workers and a two-leaf model (a 200 x 200 matrix and a 200-vector: 40,200 entries, enough for
 every default density and TASC's 256-element blocks):
 
-* nothing is lost: each step, the mean over workers of ``g + e`` equals the mean the method
+* nothing is lost, with the exchange before the optimizer and after each worker's own Adam
+  (``exchanged="update"``): each step, the mean over workers of ``g + e`` equals the mean the method
   returned plus the mean of the residuals it kept (and, for the two-phase exchange, what the
   chunks' owners kept), to the rounding of the sums: float32's, or that of the narrower type a
   payload is all-reduced in (fp16's all-reduce rounds its partial sums in float16); with the
@@ -41,6 +42,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 
 import compressors
 from compressors import registry
@@ -140,6 +142,25 @@ def check_nothing_lost(name: str, settings=None, steps: int = 3) -> None:
   if _family(name) == "optimizer":
     assert name in OWN_BOOKKEEPING, f"{name}: no test of its own bookkeeping is named"
     return None
+  return _check_bookkeeping(name, settings, steps, after_optimizer=False)
+
+
+def check_nothing_lost_after_the_optimizer(name: str, settings=None, steps: int = 3) -> None:
+  """The same with the exchange after each worker's own Adam (``optax.chain(adam, exchange)``,
+  the runner's ``exchanged="update"``): the input is that worker's Adam update, computed here by
+  ``optax.adam`` on its gradients alone (its moments per worker); a method that is its own
+  optimizer or updates locally refuses the placement."""
+  if _family(name) != "exchange":
+    with pytest.raises(ValueError, match="exchanged='update'"):
+      registry.training(name, _settings(name, settings), optimizer=optax.sgd(LEARNING_RATE),
+                        learning_rate=LEARNING_RATE, axis_name="data",
+                        common=registry.Common(exchanged="update"))
+    return None
+  return _check_bookkeeping(name, settings, steps, after_optimizer=True)
+
+
+def _check_bookkeeping(name: str, settings, steps: int, after_optimizer: bool) -> None:
+  """:func:`check_nothing_lost`, the exchange before the optimizer or after Adam."""
   method = registry.get(name)
   settings = method.settings() if settings is None else settings
   momentum = 0.0
@@ -147,22 +168,38 @@ def check_nothing_lost(name: str, settings=None, steps: int = 3) -> None:
     momentum, clip_norm = method.momentum(settings)
     assert clip_norm is None, "the check feeds the velocity unclipped"
   tx = transformation(name, settings, error_feedback=True)
+  adam = optax.adam(LEARNING_RATE)
+  if after_optimizer:
+    tx = optax.chain(adam, tx)
+  adam_states = [adam.init(PARAMS)] * N
+  exchange_state = (lambda state: state[1]) if after_optimizer else (lambda state: state)
   state, update = harness.shard_map_update(tx, harness.mesh(), PARAMS)
   size = sum(x.size for x in jax.tree.leaves(PARAMS))
   epsilon = _reduction_epsilon(compressors.wire_bytes(
       update, PARAMS, state, harness.per_worker_grads(jax.random.PRNGKey(0), N, PARAMS)))
   for t in range(steps):
     grads = harness.per_worker_grads(jax.random.PRNGKey(t), N, PARAMS)
-    before = _compress_state(state)
-    velocity = harness.fused(state.velocity, N) if momentum else 0.0
-    inputs = momentum * velocity + harness.fused(grads, N) + harness.fused(before.residual, N)
+    sent = grads
+    if after_optimizer:  # each worker's own Adam update, from its own moments
+      own = [adam.update(jax.tree.map(lambda g, i=i: g[i], grads), adam_states[i])
+             for i in range(N)]
+      adam_states = [s for _, s in own]
+      sent = jax.tree.map(lambda *u: jnp.stack(u), *[u for u, _ in own])
+    before = _compress_state(exchange_state(state))
+    velocity = harness.fused(exchange_state(state).velocity, N) if momentum else 0.0
+    inputs = momentum * velocity + harness.fused(sent, N) + harness.fused(before.residual, N)
     mean, state = update(PARAMS, state, grads)
-    after = _compress_state(state)
+    after = _compress_state(exchange_state(state))
     kept = (harness.fused(after.residual, N).mean(0) + _owners_memory(after, size)
             - _owners_memory(before, size))
-    # A sum of N terms rounds N - 1 times, each by at most epsilon of the largest partial sum.
-    tolerance = (N - 1) * epsilon * np.abs(inputs).sum(0).max()
-    np.testing.assert_allclose(inputs.mean(0), harness.fused(mean, 1)[0] + kept, rtol=0,
+    returned = harness.fused(mean, 1)[0]
+    # A sum of N terms rounds N - 1 times, each by at most epsilon of the largest partial sum;
+    # the check's own float32 sum of what was returned and kept rounds at their scale.
+    tolerance = ((N - 1) * epsilon * np.abs(inputs).sum(0).max()
+                 + 2 * float(jnp.finfo(jnp.float32).eps) * np.abs(returned).max())
+    if after_optimizer:  # Adam's update computed here and in the step rounds a few ulps apart
+      tolerance += 4 * float(jnp.finfo(jnp.float32).eps) * np.abs(harness.fused(sent, N)).max()
+    np.testing.assert_allclose(inputs.mean(0), returned + kept, rtol=0,
                                atol=tolerance, err_msg=f"{name}: step {t} lost something")
 
 
@@ -329,7 +366,8 @@ def check_simulated_workers_match_devices(name: str, settings=None, steps: int =
       np.testing.assert_allclose(b, a, rtol=0, atol=N * steps * epsilon * scale, err_msg=where)
 
 
-CHECKS = (check_nothing_lost, check_replicas_identical_and_one_compile,
+CHECKS = (check_nothing_lost, check_nothing_lost_after_the_optimizer,
+          check_replicas_identical_and_one_compile,
           check_pmap_equals_shard_map, check_fused_equals_per_leaf,
           check_bytes_within_cost_model, check_simulated_workers_match_devices)
 

@@ -29,11 +29,20 @@ worker's own batch: compute, no bytes) and, unless ``block`` is given, takes the
 solver picks (the smallest whose scores take at most a quarter of the bytes). DGC runs without
 its density warm-up (its compiled switch would be charged at the warm-up's density).
 
+Local updates and the optimizer's place: ``method=diloco`` (or ``sparseloco``) trains each worker
+with the recipe's AdamW for ``every`` steps and exchanges the pseudo-gradient through
+``exchange`` (a per-step method: ``dense``, ``int8``, ``topk``, ``tasc``, ...); at a tier, an
+exchange whose bytes are fixed gets the ``every`` that meets it, one with a budget keeps
+``every`` and is solved at ``ratio / every`` (``compressors/equal_bytes.py``). ``exchanged=update``
+runs a per-step method after each worker's own AdamW (``chain(adamw, exchange)``) instead of
+before one AdamW of the mean (``gradient``).
+
 Arguments (``key=value`` joined by commas): ``tier`` (cpu/gpu), ``method`` (dense, fp16, onebit,
 topk, randomk, dgc, powersgd, tasc, or any registered method), ``ratio`` (the tier, > 1),
 ``workers``, ``score`` (tasc: saliency/newton), ``sensitivity`` (tasc: hutchinson/fisher/none),
-``block`` (tasc; 0: the solver's), ``support`` (tasc: global/previous), ``seed``, ``cache`` (the
-tokenizer's cache folder; '' for the default).
+``block`` (tasc; 0: the solver's), ``support`` (tasc: global/previous), ``exchange`` and
+``every`` (local updates; '' and 0: the method's defaults), ``exchanged`` (gradient/update),
+``seed``, ``cache`` (the tokenizer's cache folder; '' for the default).
 """
 
 import ml_collections
@@ -66,7 +75,8 @@ def method_block(method: str, **tasc_options) -> dict:
 def get_config(arg=None):
   args = common.parse_args(arg, tier="cpu", method="dense", ratio=100.0, workers=8,
                            score="saliency", sensitivity="hutchinson", block=0,
-                           support="global", seed=0, cache="")
+                           support="global", exchange="", every=0, exchanged="gradient", seed=0,
+                           cache="")
   if args["tier"] not in TIERS:
     raise ValueError(f"configs/paper/lm.py: tier={args['tier']!r}; allowed: {sorted(TIERS)}")
   if args["method"] not in registry.names():
@@ -84,9 +94,14 @@ def get_config(arg=None):
   c.batch_size = sizes["batch_size"]
   c.eval_every = sizes["eval_every"]
   c.checkpoint_every = c.num_steps // 2
-  c.compression[args["method"]].update(method_block(
-      args["method"], score=args["score"], sensitivity=args["sensitivity"],
-      block_size=args["block"], support=args["support"]))
+  tasc_options = dict(score=args["score"], sensitivity=args["sensitivity"],
+                      block_size=args["block"], support=args["support"])
+  c.compression[args["method"]].update(method_block(args["method"], **tasc_options))
+  if registry.get(args["method"]).family == "local":
+    block = c.compression[args["method"]]
+    block.update({k: args[k] for k in ("exchange", "every") if args[k]})
+    c.compression[block.exchange].update(method_block(block.exchange, **tasc_options))
+  c.compression.exchanged = args["exchanged"]
   # The request, as data: experiments.methods.fill_equal_bytes solves the method's budget when
   # the run starts (it traces the model, which a config does not).
   c.equal_bytes = ml_collections.ConfigDict(dict(ratio=args["ratio"], workers=args["workers"]))
