@@ -340,13 +340,14 @@ def _communication(config, model, task, learning_rate, dp, state: TrainState, ba
   in_step_guard = dp.nonfinite_flag_bytes() if config.skip_nonfinite else 0.0
   replica_check = dp.replica_check_bytes(state.params) * _replica_checks_per_step(config, dp,
                                                                                  steps)
+  ran = step_kinds.kind_counts(tuple(dp.kinds.values()), 0, steps)
   by_kind = {kind: dp.wire_bytes(state.params, state.opt_state, batch, kind=kind,
                                  model_state=state.model_state).total - in_step_guard
-             for kind in dp.kinds}
+             for kind in dp.kinds if ran[kind]}  # a kind the run never runs is not compiled
   wire = dp.bytes_per_step(by_kind, 0, steps)
   # The dense step's state is laid out for one model (replicated parameters).
   one_model = state._replace(params=jax.eval_shape(dp.model_params, state))
-  dense = (by_kind[dp.kind_at(1)] if config.method == "dense" else
+  dense = (by_kind[dp.kind_at(0)] if config.method == "dense" else
            _dense_bytes(config, model, task, learning_rate, dp.workers, one_model, batch)
            - in_step_guard)
   return {"wire_bytes": wire, "dense_bytes": dense,

@@ -101,3 +101,22 @@ def test_tasc_picks_blocks_whose_scores_take_at_most_a_quarter_of_the_bytes():
                           registry.default_settings("tasc", wire_dtype="float16"))
   assert (f32.settings.block_size, f16.settings.block_size) == (512, 256)
   assert json.loads(json.dumps(f32.settings.__dict__))["density"] == f32.settings.density
+
+
+@pytest.mark.parametrize("arg, every", [
+    ("method=diloco", 100),                        # float32: H meets the tier
+    ("method=diloco,exchange=int8", 26),           # 8 bits and scales (3.9x): a smaller H
+    ("method=diloco,exchange=topk,every=10", 10),  # H as given, top-k at 10x
+    ("method=diloco,exchange=tasc,every=10", 10),  # H as given, TASC at 10x
+])
+def test_local_updates_meet_a_tier_by_h_or_by_their_exchange_in_the_compiled_hlo(arg, every):
+  """A local-update method's bytes per step are its exchange's (compiled) over H: at 100x the
+  solver sets H for a fixed-bytes exchange and the exchange's budget at ratio / H otherwise."""
+  settings, solution = methods.equal_bytes_settings(lm.get_config(f"{arg},ratio=100"))
+  assert solution.feasible, solution.note
+  assert settings.every == every
+  params = [jax.ShapeDtypeStruct(s, jnp.float32) for s in cpu_shapes()]
+  tx = registry.transformation(settings.exchange, solution.exchange_settings, axis_name="data")
+  per_step = harness.update_bytes(tx, params, harness.mesh(8)).total / settings.every
+  assert per_step == pytest.approx(solution.target_bytes, rel=0.1)
+  assert per_step == pytest.approx(solution.bytes, rel=0.02)

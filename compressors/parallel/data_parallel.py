@@ -150,7 +150,7 @@ class DataParallel(NamedTuple):
     compiled program (compiled, never run): with several workers per device, from the program of
     one worker per device. ``params``, ``state``, ``batch`` and ``model_state`` may be abstract
     (shapes, dtypes)."""
-    kind = kind or self.kind_at(1)  # only an every-step kind runs at step 1
+    kind = kind or kinds_lib.steady(tuple(self.kinds.values()))
     if self.workers is not None and self.workers.per_device > 1:
       one_each = self.equivalent()
       shapes = lambda tree, specs: _abstract(tree, one_each.mesh, specs)
@@ -170,9 +170,10 @@ class DataParallel(NamedTuple):
 
   def bytes_per_step(self, per_kind: dict[str, float], start: int, stop: int) -> float:
     """Mean bytes per step over the steps ``start, ..., stop - 1``, each step charged the bytes
-    of its kind (``per_kind``: :meth:`wire_bytes` totals by kind name)."""
+    of its kind (``per_kind``: :meth:`wire_bytes` totals by kind name; a kind that runs at none
+    of these steps may be missing)."""
     counts = kind_counts(tuple(self.kinds.values()), start, stop)
-    return sum(per_kind[k] * n for k, n in counts.items()) / max(1, stop - start)
+    return sum(per_kind[k] * n for k, n in counts.items() if n) / max(1, stop - start)
 
   def nonfinite_flag_bytes(self) -> float:
     """Bytes per worker of the non-finite skip's flag, a part of every step (compiled alone, for
@@ -452,7 +453,7 @@ class _Programs(NamedTuple):
   def train_step(self):
     layout, by_name = self.layout, {k.name: k for k in self.kinds}
     specs = TrainState(P(), self.params_spec, layout.spec, self.specs)
-    program, default = kinds_lib.same_programs(self.kinds), kind_at(self.kinds, 1)
+    program, default = kinds_lib.same_programs(self.kinds), kinds_lib.steady(self.kinds)
 
     # Metrics come out one row per worker (no collective in the step for them).
     @functools.partial(jax.jit, static_argnames="kind", donate_argnums=0)
@@ -472,7 +473,7 @@ class _Programs(NamedTuple):
     """``(params, state, batch, *, kind) -> (params, state, metrics)``: the step without model
     state or a step count (step 0's keys)."""
     layout, by_name = self.layout, {k.name: k for k in self.kinds}
-    default = kind_at(self.kinds, 1)
+    default = kinds_lib.steady(self.kinds)
 
     @functools.partial(jax.jit, static_argnames="kind", donate_argnums=(1,) if donate else ())
     def jitted(params, state, batch, kind=default):
@@ -536,7 +537,7 @@ def _on_pmap(worker: _WorkerStep, kinds: tuple[StepKind, ...], axis_name, donate
   init_each = jax.pmap(worker.tx.init, axis_name=axis_name)
   init = lambda params: init_each(copies(params))
   by_name = {k.name: k for k in kinds}
-  default = kind_at(kinds, 1)
+  default = kinds_lib.steady(kinds)
 
   def one_device(params, state, batch, kind):
     params, _, state, metrics = worker(jnp.zeros((), jnp.int32), params, (), state, batch,

@@ -142,6 +142,12 @@ def same_programs(kinds: Sequence[StepKind]) -> dict[str, str]:
                                    k.name) for k in kinds}
 
 
+def steady(kinds: Sequence[StepKind]) -> str:
+  """The name of the kind that runs every step once all ranges have passed (``every=1``, no
+  ``stop``): a step's default kind."""
+  return next(k.name for k in kinds if k.every == 1 and k.stop is None)
+
+
 def kind_at(kinds: Sequence[StepKind], step: int) -> str:
   """The name of the kind that runs at ``step`` (of those that may, the largest ``every``)."""
   return max((k for k in kinds if k.runs_at(step)), key=lambda k: k.every).name

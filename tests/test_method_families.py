@@ -1,0 +1,102 @@
+"""The methods beyond per-step gradient compression, through the runner as a user runs them:
+every new method from the quickstart's smoke config (``--config.method=...``), the language
+model's smoke config with local updates, the optimizer's place, and the density warm-up's
+stages each charged their own bytes."""
+
+import json
+
+import jax
+import numpy as np
+import pytest
+
+from compressors import registry
+from configs import lm_stdlib
+from configs import quickstart
+from experiments import train
+from tests.test_runner import fast_compiles  # noqa: F401  (an autouse fixture)
+from tests.test_stdlib_lm import cache  # noqa: F401  (a fixture)
+
+
+def _quickstart(method, steps=4, **fields):
+  config = quickstart.get_config("smoke")
+  config.update_from_flattened_dict({"method": method, "num_steps": steps, **fields})
+  return config
+
+
+# Settings that make 4 steps run every kind: a synchronisation every 2 steps, 1-bit Adam's
+# warm-up over 2.
+SHORT = {"diloco": {"compression.diloco.every": 2},
+         "sparseloco": {"compression.sparseloco.every": 2},
+         "onebit_adam": {"compression.onebit_adam.freeze_step": 2}}
+
+
+@pytest.mark.parametrize("method", ["diloco", "sparseloco", "demo", "onebit_adam", "int8",
+                                    "int4"])
+def test_every_new_method_trains_the_quickstart(method, tmp_path):
+  results, state = train.train(_quickstart(method, **SHORT.get(method, {})), str(tmp_path))
+  assert results["step"] == 4 and np.isfinite(results["test_loss"]) and not results["diverged"]
+  ran = results["bytes_by_kind"]
+  family = registry.get(method).family
+  if family == "local":
+    assert set(ran) == {"local", "sync"} and ran["local"] == 0
+    assert results["wire_bytes"] == pytest.approx(ran["sync"] / 2)
+    rows = np.asarray(jax.tree.leaves(state.params)[0])
+    assert rows.shape[0] == 8 and all(r.tobytes() == rows[0].tobytes() for r in rows)
+  elif method == "onebit_adam":
+    assert set(ran) == {"warmup", "compressed"} and ran["compressed"] < ran["warmup"] / 10
+    assert results["wire_bytes"] == pytest.approx((ran["warmup"] + ran["compressed"]) / 2)
+  elif method == "demo":  # an all-gather of every worker's coefficients: no all-reduce
+    assert set(ran) == {"step"} and ran["step"] > 0
+  else:  # 8 or 4 bits with a float32 scale per 128
+    assert results["compression_ratio"] == pytest.approx(32 / 9 if method == "int8" else 32 / 5,
+                                                         rel=0.15)
+
+
+def test_diloco_with_int8_pseudo_gradients_trains_the_language_model(tmp_path, cache):  # noqa: F811
+  """INTELLECT-1's form: DiLoCo's pseudo-gradient in 8 bits, on the LM's smoke config."""
+  config = lm_stdlib.get_config(f"smoke,cache={cache}")
+  config.update_from_flattened_dict({"method": "diloco", "num_steps": 4,
+                                     "compression.diloco.every": 2,
+                                     "compression.diloco.exchange": "int8"})
+  results, _ = train.train(config, str(tmp_path))
+  assert np.isfinite(results["test_loss"]) and results["bytes_by_kind"]["local"] == 0
+  assert 3.5 < results["compression_ratio"] / 2 < 4  # int8 (with scales) once every 2 steps
+
+
+def test_the_optimizer_after_the_exchange_keeps_its_moments_per_worker(tmp_path):
+  """``exchanged="update"``: each worker's own LAMB, its update compressed; the parameters stay
+  identical, the moments differ between workers, and the bytes are the method's."""
+  before = train.train(_quickstart("topk", steps=2), str(tmp_path / "gradient"))[0]
+  results, state = train.train(_quickstart("topk", steps=2, **{
+      "compression.exchanged": "update"}), str(tmp_path / "update"))
+  assert results["wire_bytes"] == before["wire_bytes"]
+  leaves = [np.asarray(x) for x in jax.tree.leaves(state.opt_state)
+            if np.ndim(x) and x.shape[0] == 8 and x.dtype == np.float32]
+  assert any(not all(row.tobytes() == x[0].tobytes() for row in x) for x in leaves)
+  with open(tmp_path / "update" / "config.json") as f:
+    assert json.load(f)["compression"]["exchanged"] == "update"
+
+
+def test_a_density_warmup_charges_each_stage_its_own_bytes(tmp_path):
+  """Top-k at 5% after a 2-stage warm-up from 25% over 2 steps: steps 0 and 1 run the stages,
+  2 and 3 the final density; the run is charged each stage's bytes once."""
+  results, _ = train.train(_quickstart("topk", **{
+      "compression.topk.density": 0.05, "compression.density_warmup_steps": 2,
+      "compression.density_warmup_start": 0.25, "compression.density_warmup_stages": 2}),
+      str(tmp_path))
+  ran = results["bytes_by_kind"]
+  assert set(ran) == {"step@0", "step@1", "step"}
+  assert ran["step@0"] > ran["step@1"] > ran["step"]
+  assert ran["step@0"] / ran["step"] == pytest.approx(5, rel=0.05)  # 25% against 5%
+  assert results["wire_bytes"] == pytest.approx(
+      (ran["step@0"] + ran["step@1"] + 2 * ran["step"]) / 4)
+
+
+def test_settings_a_family_refuses_fail_before_compiling(tmp_path):
+  with pytest.raises(ValueError, match="exchanged='update' with method 'demo'"):
+    train.train(_quickstart("demo", **{"compression.exchanged": "update"}), str(tmp_path))
+  with pytest.raises(ValueError, match="density_warmup_steps=10 with method 'powersgd'"):
+    train.train(_quickstart("powersgd", **{"compression.density_warmup_steps": 10}),
+                str(tmp_path))
+  with pytest.raises(ValueError, match="compression.diloco.exchange='zip'"):
+    train.train(_quickstart("diloco", **{"compression.diloco.exchange": "zip"}), str(tmp_path))
