@@ -9,8 +9,11 @@ and calls ``tx.update`` inside ``jax.shard_map``/``jax.pmap`` over ``"data"``
 (:func:`data_parallel` writes that step: the per-worker gradient, the state's layout, the lockstep
 skip of non-finite steps). Naming: a factory named after a method returns a :class:`Compressor`
 (``topk``, ``dgc``, ``powersgd``, ``dense``, ...); :func:`compress` turns any compressor into the
-transformation, with error feedback. Every method, with its settings and its cost-model entry,
-is in :mod:`compressors.registry`.
+transformation, with error feedback. Beyond per-step exchanges: :func:`local_updates` (DiLoCo:
+each worker's own optimizer for ``H`` steps, then the pseudo-gradient through any exchange and
+an outer step), and the methods that are their own optimizer, :func:`demo` (DeMo) and
+:func:`onebit_adam` (1-bit Adam). Every method, with its settings and its cost-model entry, is in
+:mod:`compressors.registry`.
 
 Layout, one concern a place:
 

@@ -57,7 +57,8 @@ class LocalUpdatesState(NamedTuple):
   exchange: Any
 
 
-def nesterov_outer(learning_rate: float = 0.7, momentum: float = 0.9) -> optax.GradientTransformation:
+def nesterov_outer(learning_rate: float = 0.7,
+                   momentum: float = 0.9) -> optax.GradientTransformation:
   """DiLoCo's outer optimizer: SGD with Nesterov momentum on the pseudo-gradient."""
   return optax.sgd(learning_rate, momentum=momentum or None, nesterov=bool(momentum))
 
@@ -219,7 +220,8 @@ def _check_settings(s: DilocoSettings) -> DilocoSettings:
   return s
 
 
-def _build(s: DilocoSettings, inner, exchange, *, axis_name) -> optax.GradientTransformationExtraArgs:
+def _build(s: DilocoSettings, inner, exchange, *,
+           axis_name) -> optax.GradientTransformationExtraArgs:
   del axis_name  # the exchange carries it
   _check_settings(s)
   return local_updates(inner, exchange, nesterov_outer(s.outer_learning_rate, s.outer_momentum))

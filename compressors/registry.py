@@ -459,7 +459,8 @@ def step_kinds(name: str, settings: Any = None, *, common: Common = Common(),
   (:attr:`Method.kinds`), else its per-step inputs' (``"step"`` and ``"with_inputs"``); a
   local-update method's local and synchronising steps (the exchange's inputs made at the
   synchronisations); each kind once per stage of a density warm-up."""
-  from compressors.parallel import step_kinds as kinds_lib  # pylint: disable=import-outside-toplevel
+  # pylint: disable-next=import-outside-toplevel
+  from compressors.parallel import step_kinds as kinds_lib
   method = get(name)
   settings = method.settings() if settings is None else settings
   if method.family == "local":

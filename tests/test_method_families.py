@@ -100,3 +100,12 @@ def test_settings_a_family_refuses_fail_before_compiling(tmp_path):
                 str(tmp_path))
   with pytest.raises(ValueError, match="compression.diloco.exchange='zip'"):
     train.train(_quickstart("diloco", **{"compression.diloco.exchange": "zip"}), str(tmp_path))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["diloco", "sparseloco", "demo", "onebit_adam", "int4"])
+def test_every_new_method_trains_the_language_model_smoke(method, tmp_path, cache):  # noqa: F811
+  config = lm_stdlib.get_config(f"smoke,cache={cache}")
+  config.update_from_flattened_dict({"method": method, "num_steps": 4, **SHORT.get(method, {})})
+  results, _ = train.train(config, str(tmp_path))
+  assert results["step"] == 4 and np.isfinite(results["test_loss"]) and not results["diverged"]

@@ -112,7 +112,8 @@ def test_a_method_needs_one_builder_and_defaults_for_every_setting():
     density: float
 
   cost = lambda s, shapes, topo, schedule: None
-  with pytest.raises(ValueError, match="exactly one of compressor=, transformation=, optimizer= or local="):
+  with pytest.raises(ValueError,
+                     match="exactly one of compressor=, transformation=, optimizer= or local="):
     registry.Method(name="x", summary="", settings=HalvesSettings, cost=cost)
   with pytest.raises(ValueError, match=r"settings fields \['density'\] have no default"):
     registry.Method(name="x", summary="", settings=NoDefault, cost=cost,

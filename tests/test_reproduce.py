@@ -334,7 +334,8 @@ def test_t1_report_writes_markdown_csv_and_png(t1_dir, tmp_path):
   assert sorted(p.name for p in written) == ["t1.csv", "t1.md", "t1.png"]
   md = (out / "t1.md").read_text()
   for text in (PROV.command, PROV.commit, "configs/paper/t1_mnist1d.py", "270x-600x",
-               "Error feedback by default: int8, int4, topk, randomk, threshold, dgc, efsignsgd, onebit, "
+               "Error feedback by default: int8, int4, topk, randomk, threshold, dgc, efsignsgd, "
+               "onebit, "
                "powersgd, tasc;",
                "136x", "93.27%", "92.00 ± 2.00 (n=3)", os.path.join(t1_dir, "dense_s2"),
                "![t1](t1.png)"):

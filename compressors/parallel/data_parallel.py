@@ -46,7 +46,6 @@ from typing import Any, NamedTuple
 import chex
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -466,6 +465,8 @@ class _Programs(NamedTuple):
     def train_step(state, batch, *, kind=default):
       return jitted(state, batch, kind=program[kind])
     train_step.lower = lambda state, batch, *, kind=default: jitted.lower(state, batch,
+                                                                          kind=program[kind])
+    train_step.trace = lambda state, batch, *, kind=default: jitted.trace(state, batch,
                                                                           kind=program[kind])
     return train_step
 
