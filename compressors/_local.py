@@ -96,6 +96,9 @@ def local_updates(inner: optax.GradientTransformation,
   def update(grads, state, params=None, *, synchronise: bool = False, **extra_args):
     if params is None:
       raise ValueError("local_updates: update needs params (this worker's parameters)")
+    if not isinstance(synchronise, bool):  # a traced flag would put both programs in one
+      raise TypeError(f"local_updates: synchronise={synchronise!r} must be a Python bool (a "
+                      "static argument: local and synchronising steps are two programs)")
     updates, inner_state = inner.update(grads, state.inner, params)
     if not synchronise:
       return updates, state._replace(synchronised=jnp.zeros((), bool), inner=inner_state)

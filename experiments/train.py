@@ -317,9 +317,11 @@ def _dense_bytes(config, model, task, learning_rate, workers, state, batch) -> f
   if key not in _dense_bytes_cache:
     dense_config = ml_collections.ConfigDict(config.to_dict())
     dense_config.method = "dense"
-    # Momentum correction needs error feedback, which dense lacks.
+    # What only a compressor with error feedback, or a sparsifier, takes; dense is neither.
     dense_config.compression.momentum_correction = 0.0
     dense_config.compression.clip_norm = None
+    dense_config.compression.error_decay = 1.0
+    dense_config.compression.density_warmup_steps = 0
     dense_tx = methods.make_chain(dense_config, learning_rate, workers.axis_name)
     dense = _data_parallel(dense_config, model, task, dense_tx, workers, state, batch)
     opt_state = jax.eval_shape(dense.init, state.params)

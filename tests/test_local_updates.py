@@ -207,3 +207,10 @@ def test_the_runner_charges_a_run_its_synchronisations_bytes_over_h_and_resumes_
   assert [r["total_bytes"] for r in logged] == pytest.approx(
       [0, results["bytes_by_kind"]["sync"], results["bytes_by_kind"]["sync"],
        2 * results["bytes_by_kind"]["sync"]])
+
+
+def test_a_traced_synchronise_flag_is_refused():
+  tx = compressors.local_updates(optax.sgd(0.1), compressors.compress(compressors.dense(),
+                                                                      axis_name=None))
+  with pytest.raises(TypeError, match="synchronise=.* must be a Python bool"):
+    jax.jit(lambda flag: tx.update(PARAMS, tx.init(PARAMS), PARAMS, synchronise=flag))(True)

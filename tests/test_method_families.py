@@ -1,7 +1,7 @@
 """The methods beyond per-step gradient compression, through the runner as a user runs them:
-every new method from the quickstart's smoke config (``--config.method=...``), the language
-model's smoke config with local updates, the optimizer's place, and the density warm-up's
-stages each charged their own bytes."""
+every new method from the quickstart's smoke config (``--config.method=...``; the language
+model's smoke config with them: tests/test_stdlib_lm.py), the optimizer's place, and the density
+warm-up's stages each charged their own bytes."""
 
 import json
 
@@ -10,11 +10,9 @@ import numpy as np
 import pytest
 
 from compressors import registry
-from configs import lm_stdlib
 from configs import quickstart
 from experiments import train
 from tests.test_runner import fast_compiles  # noqa: F401  (an autouse fixture)
-from tests.test_stdlib_lm import cache  # noqa: F401  (a fixture)
 
 
 def _quickstart(method, steps=4, **fields):
@@ -50,17 +48,6 @@ def test_every_new_method_trains_the_quickstart(method, tmp_path):
   else:  # 8 or 4 bits with a float32 scale per 128
     assert results["compression_ratio"] == pytest.approx(32 / 9 if method == "int8" else 32 / 5,
                                                          rel=0.15)
-
-
-def test_diloco_with_int8_pseudo_gradients_trains_the_language_model(tmp_path, cache):  # noqa: F811
-  """INTELLECT-1's form: DiLoCo's pseudo-gradient in 8 bits, on the LM's smoke config."""
-  config = lm_stdlib.get_config(f"smoke,cache={cache}")
-  config.update_from_flattened_dict({"method": "diloco", "num_steps": 4,
-                                     "compression.diloco.every": 2,
-                                     "compression.diloco.exchange": "int8"})
-  results, _ = train.train(config, str(tmp_path))
-  assert np.isfinite(results["test_loss"]) and results["bytes_by_kind"]["local"] == 0
-  assert 3.5 < results["compression_ratio"] / 2 < 4  # int8 (with scales) once every 2 steps
 
 
 def test_the_optimizer_after_the_exchange_keeps_its_moments_per_worker(tmp_path):
@@ -100,12 +87,3 @@ def test_settings_a_family_refuses_fail_before_compiling(tmp_path):
                 str(tmp_path))
   with pytest.raises(ValueError, match="compression.diloco.exchange='zip'"):
     train.train(_quickstart("diloco", **{"compression.diloco.exchange": "zip"}), str(tmp_path))
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("method", ["diloco", "sparseloco", "demo", "onebit_adam", "int4"])
-def test_every_new_method_trains_the_language_model_smoke(method, tmp_path, cache):  # noqa: F811
-  config = lm_stdlib.get_config(f"smoke,cache={cache}")
-  config.update_from_flattened_dict({"method": method, "num_steps": 4, **SHORT.get(method, {})})
-  results, _ = train.train(config, str(tmp_path))
-  assert results["step"] == 4 and np.isfinite(results["test_loss"]) and not results["diverged"]

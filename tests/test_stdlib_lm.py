@@ -19,6 +19,7 @@ from experiments import data
 from experiments import train
 from experiments.data import stdlib
 from experiments.data import text
+from tests import test_method_families
 from tests.test_runner import fast_compiles  # noqa: F401  (an autouse fixture)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -182,6 +183,27 @@ def test_the_smoke_config_trains_and_records_the_corpus(tmp_path, cache):
     recorded = json.load(f)
   assert recorded["corpus_sha256"] == results["corpus_sha256"]
   assert recorded["tokenizer_sha256"] == results["tokenizer_sha256"]
+
+
+def test_diloco_with_int8_pseudo_gradients_trains_the_language_model(tmp_path, cache):
+  """INTELLECT-1's form: DiLoCo's pseudo-gradient in 8 bits, on the LM's smoke config."""
+  config = lm_stdlib.get_config(f"smoke,cache={cache}")
+  config.update_from_flattened_dict({"method": "diloco", "num_steps": 4,
+                                     "compression.diloco.every": 2,
+                                     "compression.diloco.exchange": "int8"})
+  results, _ = train.train(config, str(tmp_path))
+  assert np.isfinite(results["test_loss"]) and results["bytes_by_kind"]["local"] == 0
+  assert 3.5 < results["compression_ratio"] / 2 < 4  # int8 (with scales) once every 2 steps
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["diloco", "sparseloco", "demo", "onebit_adam", "int4"])
+def test_every_new_method_trains_the_language_model_smoke(method, tmp_path, cache):
+  config = lm_stdlib.get_config(f"smoke,cache={cache}")
+  config.update_from_flattened_dict({"method": method, "num_steps": 4,
+                                     **test_method_families.SHORT.get(method, {})})
+  results, _ = train.train(config, str(tmp_path))
+  assert results["step"] == 4 and np.isfinite(results["test_loss"]) and not results["diverged"]
 
 
 # ----------------------------------------------------------------------- one shared tokenizer
