@@ -141,7 +141,8 @@ TINY_MODELS = {"resnet20": {"depth": 8, "width": 8},
 
 
 @pytest.mark.parametrize("model, devices", [
-    ("bert_tiny", None),
+    # Eight devices (slow: the simulated workers below exercise the same step and more).
+    pytest.param("bert_tiny", None, marks=pytest.mark.slow),
     ("bert_tiny", 1),  # the 8 workers simulated on one device, as on one GPU
     # Batch-norm statistics per worker; its convolutions compile for about a minute.
     pytest.param("resnet20", 2, marks=pytest.mark.slow)])

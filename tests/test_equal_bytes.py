@@ -66,6 +66,7 @@ print(json.dumps([t.hlo_bytes(s, mesh) if s.feasible else None for s in t.soluti
 """
 
 
+@pytest.mark.slow  # 32 devices in a child process; 8 workers above in the default suite
 def test_tiers_at_32_workers_land_within_10_percent_in_the_compiled_hlo():
   compiled = subprocess_devices.run_with_devices(32, _AT_32)
   check([(s, b) for s, b in zip(solutions(32), compiled) if s.feasible])

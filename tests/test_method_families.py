@@ -28,8 +28,11 @@ SHORT = {"diloco": {"compression.diloco.every": 2},
          "onebit_adam": {"compression.onebit_adam.freeze_step": 2}}
 
 
-@pytest.mark.parametrize("method", ["diloco", "sparseloco", "demo", "onebit_adam", "int8",
-                                    "int4"])
+@pytest.mark.parametrize("method", [
+    "diloco", "demo", "onebit_adam",
+    # Per-step exchanges and DiLoCo's variant: the shared checks run them (and the LM smoke
+    # test int8 inside DiLoCo); here in the slow suite.
+    *(pytest.param(m, marks=pytest.mark.slow) for m in ("sparseloco", "int8", "int4"))])
 def test_every_new_method_trains_the_quickstart(method, tmp_path):
   results, state = train.train(_quickstart(method, **SHORT.get(method, {})), str(tmp_path))
   assert results["step"] == 4 and np.isfinite(results["test_loss"]) and not results["diverged"]

@@ -249,6 +249,7 @@ def test_two_processes_match_one_process(sweep_dir, tmp_path, workers):
   assert results["wire_bytes"] == reference["wire_bytes"]
 
 
+@pytest.mark.slow  # a multi-process run (README: the slow marker's)
 def test_two_process_bert_matches_one_process_and_resumes_bit_for_bit(tmp_path):
   """BERT on pydoc text, 2 processes x 4 devices: the parameters of 1 process x 8 devices with
   the same global batch (both processes tokenize with the one tokenizer the first training put
