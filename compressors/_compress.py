@@ -229,7 +229,8 @@ def _update(s: _Settings, updates: chex.ArrayTree, state: CompressState,
                      "must match")
   paths, grads, treedef = _flatten(updates)
   _check_leaves(paths, grads, "gradient", s.fuse)
-  _check_per_worker(paths, grads, axes.as_tuple(s.axis_name) + axes.as_tuple(s.dense_axis))
+  axes.check_per_worker(updates, axes.as_tuple(s.axis_name) + axes.as_tuple(s.dense_axis),
+                        "compress")
   layout = _Layout(treedef, s.fuse)
   grad_buffers = layout.to_buffers([g.astype(_work_dtype(g.dtype)) for g in grads])
   residuals = treedef.flatten_up_to(state.residual) if s.error_feedback else None
@@ -395,20 +396,6 @@ def _check_leaves(paths: list[str], leaves: list, what: str, fuse: bool) -> None
       raise ValueError(f"compress: {what} leaf {path} has shape {x.shape} (zero elements); "
                        "per-leaf compression needs at least one element per leaf: drop the leaf "
                        "or use fuse=True")
-
-
-def _check_per_worker(paths: list[str], grads: list, names: tuple) -> None:
-  """Rejects gradients that JAX's autodiff has already summed over the workers."""
-  if not names or not axes.replication_checked(names):
-    return
-  for path, g in zip(paths, grads):
-    if not axes.is_varying(g, names):
-      raise ValueError(
-          f"compress: gradient leaf {path} is typed as identical on every worker of axes "
-          f"{names}: inside shard_map, jax.grad with respect to replicated parameters has "
-          "already summed it over the workers (a hidden dense all-reduce), so there is nothing "
-          "left to compress. Differentiate with respect to a per-worker copy: "
-          f"grads = jax.grad(loss)(jax.lax.pcast(params, {names!r}, to='varying'), batch)")
 
 
 def _extra_leaves(name: str, tree: chex.ArrayTree, treedef, grads: list) -> list:

@@ -283,7 +283,7 @@ def demo(learning_rate: optax.ScalarOrSchedule, *, axis_name: axes.AxisName,
     if weight_decay and params is None:
       raise ValueError(f"demo: weight_decay={weight_decay!r} needs params in update()")
     _check_floating(grads, "gradient")
-    _check_per_worker(grads, axis_name)
+    axes.check_per_worker(grads, axis_name, "demo")
     lr = learning_rate(state.count) if callable(learning_rate) else learning_rate
     leaves, treedef = jax.tree.flatten(grads)
     if not leaves:  # nothing to train (an optax.masked branch, say): no collective either
@@ -326,21 +326,6 @@ def _check_floating(tree: chex.ArrayTree, what: str) -> None:
     if not jnp.issubdtype(jnp.result_type(x), jnp.floating):
       raise TypeError(f"demo: {what} leaf {jax.tree_util.keystr(path)} has dtype "
                       f"{jnp.result_type(x)}; only floating-point leaves can be trained")
-
-
-def _check_per_worker(grads: chex.ArrayTree, axis_name: axes.AxisName) -> None:
-  """Rejects gradients that autodiff has already summed over the workers (a hidden dense
-  all-reduce, after which every worker would send the same coefficients)."""
-  names = axes.as_tuple(axis_name)
-  if not names or not axes.replication_checked(names):
-    return
-  for path, g in jax.tree_util.tree_leaves_with_path(grads):
-    if not axes.is_varying(g, names):
-      raise ValueError(
-          f"demo: gradient leaf {jax.tree_util.keystr(path)} is typed as identical on every "
-          f"worker of {names}: jax.grad with respect to replicated parameters has already "
-          "summed it over the workers; differentiate with respect to a per-worker copy "
-          f"(jax.lax.pcast(params, {names!r}, to='varying'))")
 
 
 def _check_settings(momentum_decay, chunk, topk, weight_decay, caller: str) -> None:

@@ -163,15 +163,7 @@ def _dense_mean(grads: chex.ArrayTree, axis_name: axes.AxisName) -> chex.ArrayTr
   if not names:
     return grads
   count = axes.num_workers(axis_name, caller="onebit_adam")
-  if axes.replication_checked(names):
-    for path, g in jax.tree_util.tree_leaves_with_path(grads):
-      # Summing a gradient autodiff has already summed would multiply it by the workers' number.
-      if not axes.is_varying(g, names):
-        raise ValueError(
-            f"onebit_adam: gradient leaf {jax.tree_util.keystr(path)} is typed as identical on "
-            f"every worker of {names}: jax.grad with respect to replicated parameters has "
-            "already summed it over the workers; differentiate with respect to a per-worker "
-            f"copy (jax.lax.pcast(params, {names!r}, to='varying'))")
+  axes.check_per_worker(grads, axis_name, "onebit_adam")
   return jax.tree.map(lambda g: jax.lax.psum(g, axis_name) / count, grads)
 
 

@@ -95,9 +95,14 @@ def test_k_that_rounds_to_zero_names_the_leaf_and_the_smallest_density():
     _in_shard_map(tx, {"w": jnp.ones(1000), "b": jnp.ones(10)})
 
 
-def test_already_summed_gradient_is_rejected():
-  """jax.grad w.r.t. replicated params inside shard_map sums over workers: nothing to compress."""
-  tx = compressors.compress(compressors.topk(0.5), axis_name="data")
+@pytest.mark.parametrize("name, make", [
+    ("compress", lambda: compressors.compress(compressors.topk(0.5), axis_name="data")),
+    ("demo", lambda: compressors.demo(0.1, axis_name="data")),
+    ("onebit_adam", lambda: compressors.onebit_adam(0.1, axis_name="data"))])
+def test_already_summed_gradient_is_rejected(name, make):
+  """jax.grad w.r.t. replicated params inside shard_map sums over workers: nothing to compress
+  (and a sum of it would count each worker's gradient once per worker)."""
+  tx = make()
   params = {"w": jnp.ones(8)}
   mesh = harness.mesh()
 
@@ -106,7 +111,7 @@ def test_already_summed_gradient_is_rejected():
     grads = jax.grad(lambda p: jnp.sum(p["w"] * x))(params)
     return tx.update(grads, tx.init(params), params)[0]
 
-  with pytest.raises(ValueError, match=r"already summed it over the workers.*pcast"):
+  with pytest.raises(ValueError, match=rf"{name}: .*already summed it over the workers.*pcast"):
     jax.jit(step).lower(params, jnp.ones((8, 8)))
 
 

@@ -106,6 +106,29 @@ def is_varying(x: Any, axis_name: AxisName) -> bool:
   return set(as_tuple(axis_name)) <= _varying_axes(x)
 
 
+def check_per_worker(tree: Any, axis_name: AxisName, caller: str) -> None:
+  """Refuses leaves of ``tree`` (gradients) typed as identical on every worker of ``axis_name``:
+  inside ``shard_map``, ``jax.grad`` with respect to replicated parameters has already summed
+  them over the workers (a hidden dense all-reduce), so nothing is left to compress, and a sum
+  of them would count every worker's gradient once per worker. Untyped contexts (``vmap``,
+  ``pmap``, ``check_vma=False``) pass.
+
+  Raises:
+    ValueError: naming ``caller``, the leaf and the axes, and how to differentiate instead.
+  """
+  names = as_tuple(axis_name)
+  if not names or not replication_checked(names):
+    return
+  for path, leaf in jax.tree_util.tree_leaves_with_path(tree):
+    if not is_varying(leaf, names):
+      raise ValueError(
+          f"{caller}: gradient leaf {jax.tree_util.keystr(path) or '(the gradient)'} is typed as "
+          f"identical on every worker of axes {names}: inside shard_map, jax.grad with respect "
+          "to replicated parameters has already summed it over the workers (a hidden dense "
+          "all-reduce). Differentiate with respect to a per-worker copy: grads = "
+          f"jax.grad(loss)(jax.lax.pcast(params, {names!r}, to='varying'), batch)")
+
+
 def _invariant_gather() -> Any:
   """The all-gather whose result JAX types as identical on every worker, for this JAX.
 
