@@ -392,11 +392,13 @@ def test_a_signal_stops_the_run_at_the_next_step_boundary_after_a_checkpoint(
 
   build = _wrap_train_steps(monkeypatch, _send_sigint)
   workdir = str(tmp_path / "run")
+  # What was there before the run (Python's default, or SIG_IGN in a shell's background job).
+  handler = signal.getsignal(signal.SIGINT)
   with pytest.raises(interrupt.Interrupted) as stopped:
     train.train_and_evaluate(config, workdir)
   assert (stopped.value.step, stopped.value.signum) == (SIGNAL_AFTER_STEP, signal.SIGINT)
   assert stopped.value.exit_status == 130 and stopped.value.workdir == workdir
-  assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+  assert signal.getsignal(signal.SIGINT) is handler
   assert checkpoint.Checkpointer(workdir, keep=2).latest_step() == SIGNAL_AFTER_STEP
   assert not os.path.exists(os.path.join(workdir, train.RESULTS_FILE))
 
