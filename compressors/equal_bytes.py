@@ -78,8 +78,9 @@ def method_bytes(method: str, shapes: Sequence[tuple[int, ...]], num_workers: in
   local-update method's exchange's bytes over its ``H`` (``every``)."""
   sent = registry.cost(method, shapes, topology(num_workers), settings,
                        exchange_settings=exchange_settings).bytes_sent
-  if registry.get(method).family == "local":
-    return sent / (registry.get(method).settings() if settings is None else settings).every
+  entry = registry.get(method)
+  if entry.family == "local":
+    return sent / (entry.settings() if settings is None else settings).every
   return sent
 
 

@@ -248,10 +248,11 @@ def unregister(name: str) -> None:
   del _METHODS[name]
 
 
-def names() -> tuple[str, ...]:
-  """The registered methods: the built-ins in the order of :data:`BUILTIN`, then the others in
-  registration order."""
-  return tuple(_registered())
+def names(family: str | None = None) -> tuple[str, ...]:
+  """The registered methods (of ``family``: ``"exchange"``, ``"optimizer"`` or ``"local"``;
+  None: all): the built-ins in the order of :data:`BUILTIN`, then the others in registration
+  order."""
+  return tuple(n for n, m in _registered().items() if family is None or m.family == family)
 
 
 def get(name: str) -> Method:
@@ -430,8 +431,8 @@ def _refuse_for_family(method: Method, common: Common) -> None:
                          ("clip_norm", None), ("error_decay", 1.0), ("density_warmup_steps", 0)):
     value = getattr(common, field)
     if value != default:
-      where = ("its exchange's settings carry it" if method.family == "local" and field in (
-          "error_decay",) else "it applies to per-step exchanges")
+      where = ("its exchange's settings carry it" if method.family == "local"
+               and field == "error_decay" else "it applies to per-step exchanges")
       raise ValueError(f"{field}={value!r} with method {method.name!r}, which {what}: {where}; "
                        f"allowed: {default!r}")
 
@@ -448,7 +449,7 @@ def local_exchange(settings: Any, exchange_settings: Any = None, *, axis_name,
   if exchange.family != "exchange":
     raise ValueError(f"exchange={settings.exchange!r} is a {exchange.family} method; the "
                      "pseudo-gradient goes through a per-step exchange: one of "
-                     f"{[n for n in names() if get(n).family == 'exchange']}")
+                     f"{list(names('exchange'))}")
   return transformation(settings.exchange, exchange_settings, axis_name=axis_name,
                         common=dataclasses.replace(common, error_decay=settings.error_decay))
 

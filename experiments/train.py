@@ -90,7 +90,6 @@ import optax
 import tqdm
 
 import compressors
-from compressors.parallel import step_kinds
 from experiments import checkpoint
 from experiments import data
 from experiments import distributed
@@ -342,7 +341,7 @@ def _communication(config, model, task, learning_rate, dp, state: TrainState, ba
   in_step_guard = dp.nonfinite_flag_bytes() if config.skip_nonfinite else 0.0
   replica_check = dp.replica_check_bytes(state.params) * _replica_checks_per_step(config, dp,
                                                                                  steps)
-  ran = step_kinds.kind_counts(tuple(dp.kinds.values()), 0, steps)
+  ran = dp.kind_counts(0, steps)
   by_kind = {kind: dp.wire_bytes(state.params, state.opt_state, batch, kind=kind,
                                  model_state=state.model_state).total - in_step_guard
              for kind in dp.kinds if ran[kind]}  # a kind the run never runs is not compiled
@@ -366,12 +365,6 @@ def _bytes_so_far(communication: dict[str, Any], dp, done: int) -> dict[str, Any
           "compression_ratio": dense / wire if wire else None}
 
 
-def _synchronises(dp, kind: str) -> bool:
-  """Whether a step of ``kind`` leaves every worker with the same parameters: every step, or
-  with per-worker parameters (local updates) a synchronising one."""
-  return not dp.per_worker_params or bool(dp.kinds[kind].update_kwargs().get("synchronise"))
-
-
 def _replica_check_due(config, dp, done: int) -> bool:
   """Whether the replica check runs after step ``done - 1``: every
   ``config.check_replicas_every`` steps, or with local updates after every synchronisation
@@ -379,7 +372,7 @@ def _replica_check_due(config, dp, done: int) -> bool:
   if not config.check_replicas_every:
     return False
   if dp.per_worker_params:
-    return _synchronises(dp, dp.kind_at(done - 1))
+    return dp.synchronises(dp.kind_at(done - 1))
   return done % config.check_replicas_every == 0
 
 
@@ -389,8 +382,8 @@ def _replica_checks_per_step(config, dp, steps: int) -> float:
     return 0.0
   if not dp.per_worker_params:
     return 1 / config.check_replicas_every
-  counts = step_kinds.kind_counts(tuple(dp.kinds.values()), 0, steps)
-  return sum(n for kind, n in counts.items() if _synchronises(dp, kind)) / max(1, steps)
+  counts = dp.kind_counts(0, steps)
+  return sum(n for kind, n in counts.items() if dp.synchronises(kind)) / max(1, steps)
 
 
 def _check_replicas(dp, params, step: int) -> None:

@@ -49,6 +49,7 @@ from compressors import registry
 from tests import harness
 
 N = 8
+_loss = harness.regression_loss  # one worker's loss: a linear regression
 PARAMS = {"w": jnp.zeros((200, 200)), "b": jnp.zeros((200,))}
 COST_TOLERANCE = 0.05
 
@@ -203,11 +204,6 @@ def _check_bookkeeping(name: str, settings, steps: int, after_optimizer: bool) -
                                atol=tolerance, err_msg=f"{name}: step {t} lost something")
 
 
-def _loss(params, batch):
-  x, y = batch
-  return jnp.mean((x @ params["w"] + params["b"] - y) ** 2)
-
-
 def check_replicas_identical_and_one_compile(name: str, settings=None, steps: int = 20) -> None:
   """20 steps of the method (:func:`training_step`, each step of the kind due): bit-identical
   parameters everywhere after every step that synchronises (with local updates, different
@@ -222,8 +218,7 @@ def check_replicas_identical_and_one_compile(name: str, settings=None, steps: in
     for t in range(1, steps):
       params, state, metrics = dp.step(params, state, batch, kind=dp.kind_at(t))
       ran.add(dp.kind_at(t))
-      synchronised = dp.kinds[dp.kind_at(t)].update_kwargs().get("synchronise",
-                                                                 not dp.per_worker_params)
+      synchronised = dp.synchronises(dp.kind_at(t))
       if dp.per_worker_params:
         assert bool(dp.replicas_agree(params)) == synchronised, f"{name}: step {t}"
   if dp.per_worker_params:

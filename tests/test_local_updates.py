@@ -23,12 +23,8 @@ from experiments import train
 from tests import harness
 
 N = 8
+_loss = harness.regression_loss  # one worker's loss: a linear regression
 DIM = 6
-
-
-def _loss(params, batch):
-  x, y = batch
-  return jnp.mean((x @ params["w"] + params["b"] - y) ** 2)
 
 
 def _batch(seed=0):

@@ -142,6 +142,16 @@ class DataParallel(NamedTuple):
     """The name of the kind that runs at ``step``."""
     return kind_at(tuple(self.kinds.values()), step)
 
+  def kind_counts(self, start: int, stop: int) -> dict[str, int]:
+    """How many of the steps ``start, ..., stop - 1`` each kind runs."""
+    return kind_counts(tuple(self.kinds.values()), start, stop)
+
+  def synchronises(self, kind: str) -> bool:
+    """Whether a step of ``kind`` leaves every worker with the same parameters: every step, or
+    with per-worker parameters a synchronising one (``options["synchronise"]``,
+    ``compressors.local_update_kinds``)."""
+    return not self.per_worker_params or bool(self.kinds[kind].update_kwargs().get("synchronise"))
+
   def wire_bytes(self, params: chex.ArrayTree, state: chex.ArrayTree, batch: chex.ArrayTree, *,
                  kind: str | None = None,
                  model_state: chex.ArrayTree = ()) -> hlo_bytes.WireBytes:
@@ -171,7 +181,7 @@ class DataParallel(NamedTuple):
     """Mean bytes per step over the steps ``start, ..., stop - 1``, each step charged the bytes
     of its kind (``per_kind``: :meth:`wire_bytes` totals by kind name; a kind that runs at none
     of these steps may be missing)."""
-    counts = kind_counts(tuple(self.kinds.values()), start, stop)
+    counts = self.kind_counts(start, stop)
     return sum(per_kind[k] * n for k, n in counts.items() if n) / max(1, stop - start)
 
   def nonfinite_flag_bytes(self) -> float:
@@ -309,12 +319,10 @@ def _state_specs(worker, kinds, layout, params, model_state, batch,
     mesh = layout.equivalent_mesh(abstract=True)
     params, model_state, batch = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
                                               (params, model_state, batch))
-  found, traced = None, set()
+  found, program = None, kinds_lib.same_programs(kinds)
   for kind in kinds:
-    key = (id(kind.inputs), tuple(sorted(kind.update_kwargs().items())))
-    if key in traced:  # the same update as a kind traced already
+    if program[kind.name] != kind.name:  # the same update as a kind traced already
       continue
-    traced.add(key)
     extras = {}
     if kind.inputs is not None:
 
