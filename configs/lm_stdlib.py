@@ -17,9 +17,12 @@ the sha256 of the corpus it read in ``results.json``.
 
 Tiers (every one on 8 devices; simulated on CPU):
 
+* ``micro``: 2 layers, 64 wide, 4 heads, vocabulary 2,048, sequences of 64 tokens: 0.24M
+  parameters; batch 64 sequences (4,096 tokens a step, 8 sequences per worker), 1,000 steps
+  (4.1M tokens, about 17 per parameter). The CPU tier of the language-model tables.
 * ``tiny``: 4 layers, 128 wide, 4 heads, vocabulary 2,048, sequences of 128 tokens: 1.07M
   parameters; batch 64 sequences (8,192 tokens a step), 1,000 steps (8.2M tokens, 2.3 passes
-  over the 3.6M training tokens). The CPU tier of the reproduction.
+  over the 3.6M training tokens).
 * ``small``: 6 layers, 256 wide, 8 heads, vocabulary 4,096, 256 tokens: 5.8M parameters;
   batch 128 (32,768 tokens a step), 2,000 steps.
 * ``base``: 8 layers, 512 wide, 8 heads, vocabulary 8,192, 256 tokens: 29.5M parameters;
@@ -32,7 +35,7 @@ Expected: validation loss (nats per token, and ``test_bits_per_byte``) in ``resu
 language-model tables (``paper_figures/t1_lm.md``) record what the tiers reached. Runtime: minutes
 a run for ``tiny`` on 2 CPU cores, the tables record how long on which machine.
 
-Arguments (``key=value`` joined by commas): the tier (``tiny``/``small``/``base``/``smoke``),
+Arguments (``key=value`` joined by commas): the tier (``micro``/``tiny``/``small``/``base``/``smoke``),
 ``method`` (see ``configs/common.py``), ``steps`` (0: the tier's), ``lr`` (0: the tier's),
 ``workers`` (devices; 0: 8), ``seed``, ``cache`` (the tokenizer cache folder), ``dtype`` (the
 matrix products' ``float32`` or ``bfloat16``; '': the tier's).
@@ -43,6 +46,9 @@ import platform
 from configs import common
 
 TIERS = {
+    "micro": dict(model=dict(hidden=64, num_layers=2, num_heads=4, max_length=64),
+                  vocab_size=2048, seq_len=64, batch_size=64, num_steps=1000,
+                  learning_rate=3e-3, eval_sequences=512),
     "tiny": dict(model=dict(hidden=128, num_layers=4, num_heads=4, max_length=128),
                  vocab_size=2048, seq_len=128, batch_size=64, num_steps=1000,
                  learning_rate=3e-3, eval_sequences=512),

@@ -48,10 +48,13 @@ def test_tiers_at_8_workers_land_within_10_percent_in_the_compiled_hlo():
   mesh = harness.mesh(8)
   feasible = [s for s in solutions(8) if s.feasible]
   check([(s, hlo_bytes(s, mesh)) for s in feasible])
-  # What cannot reach a tier says why: PowerSGD all-reduces the model's vectors uncompressed.
+  # What cannot reach a tier says why: PowerSGD all-reduces the model's vectors uncompressed,
+  # and on the CPU tier's 0.24M parameters TASC's blocks are too coarse: at 300x one block of
+  # 1,024 moves the bytes by 20% (375x is the closest), at 1000x one block exceeds the target.
   infeasible = {(s.method, round(s.dense_bytes / s.target_bytes)) for s in solutions(8)
                 if not s.feasible}
-  assert infeasible == {("powersgd", 100), ("powersgd", 300), ("powersgd", 1000)}
+  assert infeasible == {("powersgd", r) for r in (30, 100, 300, 1000)} | {
+      ("tasc", 300), ("tasc", 1000)}
 
 
 _AT_32 = """
@@ -70,7 +73,7 @@ print(json.dumps([t.hlo_bytes(s, mesh) if s.feasible else None for s in t.soluti
 def test_tiers_at_32_workers_land_within_10_percent_in_the_compiled_hlo():
   compiled = subprocess_devices.run_with_devices(32, _AT_32)
   check([(s, b) for s, b in zip(solutions(32), compiled) if s.feasible])
-  assert sum(b is not None for b in compiled) == len(solutions(32)) - 3  # PowerSGD's 3
+  assert sum(b is not None for b in compiled) == len(solutions(32)) - 6  # as at 8 workers
 
 
 def test_top_k_pays_for_the_workers_and_tasc_does_not():

@@ -116,6 +116,29 @@ def test_sweep_runs_in_child_processes_and_records_their_failures(tmp_path, monk
     common.run_sweep_config(sweep, "sweep", jobs=0)
 
 
+def test_children_share_an_accelerators_memory(tmp_path, monkeypatch):
+  """Each of ``jobs`` children gets ``0.9 / jobs`` of an accelerator's memory (XLA's default 75%
+  for each would leave the second none), unless the caller chose a fraction."""
+  seen = []
+
+  class Child:
+    returncode = 0
+
+    def __init__(self, args, env, **kwargs):
+      seen.append(env.get("XLA_PYTHON_CLIENT_MEM_FRACTION"))
+
+    def poll(self):
+      return 0
+
+  monkeypatch.setattr(common.subprocess, "Popen", Child)
+  monkeypatch.delenv("XLA_PYTHON_CLIENT_MEM_FRACTION", raising=False)
+  runs = [{"name": f"r{i}", "config": "configs/quickstart.py:smoke"} for i in range(2)]
+  assert common._run_children(runs, {}, str(tmp_path), 3) == {}
+  monkeypatch.setenv("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.5")
+  common._run_children(runs[:1], {}, str(tmp_path), 2)
+  assert seen == ["0.300", "0.300", "0.5"]
+
+
 # ----------------------------------------------------------------------------- configs
 
 

@@ -1,6 +1,7 @@
-"""The language-model targets of the reproduction (T1-LM, F4-LM, F5): their sweep configs (the
-CPU tier's grid, the GPU tier built but not run) and their tables, claims and figures from fake
-run directories (nothing is trained or compiled here)."""
+"""The language-model targets of the reproduction: their sweep configs (the CPU tier's grid with
+its tuning budget, the GPU tier built) and T1-LM's table, tuning choice, total-bytes accounting and
+claims from fake run directories (nothing is trained or compiled here; F4-LM's and F5's reports:
+tests/test_reproduce_f4_lm.py, tests/test_reproduce_f5.py)."""
 
 import json
 import math
@@ -18,60 +19,85 @@ from experiments import methods
 from experiments import provenance
 from experiments.reproduce import __main__ as reproduce
 from experiments.reproduce import common
-from experiments.reproduce import f4_lm
-from experiments.reproduce import f5
 from experiments.reproduce import report as reproduce_report
 from experiments.reproduce import t1_lm
-
-PROV = reproduce_report.Provenance(
-    provenance.record(command_line="python -m experiments.reproduce --target=t1_lm"), "quick")
+from tests import lm_runs
 
 
 # ----------------------------------------------------------------------------- configs
 
 
-def test_the_cpu_grid_runs_every_method_with_one_recipe():
-  t1 = sweep_config.get_config("tier=cpu,subset=t1")
-  f4 = sweep_config.get_config("tier=cpu,subset=f4")
-  names = {r["name"] for r in t1.runs} | {r["name"] for r in f4.runs}
-  assert len(names) == 38  # topk_100x is in both
-  # Three seeds for the headline's rows and F4-LM's scores, one for the rest (fits 90 minutes a
-  # target).
-  seeds = sweep_config.grid("cpu")
-  assert {label for label, n in seeds.items() if n == 3} == {
-      "dense", "topk_100x", "tasc_100x", "tasc_100x_magnitude_b256_global",
-      "tasc_100x_newton_b256_global", "tasc_100x_fisher_b256_global"}
-  configs = [lm.get_config(r["config"].split(":", 1)[1]) for r in t1.runs + f4.runs]
-  # Same tuning budget for every method: one optimizer, schedule, batch and length.
-  recipes = {(c.optimizer.to_json(), c.schedule.to_json(), c.num_steps, c.batch_size,
-              c.data.seq_len) for c in configs}
-  assert len(recipes) == 1
-  assert {c.method for c in configs} == {"dense", "fp16", "onebit", "topk", "randomk", "dgc",
-                                         "powersgd", "tasc"}
-  # F4-LM: every score at every block size that meets 100x (block 16 cannot), this step's
-  # support; the last step's support at TASC's default score and block.
-  f4_labels = {r["name"].rsplit("_s", 1)[0] for r in f4.runs}
-  assert f4_labels == {"topk_100x", "tasc_100x_saliency_b256_previous"} | {
-      f"tasc_100x_{score}_b{block}_global"
+def _runs(arg: str) -> dict[str, str]:
+  return {r["name"]: r["config"].split(":", 1)[1] for r in sweep_config.get_config(arg).runs}
+
+
+def test_the_cpu_grid_tunes_every_row_over_the_same_rate_scales():
+  runs = _runs("tier=cpu,subset=t1")
+  rows = ["dense"] + [f"{stem}_{tier}" for tier, stems in sweep_config.CPU_ROWS.items()
+                      for stem in stems]
+  assert set(runs) == {sweep_config.run_name(label, scale, 0) for label in rows
+                       for scale in (0.5, 1.0, 2.0)}
+  assert len(runs) == 39
+  configs = {name: lm.get_config(arg) for name, arg in runs.items()}
+  # One recipe: the same schedule, batch, length and inner AdamW for every run, its peak rate
+  # scaled by the tuning knob unless the knob is a local-update method's outer rate.
+  recipes = {(c.schedule.to_json(), c.num_steps, c.batch_size, c.data.seq_len, c.model.hidden)
+             for c in configs.values()}
+  assert recipes == {(configs["dense_lr1_s0"].schedule.to_json(), 1000, 64, 64, 64)}
+  for name, c in configs.items():
+    scale = float(name.split("_lr")[1].split("_")[0])
+    if c.method in ("diloco", "sparseloco"):
+      default = registry.get(c.method).settings().outer_learning_rate
+      assert c.optimizer.learning_rate == 3e-3, name
+      assert c.compression[c.method].outer_learning_rate == pytest.approx(default * scale), name
+    else:
+      assert c.optimizer.learning_rate == pytest.approx(3e-3 * scale), name
+  assert {c.method for c in configs.values()} == {"dense", "topk", "tasc", "diloco",
+                                                  "sparseloco", "demo"}
+  assert configs["sparseloco_tasc_1000x_lr1_s0"].compression.sparseloco.exchange == "tasc"
+  assert configs["topk_update_100x_lr1_s0"].compression.exchanged == "update"
+  assert configs["diloco_tasc_1000x_lr1_s0"].compression.diloco.exchange == "tasc"
+
+
+def test_the_chosen_rows_get_their_other_seeds_once():
+  tuning = _runs("tier=cpu,subset=t1")
+  chosen = _runs("tier=cpu,subset=t1,chosen=dense@1+sparseloco_1000x@2")
+  assert set(chosen) - set(tuning) == {"dense_lr1_s1", "dense_lr1_s2", "sparseloco_1000x_lr2_s1",
+                                       "sparseloco_1000x_lr2_s2"}
+  assert list(chosen)[:39] == list(tuning)  # seed-major: every first seed before any second
+  with pytest.raises(ValueError, match="'topk_7x' is not a row"):
+    sweep_config.get_config("chosen=topk_7x@1")
+  with pytest.raises(ValueError, match=r"scale '3' of 'dense'; allowed: one of \(0.5, 1.0, 2.0\)"):
+    sweep_config.get_config("chosen=dense@3")
+
+
+def test_f4_lm_varies_tasc_on_the_pseudo_gradient():
+  runs = _runs("tier=cpu,subset=f4")
+  labels = {name.rsplit("_lr", 1)[0] for name in runs}
+  assert labels == {"sparseloco_tasc_1000x", "sparseloco_tasc_1000x_saliency_b256_previous"} | {
+      f"sparseloco_tasc_1000x_{score}_b{block}_global"
       for score in ("magnitude", "saliency", "newton", "fisher") for block in (64, 256, 1024)
       if (score, block) != ("saliency", 256)}
-
-
-def _solved(arg: str):
-  """``configs/paper/lm.py:arg`` as the runner trains it: its equal-bytes request solved."""
-  config = lm.get_config(arg)
-  methods.fill_equal_bytes(config)
-  return config
+  three = {name.rsplit("_lr", 1)[0] for name in runs if name.endswith("_s2")}
+  # The default (saliency, block 256, this round's support) is T1-LM's row, with the others'
+  # seeds at block 256.
+  assert three == {"sparseloco_tasc_1000x"} | {f"sparseloco_tasc_1000x_{s}_b256_global"
+                                               for s in ("magnitude", "newton", "fisher")}
+  assert lm.get_config(runs["sparseloco_tasc_1000x_lr1_s0"]).compression.tasc.block_size == 256
+  c = lm.get_config(runs["sparseloco_tasc_1000x_fisher_b64_global_lr1_s0"])
+  assert (c.method, c.compression.sparseloco.exchange, c.compression.sparseloco.every) == (
+      "sparseloco", "tasc", 30)
+  assert (c.compression.tasc.sensitivity, c.compression.tasc.block_size) == ("fisher", 64)
 
 
 def test_each_budgeted_method_is_solved_onto_its_tier():
   shapes = methods.parameter_shapes(lm.get_config("tier=cpu"))
   dense = equal_bytes.method_bytes("dense", shapes, 8)
   for method in ("topk", "randomk", "dgc", "tasc"):
-    c = _solved(f"method={method},ratio=300")
+    c = _solved(f"method={method},ratio=30")
     settings = registry.default_settings(method, **c.compression[method].to_dict())
     sent = equal_bytes.method_bytes(method, shapes, 8, settings)
-    assert dense / sent == pytest.approx(300, rel=0.1), method
+    assert dense / sent == pytest.approx(30, rel=0.1), method
     again = c.compression[method].to_dict()
     methods.fill_equal_bytes(c)
     assert c.compression[method].to_dict() == again, f"{method}: solving twice changed it"
@@ -80,30 +106,54 @@ def test_each_budgeted_method_is_solved_onto_its_tier():
   assert lm.get_config("method=topk").compression.error_feedback is True
 
 
-def test_the_pinned_unmet_blocks_are_the_solvers():
-  """``configs/paper/t1_lm.py`` skips F4-LM's rows at :data:`UNMET_BLOCKS` without solving
-  (a config traces no model): exactly the block sizes the solver cannot fit to the headline
-  tier on either tier's model."""
-  ratio = equal_bytes.TIERS[sweep_config.HEADLINE]
+@pytest.mark.parametrize("label, exchange", [("diloco_int4_1000x", "int4"),
+                                             ("diloco_100x", "dense"),
+                                             ("sparseloco_1000x", "topk")])
+def test_local_rows_meet_their_tier_on_total_bytes(label, exchange):
+  """A local-update row's synchronisations, each sending its exchange's bytes, average over its
+  steps to dense's bytes over the tier."""
+  c = _solved(sweep_config.config_arg(label, "cpu", 1.0, 0, 8))
+  shapes = methods.parameter_shapes(c)
+  every = c.compression[c.method].every
+  own = registry.default_settings(exchange, **c.compression[exchange].to_dict())
+  per_step = equal_bytes.method_bytes(exchange, shapes, 8, own) / every
+  ratio = equal_bytes.TIERS[sweep_config.tier_of(label)]
+  assert equal_bytes.method_bytes("dense", shapes, 8) / per_step == pytest.approx(ratio, rel=0.1)
+  assert every == {"diloco_int4_1000x": 133, "diloco_100x": 100, "sparseloco_1000x": 30}[label]
+
+
+def test_block_16_leaves_the_pseudo_gradient_nothing():
+  """F4-LM skips :data:`UNMET_BLOCKS`: at block 16 TASC's scores alone take the round's bytes (it
+  would send under one block), on either tier's model; every other block size sends blocks."""
   for tier in ("cpu", "gpu"):
-    unmet = {block for block in sweep_config.BLOCK_SIZES
-             if not methods.equal_bytes_settings(lm.get_config(
-                 f"tier={tier},method=tasc,ratio={ratio},block={block}"))[1].feasible}
-    assert unmet == set(sweep_config.UNMET_BLOCKS), tier
+    shapes = methods.parameter_shapes(lm.get_config(f"tier={tier}"))
+    elements = registry.num_elements(shapes)
+    for block in sweep_config.BLOCK_SIZES:
+      c = _solved(f"tier={tier},method=diloco,exchange=tasc,every=30,ratio=1000,block={block}")
+      blocks_sent = c.compression.tasc.density * elements / block
+      assert (blocks_sent < 1) == (block in sweep_config.UNMET_BLOCKS), (tier, block)
 
 
-def test_the_gpu_tier_builds_at_25m_parameters_and_32_workers():
-  """The GPU tier cannot run here (no GPU); its configs must build and its model be >= 25M."""
+def test_the_gpu_tier_fits_a_short_lease():
+  """The GPU tier cannot run here (no GPU); its configs must build, its model be >= 25M, and its
+  grid be dense and the CPU tier's best three at 100x, one seed, 8 workers, 1,000 steps."""
   assert registry.num_elements(methods.parameter_shapes(lm.get_config("tier=gpu"))) >= 25_000_000
   c = lm.get_config("tier=gpu,method=tasc,workers=32")
-  assert (c.num_devices, c.batch_size, c.data.seq_len, c.model.hidden) == (32, 256, 256, 512)
-  sweep = sweep_config.get_config("tier=gpu,seeds=1")
-  assert {r["name"].split("_w")[-1] for r in sweep.runs if "_w" in r["name"]} == {"32"}
+  assert (c.num_devices, c.batch_size, c.data.seq_len, c.model.hidden, c.num_steps) == (
+      32, 64, 256, 512, 1000)
+  assert c.model.compute_dtype == "bfloat16"
+  runs = _runs("tier=gpu")
+  assert set(runs) == {"dense_lr1_s0"} | {sweep_config.run_name(label, scale, 0)
+                                          for label, scale in sweep_config.GPU_ROWS.items()}
+  assert len(sweep_config.GPU_ROWS) == 3
+  assert all(sweep_config.tier_of(label) == "100x" for label in sweep_config.GPU_ROWS)
+  assert {n.split("_w")[-1] for n in _runs("tier=full,seeds=1") if "_w" in n} == {"32"}
 
 
 @pytest.mark.parametrize("arg, message", [
     ("tier=tpu", "tier='tpu'; allowed: \\['cpu', 'gpu'\\]"),
     ("ratio=1", "ratio=1.0; allowed: > 1"),
+    ("lr_scale=0", "lr_scale=0.0; allowed: > 0"),
     ("workers=1", "workers=1; allowed: >= 2")])
 def test_bad_lm_arguments_are_refused(arg, message):
   with pytest.raises(ValueError, match=message):
@@ -115,6 +165,8 @@ def test_bad_sweep_arguments_are_refused():
     sweep_config.get_config("subset=t3")
   with pytest.raises(ValueError, match="seeds=0; allowed: >= 1"):
     sweep_config.get_config("seeds=0")
+  with pytest.raises(ValueError, match=r"tier='tpu'; allowed: \['cpu', 'full', 'gpu'\]"):
+    sweep_config.get_config("tier=tpu")
 
 
 def test_the_targets_are_registered_with_a_tier_flag():
@@ -125,64 +177,108 @@ def test_the_targets_are_registered_with_a_tier_flag():
   assert order.index("f5") > order.index("t1_lm")
 
 
+def _solved(arg: str):
+  """``configs/paper/lm.py:arg`` as the runner trains it: its equal-bytes request solved."""
+  config = lm.get_config(arg)
+  methods.fill_equal_bytes(config)
+  return config
+
+
 # ----------------------------------------------------------------------------- fake runs
-
-
-def _fake_run(workdir, label, seed, *, method, val_losses, step_s=0.5, wire=1000.0,
-              ratio=100.0, **args):
-  """A finished run of ``label``: validation losses at steps 10, 20, ...; ``step_s`` a step."""
-  config = _solved(",".join(f"{k}={v}" for k, v in dict(method=method, seed=seed,
-                                                         **args).items())).to_dict()
-  records = [{"step": 10 * (i + 1), "loss": loss + 0.1,
-              "examples_per_sec": config["batch_size"] / step_s}
-             for i, loss in enumerate(val_losses)]
-  records += [{"step": 10 * (i + 1), "test_loss": loss} for i, loss in enumerate(val_losses)]
-  reproduce_report.write_run(
-      os.path.join(workdir, sweep_config.run_name(label, seed)), config, records,
-      {"test_loss": val_losses[-1], "test_bits_per_byte": val_losses[-1] / 2,
-       "wire_bytes": wire, "compression_ratio": ratio, "python_version": "3.11.7",
-       "corpus_sha256": "c0ffee", "corpus_files": 734, "corpus_bytes": 12_000_000,
-       "tokenizer_sha256": "beef", "step": 10 * len(val_losses)})
 
 
 @pytest.fixture
 def lm_dir(tmp_path):
-  """Dense reaches 4.0; TASC at 100x 4.0 (seed 0) / 4.2 (seed 1), reaching 4.0 at step 30 with
-  seed 0; top-k 3.9, reaching 4.0 at step 30; TASC with magnitude scores 4.4 and 4.6."""
+  """Dense 4.0 / 4.2 (2 seeds, chosen scale 1); top-k after AdamW at 100x 4.05 / 4.25 (scale 2,
+  2 seeds); per-step TASC at 100x 4.5 (one seed); SparseLoCo at 1000x 4.3 / 4.5 (scale 0.5);
+  DiLoCo with TASC at 1000x 4.6 (one seed)."""
   workdir = str(tmp_path / "lm_cpu")
-  for seed in range(2):
-    _fake_run(workdir, "dense", seed, method="dense", val_losses=[6, 5, 4.5, 4.0], wire=1e5,
-              ratio=1.0)
-    _fake_run(workdir, "tasc_100x", seed, method="tasc", ratio=100.0,
-              val_losses=[5.5, 4.5, 4.0 + 0.2 * seed, 4.0 + 0.2 * seed])
-    _fake_run(workdir, "topk_100x", seed, method="topk", ratio=100.0,
-              val_losses=[6, 5, 4.0, 3.9])
-    _fake_run(workdir, sweep_config.f4_label("magnitude", 256, "global"), seed, method="tasc",
-              ratio=100.0, sensitivity="none", block=256,
-              val_losses=[6, 5, 4.6, 4.4 + 0.2 * seed])
+  lm_runs.tuned_row(workdir, "dense", chosen=1.0, val_losses=[6, 5, 4.5, 4.0], seeds=2,
+                    wire=1e5)
+  lm_runs.tuned_row(workdir, "topk_update_100x", chosen=2.0, val_losses=[6, 5, 4.3, 4.05],
+                    seeds=2, wire=1e3)
+  lm_runs.tuned_row(workdir, "tasc_100x", chosen=1.0, val_losses=[6, 5, 4.6, 4.5], wire=1e3)
+  lm_runs.tuned_row(workdir, "sparseloco_1000x", chosen=0.5, val_losses=[6, 5, 4.5, 4.3],
+                    seeds=2, wire=100)
+  lm_runs.tuned_row(workdir, "diloco_tasc_1000x", chosen=1.0, val_losses=[6, 5, 4.7, 4.6],
+                    wire=100)
   return workdir
 
 
-def test_t1_lm_table_claims_and_figure(lm_dir, tmp_path):
-  report = t1_lm.report(lm_dir, tier="cpu", seeds=2)
+def test_the_rate_scale_is_chosen_on_training_loss_never_validation(tmp_path):
+  workdir = str(tmp_path)
+  # Scale 2 trains to the lowest loss but validates worst: it is the one kept.
+  for scale, train, val in [(0.5, 4.5, 4.0), (1.0, 4.4, 4.1), (2.0, 4.3, 4.9)]:
+    lm_runs.fake_run(workdir, "demo_100x", 0, scale=scale, val_losses=[5, val], train_loss=train)
+  assert t1_lm.tuning(workdir, "demo_100x") == pytest.approx({0.5: 4.5, 1.0: 4.4, 2.0: 4.3})
+  assert t1_lm.chosen_scale(workdir, "demo_100x") == 2.0
+  [row] = t1_lm.rows_for(workdir, ["demo_100x"], seeds=3)
+  assert row["loss_mean"] == pytest.approx(4.9) and row["lr_scale"] == 2.0
+  assert row["tuning"] == "0.5: 4.500 / 1: 4.400 / 2: 4.300 *"
+  # A budget not yet spent chooses nothing, and says so.
+  lm_runs.fake_run(workdir, "demo_1000x", 0, scale=0.5, val_losses=[5, 4.0])
+  assert t1_lm.chosen_scale(workdir, "demo_1000x") is None
+  [row] = t1_lm.rows_for(workdir, ["demo_1000x"], seeds=3)
+  assert row["seeds"] == 0 and row["status"] == "tuning: 1 of 3 rate scales finished"
+
+
+def test_the_criterion_is_the_last_tenth_of_training(tmp_path):
+  lm_runs.fake_run(str(tmp_path), "dense", 0, val_losses=[5.0] * 20)
+  run = t1_lm.label_runs(str(tmp_path), "dense", 1.0, 1)[0]
+  run.metrics[:] = [{"step": s, "loss": 10.0 if s <= 180 else float(s)} for s in range(10, 201, 10)]
+  assert t1_lm.train_criterion(run) == pytest.approx(np.mean([190.0, 200.0]))
+
+
+def test_the_headline_rows_are_each_familys_best_on_training_loss(lm_dir):
+  assert t1_lm.headline_choice(lm_dir, "cpu") == {
+      "dense": 1.0, "topk_update_100x": 2.0, "sparseloco_1000x": 0.5}
+  # A local-update row at 100x that trains better than nothing else of its family joins.
+  lm_runs.tuned_row(lm_dir, "diloco_100x", chosen=0.5, val_losses=[6, 5, 4.9, 4.8])
+  assert t1_lm.headline_choice(lm_dir, "cpu")["diloco_100x"] == 0.5
+
+
+def test_total_bytes_charge_each_step_its_kinds_bytes(tmp_path):
+  """DiLoCo with int4 at 100x (H = 13): over 40 steps, 3 synchronisations (steps 12, 25, 38) send
+  the exchange's bytes and 37 local steps the 4-byte flag."""
+  workdir = str(tmp_path)
+  lm_runs.fake_run(workdir, "diloco_int4_100x", 0, val_losses=[6, 5, 4.5, 4.4],
+                   bytes_by_kind={"local": 4.0, "sync": 20_000.0}, dense=16_000.0)
+  [run] = t1_lm.label_runs(workdir, "diloco_int4_100x", 1.0, 1)
+  assert run.config["compression"]["diloco"]["every"] == 13
+  assert t1_lm.total_bytes(run) == pytest.approx(3 * 20_000 + 37 * 4)
+  assert run.results["compression_ratio"] == pytest.approx(16_000 * 40 / (3 * 20_000 + 37 * 4))
+  # Accounting that disagrees with the run's own step kinds is refused, naming the run.
+  run.results["wire_bytes"] = 20_000.0
+  with pytest.raises(ValueError, match="diloco_int4_100x_lr1_s0: the step kinds' bytes"):
+    t1_lm.total_bytes(run)
+
+
+def test_t1_lm_table_goal_and_claims(lm_dir, tmp_path):
+  report = t1_lm.report(lm_dir, tier="cpu", seeds=3)
   rows = {r["method"]: r for r in report.rows}
-  assert rows["dense"]["loss_mean"] == pytest.approx(4.0) and rows["dense"]["seeds"] == 2
-  tasc = rows["tasc_100x"]
-  assert tasc["loss_mean"] == pytest.approx(4.1) and tasc["vs_dense"] == pytest.approx(0.1)
-  assert tasc["loss_ci95"] == pytest.approx(12.706 * np.std([4.0, 4.2], ddof=1) / math.sqrt(2))
-  assert tasc["settings"].startswith("tasc block_size=256 density=0.016")
-  assert rows["dgc_100x"]["seeds"] == 0 and rows["dgc_100x"]["status"] == "0 seed(s)"
-  versus_topk = next(c for c in report.claims if "SparCML" in c.claim)
-  assert "+0.200" in versus_topk.ours and versus_topk.reproduced is False  # 4.1 vs 3.9
-  assert any("corpus sha256 c0ffee" in n and "Python 3.11.7" in n for n in report.notes)
-  written = reproduce_report.write_report(report, PROV, tmp_path / "out")
+  dense, topk = rows["dense"], rows["topk_update_100x"]
+  assert dense["loss_mean"] == pytest.approx(4.1) and dense["seeds"] == 2
+  assert topk["loss_mean"] == pytest.approx(4.15) and topk["lr_scale"] == 2.0
+  assert topk["vs_dense_pct"] == pytest.approx(100 * 0.05 / 4.1)
+  assert topk["loss_ci95"] == pytest.approx(12.706 * np.std([4.05, 4.25], ddof=1) / math.sqrt(2))
+  assert topk["total_bytes"] == pytest.approx(1e3 * 40) and topk["on_tier"] is True
+  assert rows["sparseloco_1000x"]["on_tier"] is True and rows["sparseloco_1000x"]["family"] == "local"
+  assert rows["diloco_100x"]["status"] == "tuning: 0 of 3 rate scales finished"
+  goals = {c.claim.split(" fewer")[0]: c for c in report.claims if c.source == "project goal"}
+  assert goals["At 100x"].reproduced is True and "+1.2%" in goals["At 100x"].ours
+  assert goals["At 1000x"].reproduced is False and "+7.3%" in goals["At 1000x"].ours
+  tasc = [c for c in report.claims if c.claim.startswith("TASC")]
+  assert "at 100x: TASC's best, tasc_100x 4.500 ± 0.000 (n=1)" in tasc[0].ours
+  assert tasc[0].reproduced is None  # one seed of TASC
+  written = reproduce_report.write_report(report, lm_runs.PROV, tmp_path / "out")
   assert sorted(p.name for p in written) == ["t1_lm.csv", "t1_lm.md", "t1_lm.png"]
   text = (tmp_path / "out" / "t1_lm.md").read_text()
   assert "Equal-bytes settings at 8 and 32 workers" in text and "off tier" in text  # PowerSGD
+  assert "nothing is selected by a validation loss" in text
 
 
 def test_the_runs_machine_is_named_once_with_the_span_of_their_dates(lm_dir):
-  results_file = os.path.join(lm_dir, sweep_config.run_name("dense", 0),
+  results_file = os.path.join(lm_dir, sweep_config.run_name("dense", 1.0, 0),
                               reproduce_report.RESULTS_FILE)
   with open(results_file) as f:
     results = json.load(f)
@@ -191,53 +287,18 @@ def test_the_runs_machine_is_named_once_with_the_span_of_their_dates(lm_dir):
     json.dump(results, f)
   [machines] = [n for n in t1_lm.provenance_notes(lm_dir, "cpu")
                 if n.startswith("Runs' machines")]
-  assert machines.startswith("Runs' machines (8 runs, 2000-01-01T00:00:00+00:00 to ")
+  assert machines.startswith("Runs' machines (18 runs, 2000-01-01T00:00:00+00:00 to ")
   assert machines.count("Python ") == 1 and "devices: " in machines
 
 
-def test_f4_lm_table_names_the_best_score(lm_dir, tmp_path):
-  report = f4_lm.report(lm_dir, tier="cpu", seeds=2)
-  rows = {r["method"]: r for r in report.rows}
-  assert rows["tasc_100x"]["score"] == "saliency" and rows["tasc_100x"]["block"] == 256
-  assert rows["topk_100x"]["score"] == "per-element top-k"
-  [claim] = report.claims
-  assert "lowest: saliency" in claim.ours
-  assert claim.reproduced is False  # 4.1 vs 4.5: within the two intervals
-  assert sum(n.startswith("Derivation,") for n in report.notes) == 4
-  [(heading, text)] = report.sections
-  assert "Lowest validation loss: saliency" in text and "the default stays" in text
-  written = reproduce_report.write_report(report, PROV, tmp_path / "out")
-  assert sorted(p.name for p in written) == ["f4_lm.csv", "f4_lm.md", "f4_lm.png"]
-
-
-def test_time_to_a_loss_is_interpolated_between_evaluations():
-  steps, loss = np.array([10.0, 20.0, 30.0]), np.array([6.0, 5.0, 4.0])
-  assert f5.time_to(steps, loss, 2.0, 4.5) == pytest.approx(25 * 2.0)
-  assert f5.time_to(steps, loss, 2.0, 7.0) == pytest.approx(10 * 2.0)
-  assert math.isnan(f5.time_to(steps, loss, 2.0, 3.0))
-
-
-def test_f5_adds_modelled_communication_to_measured_compute(lm_dir, tmp_path):
-  report = f5.report(lm_dir, tier="cpu", seeds=2)
-  rows = {(r["method"], r["link"], r["workers"]): r for r in report.rows}
-  dense = rows[("dense", "1 Gbit/s", 8)]
-  shapes = methods.parameter_shapes(lm.get_config("tier=cpu"))
-  expected = topo.dense_cost("psum", topo.Topology.flat(8, topo.ETHERNET_1G),
-                             registry.num_elements(shapes)).time
-  assert dense["compute_s"] == pytest.approx(0.5) and dense["comm_s"] == pytest.approx(expected)
-  tasc = rows[("tasc_100x", "1 Gbit/s", 8)]
-  # 100x fewer bytes, but two all-reduces whose latency (2 (p - 1) alpha each) does not shrink.
-  assert tasc["comm_s"] < dense["comm_s"] / 10
-  # TASC's mean curve (5.5, 4.5, 4.1, 4.1) never reaches dense's 4.0; one with 32 workers neither.
-  assert tasc["speedup"] is None and tasc["reached"].startswith("no")
-  assert rows[("dense", "10 Gbit/s", 32)]["speedup"] == pytest.approx(1.0)
-  # The common loss is the highest final one, TASC's 4.1: every row reaches it.
-  assert tasc["common_loss"] == pytest.approx(4.1)
-  assert tasc["speedup_common"] == pytest.approx(
-      f5.time_to(np.array([10, 20, 30, 40.]), np.array([6, 5, 4.5, 4.0]), dense["step_s"], 4.1)
-      / (30 * tasc["step_s"]))
-  topk = rows[("topk_100x", "1 Gbit/s", 8)]
-  assert topk["speedup"] == pytest.approx(40 * dense["step_s"] / (30 * topk["step_s"]))
-  written = reproduce_report.write_report(report, PROV, tmp_path / "out")
-  assert sorted(p.name for p in written) == ["f5.csv", "f5.md", "f5.png"]
-  assert "measured" in (tmp_path / "out" / "f5.md").read_text()
+def test_the_gpu_tier_reports_its_given_scales_untuned(tmp_path):
+  workdir = str(tmp_path)
+  label = next(iter(sweep_config.GPU_ROWS))
+  scale = sweep_config.GPU_ROWS[label]
+  lm_runs.fake_run(workdir, "dense", 0, val_losses=[6, 4.0], wire=1e5)
+  lm_runs.fake_run(workdir, label, 0, scale=scale, val_losses=[6, 4.4], wire=1e3)
+  rows = {r["method"]: r for r in t1_lm.rows_for(workdir, ["dense", label], 1, tier="gpu")}
+  assert rows[label]["seeds"] == 1 and rows[label]["loss_mean"] == pytest.approx(4.4)
+  assert rows["dense"]["lr_scale"] == 1.0
+  # The CPU tier would wait for the whole tuning budget of the same runs.
+  assert t1_lm.chosen_scale(workdir, label) is None

@@ -9,14 +9,15 @@ same number of steps; nothing is selected by a validation result.
 
 Tiers (``tier``):
 
-* ``cpu``: ``lm_stdlib``'s ``tiny`` model (1.07M parameters, vocabulary 2,048), sequences of 64
-  tokens, batch 32 (2,048 tokens a step), 1,000 steps (2.0M tokens, 0.6 passes over the training
-  tokens), 8 simulated CPU devices: long enough for the compressed methods to leave the unigram
-  plateau (``paper_figures/t1_lm.md`` has the curves). ``configs/paper/t1_lm.py`` sizes the grid
-  to fit 90 minutes on 2 cores.
-* ``gpu``: ``lm_stdlib``'s ``base`` model (29.5M parameters, vocabulary 8,192), sequences of 256,
-  batch 256 (65,536 tokens a step), 300 steps, ``workers`` (8 or 32) workers simulated on one
-  GPU; its step count is sized for a short GPU lease.
+* ``cpu``: ``lm_stdlib``'s ``micro`` model (0.24M parameters, vocabulary 2,048), sequences of 64
+  tokens, batch 64 (4,096 tokens a step: 8 sequences per worker), 1,000 steps (4.1M tokens, about
+  17 per parameter, where a compute-optimal dense run stops; 1.2 passes over the training
+  tokens), 8 simulated CPU devices. 2,000 steps of the 1.07M-parameter ``tiny`` model did not fit
+  a grid with a tuning budget on 2 cores; ``configs/paper/t1_lm.py`` sizes the grid.
+* ``gpu``: ``lm_stdlib``'s ``base`` model (29.5M parameters, vocabulary 8,192, bfloat16 matrix
+  products), sequences of 256, batch 64 (16,384 tokens a step), 1,000 steps (16.4M tokens, about
+  4 passes over the training tokens: at 65,536 tokens a step dense overfit after 5 passes),
+  ``workers`` (8 or 32) workers simulated on one GPU; sized for about 12 minutes of one GPU.
 
 Equal bytes (``ratio``): the config records the request (``config.equal_bytes``: ``ratio``,
 ``workers``); when the run starts, :func:`experiments.methods.fill_equal_bytes` gives a method
@@ -42,7 +43,8 @@ topk, randomk, dgc, powersgd, tasc, or any registered method), ``ratio`` (the ti
 ``workers``, ``score`` (tasc: saliency/newton), ``sensitivity`` (tasc: hutchinson/fisher/none),
 ``block`` (tasc; 0: the solver's), ``support`` (tasc: global/previous), ``exchange`` and
 ``every`` (local updates; '' and 0: the method's defaults), ``exchanged`` (gradient/update),
-``seed``, ``cache`` (the tokenizer's cache folder; '' for the default).
+``lr_scale`` (the tuning knob, a multiple of the method's own rate: the recipe's AdamW rate, or a
+local-update method's outer rate; 1: as configured), ``seed``, ``cache`` (the tokenizer's cache folder; '' for the default).
 """
 
 import ml_collections
@@ -53,8 +55,8 @@ from configs import lm_stdlib
 
 # tier -> (lm_stdlib tier, overrides of its sizes and length)
 TIERS = {
-    "cpu": ("tiny", dict(seq_len=64, batch_size=32, num_steps=1000, eval_every=100)),
-    "gpu": ("base", dict(seq_len=256, batch_size=256, num_steps=300, eval_every=50)),
+    "cpu": ("micro", dict(seq_len=64, batch_size=64, num_steps=1000, eval_every=100)),
+    "gpu": ("base", dict(seq_len=256, batch_size=64, num_steps=1000, eval_every=100)),
 }
 # Settings every run of a method gets besides its budget.
 METHOD_SETTINGS = {
@@ -72,11 +74,22 @@ def method_block(method: str, **tasc_options) -> dict:
   return block
 
 
+def scale_tuned_rate(c: ml_collections.ConfigDict, scale: float) -> None:
+  """Multiplies the rate the tuning budget searches over by ``scale``: a local-update method's
+  outer learning rate (its inner AdamW keeps the recipe's), every other method's AdamW (or own
+  optimizer's) peak rate."""
+  if registry.get(c.method).family == "local":
+    c.compression[c.method].outer_learning_rate = (
+        c.compression[c.method].outer_learning_rate * scale)
+  else:
+    c.optimizer.learning_rate *= scale
+
+
 def get_config(arg=None):
   args = common.parse_args(arg, tier="cpu", method="dense", ratio=100.0, workers=8,
                            score="saliency", sensitivity="hutchinson", block=0,
-                           support="global", exchange="", every=0, exchanged="gradient", seed=0,
-                           cache="")
+                           support="global", exchange="", every=0, exchanged="gradient",
+                           lr_scale=1.0, seed=0, cache="")
   if args["tier"] not in TIERS:
     raise ValueError(f"configs/paper/lm.py: tier={args['tier']!r}; allowed: {sorted(TIERS)}")
   if args["method"] not in registry.names():
@@ -84,6 +97,8 @@ def get_config(arg=None):
                      f"{list(registry.names())}")
   if not args["ratio"] > 1:
     raise ValueError(f"configs/paper/lm.py: ratio={args['ratio']!r}; allowed: > 1")
+  if not args["lr_scale"] > 0:
+    raise ValueError(f"configs/paper/lm.py: lr_scale={args['lr_scale']!r}; allowed: > 0")
   if args["workers"] < 2:
     raise ValueError(f"configs/paper/lm.py: workers={args['workers']}; allowed: >= 2")
   name, sizes = TIERS[args["tier"]]
@@ -102,6 +117,7 @@ def get_config(arg=None):
     block.update({k: args[k] for k in ("exchange", "every") if args[k]})
     c.compression[block.exchange].update(method_block(block.exchange, **tasc_options))
   c.compression.exchanged = args["exchanged"]
+  scale_tuned_rate(c, args["lr_scale"])
   # The request, as data: experiments.methods.fill_equal_bytes solves the method's budget when
   # the run starts (it traces the model, which a config does not).
   c.equal_bytes = ml_collections.ConfigDict(dict(ratio=args["ratio"], workers=args["workers"]))

@@ -14,11 +14,13 @@ Targets (``--target=NAME``, several comma-separated, or ``all``):
 * ``f3``: communication time measured over a rate-limited loopback (needs root, ``ip netns``);
 * ``t2``: large batch: SGD/Adam/LARS/LAMB on MNIST-1D, Adam/LAMB on BERT-tiny;
 * ``f4``: loss curves, Hessian-aware vs magnitude block selection (T1's runs);
-* ``t1_lm``: validation loss at equal wire bytes (30x-1000x below dense), every method, a
-  decoder-only language model on the Python standard library's source, ``--tier=cpu|gpu``;
-* ``f4_lm``: what makes a block worth sending: TASC's block scores, block sizes and supports at
-  100x, beside per-element top-k (same runs folder as ``t1_lm``);
-* ``f5``: time to accuracy: T1-LM's validation loss against measured compute plus modelled
+* ``t1_lm``: validation loss at equal total bytes (30x-1000x below dense over the whole run),
+  every family (per-step compression before or after the optimizer, local updates, DeMo), each
+  row's rate tuned over the same three values on training loss, a decoder-only language model on
+  the Python standard library's source, ``--tier=cpu|gpu``;
+* ``f4_lm``: what makes a block of DiLoCo's pseudo-gradient worth sending: TASC's block scores,
+  block sizes and supports at 1000x, beside top-k (same runs folder as ``t1_lm``);
+* ``f5``: time to dense's loss: T1-LM's validation loss against measured compute plus modelled
   communication time on 1 and 10 Gbit/s clusters of 8 and 32 workers.
 
 Each target runs what it needs (finished runs are skipped, unfinished ones resume; run

@@ -133,8 +133,9 @@ def _run_children(runs, overrides, workdir: str, jobs: int) -> dict[str, str]:
 
   A child is ``python -m experiments.reproduce.common <workdir> '<one-run sweep as JSON>'``
   (:func:`main`); it inherits this process's environment (the simulated devices' XLA flags), with
-  this process's command as the one its run records (``provenance.COMMAND_ENV``), and writes its
-  output to ``workdir/logs/<name>.log``.
+  this process's command as the one its run records (``provenance.COMMAND_ENV``) and, unless set,
+  ``XLA_PYTHON_CLIENT_MEM_FRACTION`` at ``0.9 / jobs`` (an accelerator's memory shared), and
+  writes its output to ``workdir/logs/<name>.log``.
 
   Returns:
     Run name -> the error line of each child that failed.
@@ -143,6 +144,9 @@ def _run_children(runs, overrides, workdir: str, jobs: int) -> dict[str, str]:
   log_dir = os.path.join(workdir, "logs")
   os.makedirs(log_dir, exist_ok=True)
   env = dict(os.environ, **{provenance.COMMAND_ENV: provenance.command()})
+  # On a GPU each child's XLA would take 75% of its memory and the second would run out: each
+  # gets its share unless the caller set one.
+  env.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", f"{0.9 / jobs:.3f}")
   waiting, running, failures = list(runs), {}, {}
   try:
     while waiting or running:

@@ -11,9 +11,11 @@ at 8 and at 32 workers.
 import math
 import os
 
+import ml_collections
 import numpy as np
 
 from compressors import equal_bytes
+from compressors.parallel import step_kinds
 from configs.paper import lm
 from configs.paper import t1_lm as sweep_config
 from experiments import methods
@@ -35,14 +37,23 @@ def runs_dir(options: common.Options) -> str:
 
 
 def run_subset(options: common.Options, subset: str) -> None:
-  """Runs ``subset`` (``t1`` or ``f4``) of the tier's sweep, unless ``report_only``."""
+  """Runs ``subset`` (``t1`` or ``f4``) of the tier's sweep, unless ``report_only``: for T1-LM
+  the tuning phase (every row at every rate scale, one seed), then the headline rows' other
+  seeds at their chosen scales (:func:`headline_choice`)."""
   if options.report_only:
     return
   workdir = runs_dir(options)
-  sweep = sweep_config.get_config(f"tier={options.tier},seeds={options.seeds},subset={subset}")
-  # One tokenizer for every run, trained by the first (see experiments/data/tokenizer.py).
-  sweep.overrides = {"data": {"cache_dir": os.path.abspath(os.path.join(workdir, "tokenizers"))}}
-  common.run_sweep_config(sweep, workdir, jobs=options.jobs)
+  phases = [""] if subset == "f4" else ["", None]
+  for chosen in phases:
+    if chosen is None:  # the second phase: chosen from the first's training losses
+      chosen = "+".join(f"{label}@{scale:g}"
+                        for label, scale in headline_choice(workdir, options.tier).items())
+    sweep = sweep_config.get_config(f"tier={options.tier},seeds={options.seeds},"
+                                    f"subset={subset},chosen={chosen}")
+    # One tokenizer for every run, trained by the first (see experiments/data/tokenizer.py).
+    sweep.overrides = {"data": {"cache_dir": os.path.abspath(os.path.join(workdir,
+                                                                          "tokenizers"))}}
+    common.run_sweep_config(sweep, workdir, jobs=options.jobs)
 
 
 def produce(options: common.Options) -> Report:
@@ -60,51 +71,157 @@ def interval(values) -> float:
   return _T95.get(n - 1, 1.96) * float(np.std(values, ddof=1)) / math.sqrt(n)
 
 
-def label_runs(workdir: str, label: str, seeds: int) -> list[report_lib.Run]:
-  """The finished runs of row ``label`` (seeds 0..seeds-1, 8 workers)."""
-  runs = [report_lib.read_run(os.path.join(workdir, sweep_config.run_name(label, s)))
+def label_runs(workdir: str, label: str, scale: float, seeds: int) -> list[report_lib.Run]:
+  """The finished runs of row ``label`` at rate scale ``scale`` (seeds 0..seeds-1, 8 workers)."""
+  runs = [report_lib.read_run(os.path.join(workdir, sweep_config.run_name(label, scale, s)))
           for s in range(seeds)]
   return [r for r in runs if r is not None and r.finished]
 
 
-def rows_for(workdir: str, labels, seeds: int) -> list[dict]:
-  """One row per label: validation loss (nats per token, bits per byte) over its seeds, the
-  compiled bytes, and the method's settings as its first run's config holds them."""
+def train_criterion(run: report_lib.Run) -> float:
+  """What the tuning budget minimises: the mean of the run's logged training losses over the
+  last tenth of its steps (never a validation loss). NaN or inf when the run diverged."""
+  steps, loss = run.series("loss")
+  if not len(steps):
+    return math.nan
+  return float(np.mean(loss[steps > 0.9 * steps[-1]]))
+
+
+def tuning(workdir: str, label: str) -> dict[float, float]:
+  """Rate scale -> :func:`train_criterion` of the row's finished seed-0 runs."""
+  out = {}
+  for scale in sweep_config.LR_SCALES:
+    runs = label_runs(workdir, label, scale, 1)
+    if runs:
+      out[scale] = train_criterion(runs[0])
+  return out
+
+
+def chosen_scale(workdir: str, label: str, tier: str = "cpu") -> float | None:
+  """The row's rate scale with the lowest finite training criterion; None until every scale of
+  the tuning budget has finished (a partial budget chooses nothing). A tier that gives the row
+  its scale (the GPU tier, :func:`configs.paper.t1_lm.given_scale`) gives that one, once a run
+  of it has finished."""
+  given = sweep_config.given_scale(tier, label)
+  if given is not None:
+    return given if label_runs(workdir, label, given, 1) else None
+  tried = tuning(workdir, label)
+  if len(tried) < len(sweep_config.LR_SCALES):
+    return None
+  finite = {s: v for s, v in tried.items() if math.isfinite(v)}
+  return min(finite, key=finite.get) if finite else None
+
+
+def headline_choice(workdir: str, tier: str) -> dict[str, float]:
+  """The headline rows and their chosen rate scales: dense and the best row of each family at
+  each of :data:`HEADLINE_TIERS` (lowest training criterion at its chosen scale), among the
+  tier's tuned rows whose tuning has finished."""
+  tuned = {label: chosen_scale(workdir, label, tier) for label in sweep_config.tuning_rows(tier)}
+  tuned = {label: scale for label, scale in tuned.items() if scale is not None}
+  out = {label: scale for label, scale in tuned.items() if label == "dense"}
+  for tier_name in sweep_config.HEADLINE_TIERS:
+    best = {}
+    for label, scale in tuned.items():
+      if sweep_config.tier_of(label) != tier_name:
+        continue
+      value = tuning(workdir, label)[scale]
+      fam = sweep_config.family(label)
+      if fam not in best or value < best[fam][1]:
+        best[fam] = (label, value)
+    out.update({label: tuned[label] for label, _ in best.values()})
+  return out
+
+
+def total_bytes(run: report_lib.Run) -> float:
+  """The bytes one worker sent over the whole run: each step charged the bytes of its step kind's
+  compiled program (``results.json``'s ``bytes_by_kind``), the kinds counted from the run's own
+  config (:func:`experiments.methods.step_kinds`).
+
+  Raises:
+    ValueError: the total disagrees with the runner's ``wire_bytes`` (their mean over the steps
+      run): the run's accounting and its config do not describe the same steps.
+  """
+  steps = run.results["step"]
+  kinds = methods.step_kinds(ml_collections.ConfigDict(run.config))
+  by_kind = run.results["bytes_by_kind"]
+  total = sum(by_kind[kind] * n for kind, n in step_kinds.kind_counts(kinds, 0, steps).items()
+              if n)
+  if not math.isclose(total, run.results["wire_bytes"] * steps, rel_tol=1e-6):
+    raise ValueError(f"{run.path}: the step kinds' bytes over {steps} steps total {total:.6g}, "
+                     f"but results.json's wire_bytes x steps is "
+                     f"{run.results['wire_bytes'] * steps:.6g}")
+  return total
+
+
+def within_tier(row: dict) -> bool | None:
+  """Whether a row's total bytes are within 10% of its tier (None for a row of fixed bytes)."""
+  ratio = equal_bytes.TIERS.get(row.get("tier"))
+  if ratio is None or not row.get("compression_ratio"):
+    return None
+  return abs(row["compression_ratio"] / ratio - 1) <= 0.1
+
+
+def rows_for(workdir: str, labels, seeds: int, tier: str = "cpu") -> list[dict]:
+  """One row per label: the tuning budget's training losses by rate scale, and at the chosen
+  scale the validation loss (nats per token, bits per byte) over its seeds, the total bytes of
+  the compiled steps, and the method's settings as its first run's config holds them."""
   failures = common.read_failures(workdir)
   rows = []
   for label in labels:
-    runs = label_runs(workdir, label, seeds)
+    scale = chosen_scale(workdir, label, tier)
+    tried = tuning(workdir, label)
+    runs = label_runs(workdir, label, scale, seeds) if scale is not None else []
     loss = [r.results["test_loss"] for r in runs]
     bpb = [r.results["test_bits_per_byte"] for r in runs]
-    failed = [m for n, m in failures.items() if n.startswith(label + "_s")]
-    row = {"method": label, "seeds": len(runs),
+    failed = [m for n, m in failures.items() if n.startswith(label + "_lr")]
+    status = (f"{len(runs)} seed(s)" if runs else
+              f"tuning: {len(tried)} of {len(sweep_config.LR_SCALES)} rate scales finished")
+    row = {"method": label, "tier": sweep_config.tier_of(label) or "fixed",
+           "family": sweep_config.family(label), "seeds": len(runs), "lr_scale": scale,
+           "tuning": " / ".join(f"{s:g}: {v:.3f}" + (" *" if s == scale else "")
+                                for s, v in tried.items()),
            "val_loss": report_lib.format_mean_std(loss, 1, 3),
            "loss_mean": report_lib.mean_std(loss)[0] if runs else None,
            "loss_std": report_lib.mean_std(loss)[1] if runs else None,
            "loss_ci95": interval(loss) if len(runs) > 1 else None,
            "bits_per_byte": float(np.mean(bpb)) if runs else None,
-           "status": ("failed: " + failed[0]) if failed and not runs else f"{len(runs)} seed(s)",
+           "status": ("failed: " + failed[0]) if failed and not tried else status,
            "run_dirs": " ".join(report_lib.relative(r.path) for r in runs)}
     if runs:
       first = runs[0]
       row["wire_bytes"] = float(np.mean([r.results["wire_bytes"] for r in runs]))
+      row["total_bytes"] = float(np.mean([total_bytes(r) for r in runs]))
       row["compression_ratio"] = float(np.mean([r.results["compression_ratio"] for r in runs]))
       row["settings"] = settings_text(first.config)
+      row["on_tier"] = within_tier(row)
+      row["on_tier_text"] = {True: "yes", False: "no", None: "-"}[row["on_tier"]]
     rows.append(row)
   dense = next((r for r in rows if r["method"] == "dense" and r["seeds"]), None)
   for row in rows:
     if dense is not None and row["seeds"]:
       row["vs_dense"] = row["loss_mean"] - dense["loss_mean"]
+      row["vs_dense_pct"] = 100 * row["vs_dense"] / dense["loss_mean"]
   return rows
 
 
 def settings_text(config: dict) -> str:
-  """The budget fields of a run's method, as its config.json holds them."""
+  """The budget fields of a run's method (and of a local-update method's exchange), as its
+  config.json holds them."""
+  def fields(name, keys=("density", "rank", "block_size", "score", "sensitivity", "support",
+                          "topk", "chunk")):
+    own = config["compression"].get(name, {})
+    return [f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in own.items()
+            if k in keys]
   method = config["method"]
-  own = config["compression"].get(method, {})
-  fields = [f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in own.items()
-            if k in ("density", "rank", "block_size", "score", "sensitivity", "support")]
-  return f"{method} " + " ".join(fields)
+  exchange = config["compression"].get(method, {}).get("exchange")
+  if exchange:  # a local-update method: its rounds, then its exchange's budget
+    own = fields(method, ("every", "outer_learning_rate"))
+    text = f"{method} " + " ".join(own) + f", {exchange} " + " ".join(fields(exchange))
+  else:
+    text = f"{method} " + " ".join(fields(method))
+  if config["compression"].get("exchanged") == "update":
+    text += " after each worker's AdamW"
+  return text
 
 
 def solver_rows(tier: str) -> list[dict]:
@@ -158,116 +275,150 @@ def provenance_notes(workdir: str, tier: str) -> list[str]:
 
 def recipe_note(tier: str) -> str:
   name, sizes = lm.TIERS[tier]
-  return (f"Recipe, the same for every method (chosen on dense; nothing selected by validation "
-          f"loss): configs/lm_stdlib.py's `{name}` model, AdamW with cosine decay, "
-          f"{sizes['num_steps']} steps of {sizes['batch_size']} sequences of {sizes['seq_len']} "
-          f"tokens ({sizes['num_steps'] * sizes['batch_size'] * sizes['seq_len']:,} tokens), 8 "
+  return (f"Recipe, the same for every method: configs/lm_stdlib.py's `{name}` model, AdamW "
+          f"with cosine decay, {sizes['num_steps']} steps of {sizes['batch_size']} sequences of "
+          f"{sizes['seq_len']} tokens "
+          f"({sizes['num_steps'] * sizes['batch_size'] * sizes['seq_len']:,} tokens), 8 "
           "workers; validation loss in nats per token on the held-out files' windows "
-          "(configs/paper/lm.py).")
+          "(configs/paper/lm.py). Tuning budget, the same for every row: the rate "
+          f"`lr_scale` scales (AdamW's peak rate; a local-update method's outer rate) at "
+          f"{', '.join(f'{s:g}' for s in sweep_config.LR_SCALES)}, one seed each; the scale with "
+          "the lowest mean training loss over the last tenth of the run is kept (`tuning` "
+          "column, chosen marked *); nothing is selected by a validation loss.")
 
 
-COLUMNS = [("method", "row"), ("val_loss", "val loss nats/token (mean ± std)"),
-           ("loss_ci95", "95% CI ±"), ("vs_dense", "vs dense"),
-           ("bits_per_byte", "bits/byte"), ("compression_ratio", "wire compression (x, HLO)"),
-           ("wire_bytes", "bytes/worker/step"), ("settings", "settings"), ("status", "status"),
+COLUMNS = [("method", "row"), ("family", "family"), ("val_loss", "val loss nats/token (mean ± std)"),
+           ("loss_ci95", "95% CI ±"), ("vs_dense", "vs dense"), ("vs_dense_pct", "vs dense %"),
+           ("compression_ratio", "x fewer total bytes (HLO)"),
+           ("total_bytes", "total bytes/worker"), ("on_tier_text", "on tier (±10%)"),
+           ("tuning", "train loss by lr scale"), ("settings", "settings"), ("status", "status"),
            ("run_dirs", "run directories")]
+# The project's goal: within GOAL[tier] of dense's validation loss (relative) at that tier.
+GOAL = {"100x": 0.02, "1000x": 0.05}
 
 
-def _tier_of(label: str) -> str | None:
-  return next((t for t in equal_bytes.TIERS if label.endswith("_" + t)), None)
+def best_row(rows: list[dict], tier: str, *, tasc: bool | None = None) -> dict | None:
+  """The row with the lowest mean validation loss at ``tier`` (only TASC's rows, or only the
+  others', when ``tasc`` says), among finished rows on their tier. Reported, not selected: the
+  runs it compares were each chosen on training loss."""
+  pool = [r for r in rows if r["seeds"] and r["tier"] == tier and r.get("on_tier")
+          and (tasc is None or ("tasc" in r["method"]) == tasc)]
+  return min(pool, key=lambda r: r["loss_mean"], default=None)
+
+
+def gap_text(row: dict, dense: dict) -> str:
+  ci = math.sqrt((row.get("loss_ci95") or 0) ** 2 + (dense.get("loss_ci95") or 0) ** 2)
+  spread = f" ± {ci:.3f} (95%)" if row["seeds"] > 1 and dense["seeds"] > 1 else " (one seed)"
+  return (f"{row['method']} {row['val_loss']} vs dense {dense['val_loss']}: "
+          f"{row['vs_dense']:+.3f}{spread} nats, {row['vs_dense_pct']:+.1f}%")
 
 
 def claims(rows: list[dict]) -> list[Claim]:
   by = {r["method"]: r for r in rows if r["seeds"]}
-  dense, topk, tasc = (by.get(k) for k in ("dense", f"topk_{sweep_config.HEADLINE}",
-                                           f"tasc_{sweep_config.HEADLINE}"))
+  dense = by.get("dense")
   out = []
-  if tasc and topk:
-    gap = tasc["loss_mean"] - topk["loss_mean"]
-    ci = math.sqrt((tasc.get("loss_ci95") or 0) ** 2 + (topk.get("loss_ci95") or 0) ** 2)
+  if dense is None:
+    return out
+  for tier, goal in GOAL.items():
+    best = best_row(rows, tier)
+    if best is not None:
+      out.append(Claim(
+          f"At {tier} fewer total bytes, within {goal:.0%} of dense's validation loss at the "
+          "same tokens", "project goal",
+          "best: " + gap_text(best, dense), best["vs_dense_pct"] <= 100 * goal,
+          f"met when the best row's loss is at most {goal:.0%} above dense's"))
+    tasc, other = best_row(rows, tier, tasc=True), best_row(rows, tier, tasc=False)
+    if tasc is not None and other is not None:
+      gap = tasc["loss_mean"] - other["loss_mean"]
+      # An interval of the difference needs seeds of both rows.
+      ci = (math.sqrt(tasc["loss_ci95"] ** 2 + other["loss_ci95"] ** 2)
+            if tasc.get("loss_ci95") and other.get("loss_ci95") else 0.0)
+      out.append(Claim(
+          "TASC (Hessian-aware structured sparsification) beats the other compressors at equal "
+          "bytes", "TASC (Wide ResNet-20, CIFAR-10; unverified)",
+          f"at {tier}: TASC's best, {tasc['method']} {tasc['val_loss']}, vs the best other, "
+          f"{other['method']} {other['val_loss']} (difference {gap:+.3f}"
+          + (f" ± {ci:.3f}, 95%)" if ci else ", one seed of at least one)"),
+          gap < -ci if ci else None,
+          "lower validation loss is better; a difference inside the interval is no win"
+          if ci else "one seed cannot resolve the difference"))
+  diloco = by.get(f"diloco_{sweep_config.HEADLINE}")
+  if diloco:
     out.append(Claim(
-        "TASC: 130x compression at better accuracy than SparCML's magnitude top-k (93.27% vs "
-        "92.57%)", "TASC (Wide ResNet-20, CIFAR-10; unverified)",
-        f"at {sweep_config.HEADLINE}: TASC {tasc['val_loss']} vs top-k with error feedback "
-        f"{topk['val_loss']} nats/token (difference {gap:+.3f} ± {ci:.3f}, 95%)",
-        gap < -ci, "lower validation loss is better; a language model, not CIFAR-10"))
-  if tasc and dense:
+        "DiLoCo: 500x less communication than data parallel at equal or better perplexity",
+        "Douillard et al. 2023 (C4, 150M-400M parameters, 8 workers, H = 500)",
+        "at 100x: " + gap_text(diloco, dense), None,
+        "a 0.24M-parameter model for 1,000 steps, not the paper's scale and length"))
+  demo = by.get(f"demo_{sweep_config.HEADLINE}")
+  if demo:
     out.append(Claim(
-        "TASC at >= 100x within a small margin of dense", "project goal",
-        f"TASC {tasc['val_loss']}, dense {dense['val_loss']} ({tasc['vs_dense']:+.3f} nats)",
-        tasc["vs_dense"] <= 0.05 * dense["loss_mean"],
-        "within 5% of dense's loss counts as close"))
-  dgc = by.get(f"dgc_{sweep_config.HEADLINE}")
-  if dgc and dense:
-    out.append(Claim(
-        "DGC: 270x-600x gradient compression without accuracy loss",
-        "Lin et al., ICLR 2018 (LSTM language model on Penn Treebank: 462x at no perplexity "
-        "loss; recalled, check)",
-        f"DGC at {dgc['compression_ratio']:.0f}x: {dgc['val_loss']} vs dense {dense['val_loss']}",
-        None, "a fixed token budget far short of convergence (the CPU tier: 0.6 passes over "
-        "the training tokens) cannot answer a claim about converged models"))
-  power = by.get(f"powersgd_{sweep_config.HEADLINE}")
-  if power:
-    out.append(Claim(
-        "PowerSGD rank 1-2 trains language models at dense quality", "Vogels et al., NeurIPS "
-        "2019 (LSTM on WikiText-2, rank 4)",
-        f"rank 1 at {power['compression_ratio']:.0f}x (the model's bias and LayerNorm vectors "
-        f"go uncompressed, so 100x is out of reach): {power['val_loss']}", None,
-        "early training; not at the claim's scale"))
+        "DeMo matches or beats AdamW while sending orders of magnitude less",
+        "Peng, Quesnelle & Kingma 2024 (OLMo 300M-1B)",
+        f"at {demo['compression_ratio']:.0f}x: " + gap_text(demo, dense), None,
+        "a small model early in training, not the paper's scale"))
   return out
 
 
 def plot_loss_vs_bytes(rows: list[dict], title: str):
-  """Validation loss against bytes per step, one line per method across its tiers."""
+  """Validation loss against total bytes per worker, one line per row stem across its tiers."""
   def plot(fig):
     ax = fig.add_axes([0.08, 0.12, 0.62, 0.8])
-    families = {}
+    stems = {}
     for r in rows:
-      if r["seeds"] and r.get("wire_bytes"):
-        families.setdefault(r["method"].split("_")[0], []).append(r)
-    for family, members in sorted(families.items()):
-      members.sort(key=lambda r: r["wire_bytes"])
-      x = [r["wire_bytes"] for r in members]
+      if r["seeds"] and r.get("total_bytes"):
+        stem = r["method"].rsplit("_", 1)[0] if r["tier"] != "fixed" else r["method"]
+        stems.setdefault(stem, []).append(r)
+    for stem, members in sorted(stems.items()):
+      members.sort(key=lambda r: r["total_bytes"])
+      x = [r["total_bytes"] for r in members]
       y = [r["loss_mean"] for r in members]
       err = [r["loss_std"] if r["seeds"] > 1 else 0 for r in members]
       seeds = "/".join(str(r["seeds"]) for r in members)
       ax.errorbar(x, y, yerr=err, marker="o", capsize=3,
-                  ls="-" if len(members) > 1 else "", label=f"{family} (seeds: {seeds})")
+                  ls="-" if len(members) > 1 else "", label=f"{stem} (seeds: {seeds})")
     ax.set_xscale("log")
-    plots.decorate(ax, xlabel="bytes per worker per step (compiled HLO), log scale",
+    plots.decorate(ax, xlabel="total bytes per worker over the run (compiled HLO), log scale",
                    ylabel="validation loss, nats/token (mean ± std over seeds)", title=title,
                    title_size=11)
     plots.legend_beside(ax)
   return plot
 
 
+def report_labels(workdir: str, tier: str) -> list[str]:
+  """The rows a tier's table shows: its grid's tuned rows, and any other row with runs."""
+  grid = sweep_config.tuning_rows(tier) + (list(sweep_config.GPU_ROWS) if tier == "gpu" else [])
+  return [label for label in sweep_config.rows()
+          if label in grid or tuning(workdir, label)]
+
+
 def report(workdir: str, *, tier: str, seeds: int) -> Report:
   """T1-LM's table, claims and figure from the run directories."""
-  labels = list(sweep_config.rows())
-  rows = [r for r in rows_for(workdir, labels, seeds)
-          if r["seeds"] or r["method"] in sweep_config.grid(tier, "t1")]
-  for row in rows:
-    row["tier"] = _tier_of(row["method"]) or "fixed"
+  rows = rows_for(workdir, report_labels(workdir, tier), seeds, tier)
   solver = solver_rows(tier)
   return Report(
       name="t1_lm",
-      title=f"T1-LM: validation loss at equal wire bytes, stdlib language model ({tier} tier)",
+      title=f"T1-LM: validation loss at equal total bytes, stdlib language model ({tier} tier)",
       columns=[("tier", "tier")] + COLUMNS, rows=rows, claims=claims(rows),
       sections=[("Equal-bytes settings at 8 and 32 workers (solver, cost model)",
-                 "Each budgeted method's setting for each tier, solved from the cost model "
-                 "(`compressors/equal_bytes.py`); `tests/test_equal_bytes.py` compiles them at 8 "
-                 "and 32 workers and checks the HLO's bytes within 10% of the tier. Runs of "
-                 "this tier use the 8-worker column.\n\n" + report_lib.markdown_table(
+                 "Each budgeted per-step method's setting for each tier, solved from the cost "
+                 "model (`compressors/equal_bytes.py`); `tests/test_equal_bytes.py` compiles "
+                 "them at 8 and 32 workers and checks the HLO's bytes within 10% of the tier. "
+                 "Runs of this tier use the 8-worker column; a local-update method's `every`, or "
+                 "its exchange's budget at the tier over `every`, is solved the same way when "
+                 "the run starts (its config.json holds it).\n\n" + report_lib.markdown_table(
                      [("tier", "tier"), ("method", "method"), ("w8", "8 workers"),
                       ("w32", "32 workers")], solver))],
       configs=[f"configs/paper/t1_lm.py:tier={tier},subset=t1", "configs/paper/lm.py",
                "configs/lm_stdlib.py"],
       notes=[recipe_note(tier), *provenance_notes(workdir, tier),
-             "Bytes: what one worker sends per step in the compiled training step's HLO "
-             "collectives (results.json `wire_bytes`); wire compression is dense's bytes over "
-             "those. Top-k and random-k with error feedback; DGC with its own momentum and "
-             "residual; TASC float16 on the wire, Hutchinson curvature every 10 steps.",
-             "95% CI: Student's t over seeds (half-width); a row with one seed has none. The CPU "
-             "tier runs 3 seeds of dense, top-k and TASC at 100x and one of every other row "
-             "(configs/paper/t1_lm.py: what fits 90 minutes on 2 CPU cores)."],
-      plot=plot_loss_vs_bytes(rows, f"T1-LM ({tier} tier): validation loss vs bytes per step"))
+             "Bytes: what one worker sends over the whole run, each step charged the bytes of "
+             "its step kind's compiled program's collectives (a local-update method's local "
+             "steps send nothing but the 4-byte non-finite flag, its synchronisations the "
+             "pseudo-gradient); x fewer total bytes is dense's total over the row's. Top-k "
+             "with error feedback; DGC with its own momentum and residual; TASC float16 on the "
+             "wire, Hutchinson curvature every 10 steps (local updates: at each "
+             "synchronisation).",
+             "95% CI: Student's t over seeds (half-width); a row with one seed has none. Seeds "
+             "1 and 2 run for the headline rows only: dense and each family's best row at "
+             "100x and 1000x by training loss (configs/paper/t1_lm.py)."],
+      plot=plot_loss_vs_bytes(rows, f"T1-LM ({tier} tier): validation loss vs total bytes"))

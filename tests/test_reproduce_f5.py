@@ -1,0 +1,179 @@
+"""F5 (time to dense's loss: measured compute + modelled communication) from fake T1-LM run
+directories (tests/lm_runs.py): nothing is trained or compiled here."""
+
+import math
+
+import ml_collections
+import numpy as np
+import pytest
+
+from compressors import registry
+from compressors.network import topology as topo
+from configs.paper import t1_lm as sweep_config
+from experiments import methods
+from experiments.reproduce import f5
+from experiments.reproduce import report as reproduce_report
+from tests.lm_runs import PROV
+from tests.lm_runs import solved
+from tests.lm_runs import tuned_row
+
+DENSE = [6.0, 5.0, 4.5, 4.0]  # seed 1: each + 0.2, so the mean curve ends at 4.1
+TOPK = [5.5, 4.5, 4.0]  # reaches 4.1 at step 28 (0.8 of the way from 20 to 30)
+DILOCO = [5.8, 5.0, 4.6, 4.3]  # never reaches 4.1; its whole run is over before dense's
+SPARSELOCO = [5.9, 5.2, 4.8, 4.5]  # never reaches 4.1; twice dense's compute per step
+DEMO = [5.0, 4.0]  # reaches 4.1 soonest, but 20x, off its 100x tier
+
+
+@pytest.fixture(scope="module")
+def lm_dir(tmp_path_factory):
+  d = str(tmp_path_factory.mktemp("lm_cpu"))
+  tuned_row(d, "dense", chosen=1.0, val_losses=DENSE, seeds=2, step_s=0.5)
+  tuned_row(d, "topk_update_100x", chosen=0.5, val_losses=TOPK, step_s=0.5)
+  tuned_row(d, "diloco_int4_100x", chosen=1.0, val_losses=DILOCO, step_s=0.5,
+            bytes_by_kind={"local": 0.0, "sync": 40_000 / 3})  # 3 syncs in 40 steps: 100x
+  tuned_row(d, "sparseloco_1000x", chosen=2.0, val_losses=SPARSELOCO, step_s=1.0,
+            bytes_by_kind={"local": 0.0, "sync": 4_000.0})  # 1 sync in 40 steps: 1000x
+  tuned_row(d, "demo_100x", chosen=1.0, val_losses=DEMO, step_s=0.5, wire=5000.0)
+  return d
+
+
+@pytest.fixture(scope="module")
+def f5_report(lm_dir):
+  return f5.report(lm_dir, tier="cpu", seeds=2)
+
+
+@pytest.fixture(scope="module")
+def rows(f5_report):
+  return {(r["method"], r["link"], r["workers"]): r for r in f5_report.rows}
+
+
+def _shapes(label):
+  return methods.parameter_shapes(ml_collections.ConfigDict(
+      solved(sweep_config.config_arg(label, "cpu", 1.0, 0, 8))))
+
+
+def test_time_to_a_loss_is_interpolated_between_evaluations():
+  steps, loss = np.array([10.0, 20.0, 30.0]), np.array([6.0, 5.0, 4.0])
+  assert f5.time_to(steps, loss, 2.0, 4.5) == pytest.approx(25 * 2.0)
+  assert f5.time_to(steps, loss, 2.0, 7.0) == pytest.approx(10 * 2.0)
+  assert math.isnan(f5.time_to(steps, loss, 2.0, 3.0))
+
+
+def test_loss_at_a_time_is_interpolated_or_ran_out():
+  steps, loss = np.array([10.0, 20.0, 30.0]), np.array([6.0, 5.0, 4.0])
+  assert f5.loss_at(steps, loss, 2.0, 50.0) == (pytest.approx(4.5), False)
+  assert f5.loss_at(steps, loss, 2.0, 61.0) == (4.0, True)
+  value, ran_out = f5.loss_at(steps, loss, 2.0, 10.0)
+  assert math.isnan(value) and not ran_out
+
+
+def test_rows_are_dense_and_the_headline_tiers_at_their_chosen_scales(rows):
+  assert {m for m, _, _ in rows} == {"dense", "topk_update_100x", "diloco_int4_100x",
+                                     "sparseloco_1000x", "demo_100x"}
+  assert len(rows) == 5 * 4  # 2 links x 2 worker counts
+  topk = rows[("topk_update_100x", "1 Gbit/s", 8)]
+  assert topk["lr_scale"] == 0.5 and topk["tier"] == "100x" and topk["on_tier"] is True
+  assert rows[("sparseloco_1000x", "1 Gbit/s", 8)]["lr_scale"] == 2.0
+  assert rows[("demo_100x", "1 Gbit/s", 8)]["on_tier"] is False  # 20x, not 100x
+  dense = rows[("dense", "1 Gbit/s", 8)]
+  assert dense["seeds"] == 2 and dense["final_val_loss"] == pytest.approx(4.1)
+
+
+def test_dense_is_charged_the_cost_models_all_reduce_every_step(rows):
+  n = registry.num_elements(_shapes("dense"))
+  for (link_name, link) in f5.LINKS.items():
+    for workers in f5.WORKERS:
+      dense = rows[("dense", link_name, workers)]
+      expected = topo.dense_cost("psum", topo.Topology.flat(workers, link), n).time
+      assert dense["compute_s"] == pytest.approx(0.5)
+      assert dense["comm_s"] == pytest.approx(expected)
+      assert dense["speedup"] == pytest.approx(1.0)
+  # 1 MB all-reduced at 1 Gbit/s: milliseconds, and 10 Gbit/s is faster.
+  assert 1e-3 < rows[("dense", "1 Gbit/s", 8)]["comm_s"] < 0.1
+  assert rows[("dense", "10 Gbit/s", 8)]["comm_s"] < rows[("dense", "1 Gbit/s", 8)]["comm_s"]
+
+
+@pytest.mark.parametrize("label,steps", [("diloco_int4_100x", 40), ("sparseloco_1000x", 40)])
+def test_a_local_update_row_pays_its_exchange_at_each_synchronisation(rows, label, steps):
+  config = solved(sweep_config.config_arg(label, "cpu", 1.0, 0, 8))
+  own = config["compression"][config["method"]]
+  exchange = own["exchange"]
+  every = own["every"]
+  syncs = steps // every  # synchronisations after steps every - 1, 2 every - 1, ...
+  assert (label, every, syncs) in {("diloco_int4_100x", 13, 3), ("sparseloco_1000x", 30, 1)}
+  settings = registry.default_settings(exchange, **config["compression"][exchange])
+  for link_name, link in f5.LINKS.items():
+    for workers in f5.WORKERS:
+      once = registry.cost(exchange, _shapes(label), topo.Topology.flat(workers, link),
+                           settings).time
+      row = rows[(label, link_name, workers)]
+      assert row["comm_s"] == pytest.approx(once * syncs / steps)
+      assert row["steps_by_kind"] == f"local {steps - syncs}, sync {syncs}"
+  assert rows[(label, "1 Gbit/s", 8)]["comm_s"] < rows[("dense", "1 Gbit/s", 8)]["comm_s"] / 10
+
+
+def test_onebit_adams_warmup_steps_are_charged_a_dense_all_reduce():
+  config = solved(sweep_config.config_arg("onebit_adam", "cpu", 1.0, 0, 8))
+  shapes = _shapes("onebit_adam")
+  topology = topo.Topology.flat(8, topo.ETHERNET_1G)
+  price = f5.kind_seconds(config, topo.ETHERNET_1G, 8)
+  assert price == {
+      "warmup": pytest.approx(registry.cost("dense", shapes, topology).time),
+      "compressed": pytest.approx(registry.cost("onebit_adam", shapes, topology).time)}
+  assert price["compressed"] < price["warmup"] / 10
+  assert f5.kind_counts(config, 1000) == {"warmup": 100, "compressed": 900}
+
+
+def test_speed_up_and_loss_in_denses_time(rows):
+  for link_name in f5.LINKS:
+    for workers in f5.WORKERS:
+      dense = rows[("dense", link_name, workers)]
+      dense_time = 40 * dense["step_s"]
+      topk = rows[("topk_update_100x", link_name, workers)]
+      assert topk["time_to_dense_s"] == pytest.approx(28 * topk["step_s"])
+      assert topk["speedup"] == pytest.approx(dense_time / (28 * topk["step_s"]))
+      assert topk.get("loss_at_dense_time") is None
+      # DiLoCo's whole run (40 cheaper steps) is over before dense's: its final loss.
+      diloco = rows[("diloco_int4_100x", link_name, workers)]
+      assert diloco["speedup"] is None and not diloco["reached"]
+      assert diloco["loss_at_dense_time"] == 4.3 and diloco["ran_out"]
+      assert diloco["at_dense_time"].startswith("ran out of steps")
+      # SparseLoCo's steps take twice dense's compute: at dense's time it is about halfway.
+      sparse = rows[("sparseloco_1000x", link_name, workers)]
+      expected = np.interp(dense_time, np.array([10, 20, 30, 40]) * sparse["step_s"],
+                           SPARSELOCO)
+      assert sparse["loss_at_dense_time"] == pytest.approx(expected) and not sparse["ran_out"]
+  # On 8 workers at 1 Gbit/s: dense 40 steps of 0.5 s + ~14 ms; top-k 28 steps of ~0.5 s.
+  assert rows[("topk_update_100x", "1 Gbit/s", 8)]["speedup"] == pytest.approx(1.45, abs=0.03)
+  assert rows[("sparseloco_1000x", "1 Gbit/s", 8)]["loss_at_dense_time"] == pytest.approx(
+      5.18, abs=0.02)
+  # Compression pays more on the slow link.
+  assert (rows[("topk_update_100x", "1 Gbit/s", 8)]["speedup"]
+          > rows[("topk_update_100x", "10 Gbit/s", 8)]["speedup"])
+
+
+def test_headline_quotes_each_tiers_best_row_on_8_workers_at_1_gbit(f5_report, rows):
+  top = f5.headline(f5_report.rows, "100x")
+  # DeMo reaches dense's loss sooner, but at 20x it is off the 100x tier.
+  assert top["method"] == "topk_update_100x"
+  assert top["speedup"] == pytest.approx(rows[("topk_update_100x", "1 Gbit/s", 8)]["speedup"])
+  assert top["loss_at_dense_time"] is None and "1.4" in top["text"]
+  low = f5.headline(f5_report.rows, "1000x")
+  assert low["method"] == "sparseloco_1000x" and low["speedup"] is None
+  assert low["loss_at_dense_time"] == pytest.approx(
+      rows[("sparseloco_1000x", "1 Gbit/s", 8)]["loss_at_dense_time"])
+  assert low["ran_out"] is False and "never reaches" in low["text"]
+  assert f5.headline(f5_report.rows, "300x") is None
+  claims = {c.claim.split(",")[0]: c for c in f5_report.claims}
+  assert claims["At 100x fewer total bytes"].reproduced is True
+  assert claims["At 1000x fewer total bytes"].reproduced is False
+  agarwal = next(c for c in f5_report.claims if "Agarwal" in c.source)
+  assert "topk_update_100x" in agarwal.ours and agarwal.reproduced is True
+
+
+def test_write_report_writes_the_table_and_figure(f5_report, tmp_path):
+  written = reproduce_report.write_report(f5_report, PROV, tmp_path / "out")
+  assert sorted(p.name for p in written) == ["f5.csv", "f5.md", "f5.png"]
+  text = (tmp_path / "out" / "f5.md").read_text()
+  assert "Measured: compute" in text and "Modelled: communication" in text
+  assert "sparseloco_1000x" in text and "ran out of steps" in text
