@@ -6,14 +6,12 @@ import functools
 import json
 import os
 
-import ml_collections
-
-from compressors.parallel import step_kinds
 from configs.paper import lm
 from configs.paper import t1_lm as sweep_config
 from experiments import methods
 from experiments import provenance
 from experiments.reproduce import report as reproduce_report
+from experiments.reproduce import t1_lm
 
 PROV = reproduce_report.Provenance(
     provenance.record(command_line="python -m experiments.reproduce --target=t1_lm"), "quick")
@@ -45,9 +43,8 @@ def fake_run(workdir, label, seed, *, scale=1.0, val_losses, train_loss=None, st
     arg += "," + ",".join(f"{k}={v}" for k, v in args.items())
   config = solved(arg)
   steps = [10 * (i + 1) for i in range(len(val_losses))]
-  kinds = methods.step_kinds(ml_collections.ConfigDict(config))
-  by_kind = bytes_by_kind or {kind.name: wire for kind in kinds}
-  counts = step_kinds.kind_counts(kinds, 0, steps[-1])
+  counts = t1_lm.kind_counts(config, steps[-1])
+  by_kind = bytes_by_kind or {kind: wire for kind in counts}
   mean = sum(by_kind[k] * n for k, n in counts.items() if n) / steps[-1]
   records = [{"step": s, "loss": (loss + 0.1) if train_loss is None else train_loss,
               "examples_per_sec": config["batch_size"] / step_s}

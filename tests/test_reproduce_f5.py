@@ -13,6 +13,7 @@ from configs.paper import t1_lm as sweep_config
 from experiments import methods
 from experiments.reproduce import f5
 from experiments.reproduce import report as reproduce_report
+from experiments.reproduce import t1_lm
 from tests.lm_runs import PROV
 from tests.lm_runs import solved
 from tests.lm_runs import tuned_row
@@ -121,7 +122,7 @@ def test_onebit_adams_warmup_steps_are_charged_a_dense_all_reduce():
       "warmup": pytest.approx(registry.cost("dense", shapes, topology).time),
       "compressed": pytest.approx(registry.cost("onebit_adam", shapes, topology).time)}
   assert price["compressed"] < price["warmup"] / 10
-  assert f5.kind_counts(config, 1000) == {"warmup": 100, "compressed": 900}
+  assert t1_lm.kind_counts(config, 1000) == {"warmup": 100, "compressed": 900}
 
 
 def test_speed_up_and_loss_in_denses_time(rows):

@@ -18,7 +18,7 @@ and its exchange's block), on the 1 Gbit/s or 10 Gbit/s preset of
 :mod:`compressors.network.topology` (``ETHERNET_1G``, ``CLOUD_10G``; nominal alpha and beta, not
 the calibration F3 fits on a loopback). Each step is charged its step kind's price (the kinds
 of :func:`experiments.methods.step_kinds`, counted over the steps the run ran by
-:func:`compressors.parallel.step_kinds.kind_counts`): a local-update method (DiLoCo,
+:func:`experiments.reproduce.t1_lm.kind_counts`): a local-update method (DiLoCo,
 SparseLoCo) pays one exchange of its exchange method at each synchronisation and nothing between
 them; 1-bit Adam's warm-up (and 0/1 Adam's refresh) steps are a dense all-reduce, its
 compressed steps its own price; every step of a per-step method (either place of the optimizer)
@@ -43,7 +43,6 @@ import numpy as np
 
 from compressors import registry
 from compressors.network import topology as topo
-from compressors.parallel import step_kinds as kinds_lib
 from configs.paper import t1_lm as sweep_config
 from experiments import methods
 from experiments import provenance
@@ -100,20 +99,12 @@ def kind_seconds(config, link: topo.Link, workers: int) -> dict[str, float]:
   return out
 
 
-def kind_counts(config, steps: int) -> dict[str, int]:
-  """Step kind name -> how many of the steps ``0, ..., steps - 1`` ran that kind."""
-  config = ml_collections.ConfigDict(config) if isinstance(config, dict) else config
-  kinds = methods.step_kinds(config)
-  counts = kinds_lib.kind_counts(kinds, 0, steps)
-  return {k.name: counts[k.name] for k in kinds}  # in the kinds' own order
-
-
 def comm_seconds(run, link: topo.Link, workers: int) -> float:
   """Modelled communication seconds per step of a run: each step it ran (``results.json``'s
   ``step``) charged its kind's :func:`kind_seconds`, over the steps."""
   steps = int(run.results["step"])
   price = kind_seconds(run.config, link, workers)
-  counts = kind_counts(run.config, steps)
+  counts = t1_lm.kind_counts(run.config, steps)
   return sum(price[k] * n for k, n in counts.items()) / max(1, steps)
 
 
@@ -212,7 +203,7 @@ def time_rows(curves: dict) -> list[dict]:
     ratio = float(np.mean([r.results["compression_ratio"] for r in runs
                            if r.results.get("compression_ratio")] or [math.nan]))
     tier = sweep_config.tier_of(label)
-    counts = kind_counts(runs[0].config, int(runs[0].results["step"]))
+    counts = t1_lm.kind_counts(runs[0].config, int(runs[0].results["step"]))
     for link_name, link in LINKS.items():
       for workers in WORKERS:
         comm = comm_seconds(runs[0], link, workers)

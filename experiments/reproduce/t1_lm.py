@@ -132,20 +132,27 @@ def headline_choice(workdir: str, tier: str) -> dict[str, float]:
   return out
 
 
+def kind_counts(config, steps: int) -> dict[str, int]:
+  """Step kind name -> how many of the steps ``0, ..., steps - 1`` ran that kind, for ``config``
+  (a run's config.json, a dict or ConfigDict), in the kinds' own order."""
+  config = ml_collections.ConfigDict(config) if isinstance(config, dict) else config
+  kinds = methods.step_kinds(config)
+  counts = step_kinds.kind_counts(kinds, 0, steps)
+  return {k.name: counts[k.name] for k in kinds}
+
+
 def total_bytes(run: report_lib.Run) -> float:
   """The bytes one worker sent over the whole run: each step charged the bytes of its step kind's
   compiled program (``results.json``'s ``bytes_by_kind``), the kinds counted from the run's own
-  config (:func:`experiments.methods.step_kinds`).
+  config (:func:`kind_counts`).
 
   Raises:
     ValueError: the total disagrees with the runner's ``wire_bytes`` (their mean over the steps
       run): the run's accounting and its config do not describe the same steps.
   """
   steps = run.results["step"]
-  kinds = methods.step_kinds(ml_collections.ConfigDict(run.config))
   by_kind = run.results["bytes_by_kind"]
-  total = sum(by_kind[kind] * n for kind, n in step_kinds.kind_counts(kinds, 0, steps).items()
-              if n)
+  total = sum(by_kind[kind] * n for kind, n in kind_counts(run.config, steps).items() if n)
   if not math.isclose(total, run.results["wire_bytes"] * steps, rel_tol=1e-6):
     raise ValueError(f"{run.path}: the step kinds' bytes over {steps} steps total {total:.6g}, "
                      f"but results.json's wire_bytes x steps is "
