@@ -14,6 +14,7 @@ from experiments import methods
 from experiments.reproduce import f5
 from experiments.reproduce import report as reproduce_report
 from experiments.reproduce import t1_lm
+from tests import lm_runs
 from tests.lm_runs import PROV
 from tests.lm_runs import solved
 from tests.lm_runs import tuned_row
@@ -178,3 +179,17 @@ def test_write_report_writes_the_table_and_figure(f5_report, tmp_path):
   text = (tmp_path / "out" / "f5.md").read_text()
   assert "Measured: compute" in text and "Modelled: communication" in text
   assert "sparseloco_1000x" in text and "ran out of steps" in text
+
+
+def test_the_gpu_tier_prices_its_rows_at_their_given_scales_on_its_own_page(tmp_path):
+  # The GPU tier tunes nothing: F5 reads each row at GPU_ROWS' scale (dense at 1), and writes
+  # f5_gpu, leaving the CPU tier's f5 as it is.
+  workdir = str(tmp_path / "lm_gpu")
+  label, scale = next(iter(sweep_config.GPU_ROWS.items()))
+  lm_runs.fake_run(workdir, "dense", 0, val_losses=DENSE, step_s=0.5)
+  lm_runs.fake_run(workdir, label, 0, scale=scale, val_losses=TOPK, step_s=0.5)
+  report = f5.report(workdir, tier="gpu", seeds=1)
+  priced = {(r["method"], r["lr_scale"]) for r in report.rows}
+  assert priced == {("dense", 1.0), (label, scale)}
+  written = reproduce_report.write_report(report, PROV, tmp_path / "out")
+  assert sorted(p.name for p in written) == ["f5_gpu.csv", "f5_gpu.md", "f5_gpu.png"]

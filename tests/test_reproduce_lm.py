@@ -33,11 +33,11 @@ def _runs(arg: str) -> dict[str, str]:
 
 def test_the_cpu_grid_tunes_every_row_over_the_same_rate_scales():
   runs = _runs("tier=cpu,subset=t1")
-  rows = ["dense"] + [f"{stem}_{tier}" for tier, stems in sweep_config.CPU_ROWS.items()
-                      for stem in stems]
+  rows = list(sweep_config.FIXED) + [f"{stem}_{tier}" for tier, stems
+                                     in sweep_config.CPU_ROWS.items() for stem in stems]
   assert set(runs) == {sweep_config.run_name(label, scale, 0) for label in rows
                        for scale in (0.5, 1.0, 2.0)}
-  assert len(runs) == 39
+  assert len(runs) == 60
   configs = {name: lm.get_config(arg) for name, arg in runs.items()}
   # One recipe: the same schedule, batch, length and inner AdamW for every run, its peak rate
   # scaled by the tuning knob unless the knob is a local-update method's outer rate.
@@ -52,8 +52,11 @@ def test_the_cpu_grid_tunes_every_row_over_the_same_rate_scales():
       assert c.compression[c.method].outer_learning_rate == pytest.approx(default * scale), name
     else:
       assert c.optimizer.learning_rate == pytest.approx(3e-3 * scale), name
-  assert {c.method for c in configs.values()} == {"dense", "topk", "tasc", "diloco",
-                                                  "sparseloco", "demo"}
+  assert {c.method for c in configs.values()} == {"dense", "fp16", "onebit_adam", "topk", "dgc",
+                                                  "tasc", "diloco", "sparseloco", "demo"}
+  # Every T1-LM row but PowerSGD (no rank meets 100x on the CPU tier's model) runs at 100x.
+  assert {label.rsplit("_", 1)[0] for label in rows if label.endswith("_100x")} == (
+      set(sweep_config.TIERED) - {"sparseloco_tasc", "powersgd"})
   assert configs["sparseloco_tasc_1000x_lr1_s0"].compression.sparseloco.exchange == "tasc"
   assert configs["topk_update_100x_lr1_s0"].compression.exchanged == "update"
   assert configs["diloco_tasc_1000x_lr1_s0"].compression.diloco.exchange == "tasc"
@@ -64,7 +67,7 @@ def test_the_chosen_rows_get_their_other_seeds_once():
   chosen = _runs("tier=cpu,subset=t1,chosen=dense@1+sparseloco_1000x@2")
   assert set(chosen) - set(tuning) == {"dense_lr1_s1", "dense_lr1_s2", "sparseloco_1000x_lr2_s1",
                                        "sparseloco_1000x_lr2_s2"}
-  assert list(chosen)[:39] == list(tuning)  # seed-major: every first seed before any second
+  assert list(chosen)[:60] == list(tuning)  # seed-major: every first seed before any second
   with pytest.raises(ValueError, match="'topk_7x' is not a row"):
     sweep_config.get_config("chosen=topk_7x@1")
   with pytest.raises(ValueError, match=r"scale '3' of 'dense'; allowed: one of \(0.5, 1.0, 2.0\)"):
@@ -145,8 +148,10 @@ def test_the_gpu_tier_fits_a_short_lease():
   runs = _runs("tier=gpu")
   assert set(runs) == {"dense_lr1_s0"} | {sweep_config.run_name(label, scale, 0)
                                           for label, scale in sweep_config.GPU_ROWS.items()}
-  assert len(sweep_config.GPU_ROWS) == 3
-  assert all(sweep_config.tier_of(label) == "100x" for label in sweep_config.GPU_ROWS)
+  # The best three at 100x, then the best and TASC's best at 1000x (the headline tiers).
+  assert [sweep_config.tier_of(label) for label in sweep_config.GPU_ROWS] == [
+      "100x", "100x", "100x", "1000x", "1000x"]
+  assert all(scale in sweep_config.LR_SCALES for scale in sweep_config.GPU_ROWS.values())
   assert {n.split("_w")[-1] for n in _runs("tier=full,seeds=1") if "_w" in n} == {"32"}
 
 
@@ -302,3 +307,7 @@ def test_the_gpu_tier_reports_its_given_scales_untuned(tmp_path):
   assert rows["dense"]["lr_scale"] == 1.0
   # The CPU tier would wait for the whole tuning budget of the same runs.
   assert t1_lm.chosen_scale(workdir, label) is None
+  # Its page is its own (the CPU tier's t1_lm stays), and says that nothing was tuned.
+  page = t1_lm.report(workdir, tier="gpu", seeds=1)
+  assert page.name == "t1_lm_gpu" and "No tuning at this tier" in page.notes[0]
+  assert "29.5M-parameter model" in page.claims[-1].why

@@ -31,8 +31,9 @@ round's or the last round's support, at the row's configured rates.
 
 Grids (:func:`grid`):
 
-* ``gpu``: dense and :data:`GPU_ROWS` (the CPU tier's best three at 100x, at its chosen rate
-  scales), one seed, 8 workers: about 12 minutes of one GPU.
+* ``gpu``: dense and :data:`GPU_ROWS` (the CPU tier's best three at 100x and its best row and
+  TASC's best at 1000x, at its chosen rate scales), one seed, 8 workers: about 12 minutes of one
+  GPU.
 * ``cpu``: what 2 CPU cores run in a few hours with ``--jobs=2``: dense and :data:`CPU_ROWS` at
   their tiers over the three rate scales, then the headline rows' seeds 1 and 2; F4-LM's scores x
   block sizes at this round's support and the last round's at the default (one seed; three at
@@ -77,18 +78,24 @@ TIERED = {
 # Rows whose budget is a method with a budget (top-k, TASC, ...), the others' bytes are fixed
 # per step; tests/test_equal_bytes.py compiles each at every tier.
 BUDGETED = ("topk", "randomk", "dgc", "powersgd", "tasc")
-# The CPU tier's rows, by tier: each family's rows that the previous CPU comparison
-# (benchmarks/results/lm_cpu_families) left within 1 nat of the best. At 1000x on the CPU tier's
-# 0.24M parameters (1.7 kB a step) per-step TASC cannot send one block, DeMo's 64-wide tiles
-# reach 381x at one coefficient each, and float32 DiLoCo would synchronise once in 1,000 steps.
+# The CPU tier's rows, by tier: every row at 100x but PowerSGD (its rank 1 sends 1/34 of dense on
+# the CPU tier's 0.24M parameters: no rank meets 100x) and TASC in SparseLoCo's form (F4-LM's row,
+# at 1000x: at 100x its 30-step rounds send half of the blocks), and at 1000x each family's rows that the
+# previous CPU comparison (benchmarks/results/lm_cpu_families) left within 1 nat of the best (at
+# 1000x on 1.7 kB a step, per-step TASC cannot send one block, DeMo's 64-wide tiles reach 381x at
+# one coefficient each, and float32 DiLoCo would synchronise once in 1,000 steps); with them the
+# rows of fixed bytes (:data:`FIXED`). The 30x and 300x tiers are left to ``full``.
 CPU_ROWS = {
-    "100x": ("topk_update", "tasc", "diloco", "diloco_int4", "sparseloco", "diloco_tasc", "demo"),
+    "100x": ("topk", "topk_update", "tasc", "tasc_update", "dgc", "dgc_update", "diloco",
+             "diloco_int8", "diloco_int4", "sparseloco", "diloco_tasc", "demo"),
     "1000x": ("topk_update", "diloco_int4", "sparseloco", "diloco_tasc", "sparseloco_tasc"),
 }
-# The GPU tier's rows (dense runs too) and their rate scales: the CPU tier's best three at 100x
-# by training loss (the tuning criterion) at their chosen scales (paper_figures/t1_lm.md's
-# `train loss by lr scale`: 4.328, 4.405, 4.445; SparseLoCo's 4.457 next).
-GPU_ROWS = {"diloco_100x": 1.0, "topk_update_100x": 2.0, "diloco_tasc_100x": 0.5}
+# The GPU tier's rows (dense runs too) and their rate scales, by the CPU tier's training loss (the
+# tuning criterion; paper_figures/t1_lm.md's `train loss by lr scale`) at its chosen scales: the
+# best three at 100x (4.328, 4.405, 4.445; SparseLoCo's 4.457 next), then at 1000x the best row
+# (4.303) and TASC's best (5.363), so that the GPU tier answers both headline tiers.
+GPU_ROWS = {"diloco_100x": 1.0, "topk_update_100x": 2.0, "diloco_tasc_100x": 0.5,
+            "diloco_int4_1000x": 1.0, "sparseloco_tasc_1000x": 0.5}
 BLOCK_SIZES = (16, 64, 256, 1024)
 # Block sizes that cannot meet the headline tier on either tier's model: block 16's scores alone
 # cost more than its bytes. Data, not a solve (a config does not trace the model);
@@ -155,7 +162,7 @@ def tuning_rows(tier: str) -> list[str]:
   if tier == "gpu":
     return ["dense"]
   if tier == "cpu":
-    return ["dense"] + [f"{stem}_{t}" for t, stems in CPU_ROWS.items() for stem in stems]
+    return list(FIXED) + [f"{stem}_{t}" for t, stems in CPU_ROWS.items() for stem in stems]
   return list(rows())
 
 

@@ -93,6 +93,9 @@ TARGETS = {t.name: t for t in (
         ("f3", f3), ("t1_lm", t1_lm), ("f4_lm", f4_lm), ("f5", f5)))}
 
 
+# The folder of paper_figures that keeps the GPU tier's run directories (their config.json,
+# metrics.jsonl, results.json and logs), copied from the GPU machine.
+GPU_RUNS = "gpu_runs"
 # The targets whose size --tier sets.
 LM_TARGETS = ("t1_lm", "f4_lm", "f5")
 # The published claims each target answers, for the index (its page has the claims in full).
@@ -142,12 +145,17 @@ def write_index(out: str, prov: report_lib.Provenance) -> Path:
            f"({provenance.describe(prov.record)}).", "",
            "| target | what | published claim it answers | files |", "|---|---|---|---|"]
   for name, target in TARGETS.items():
-    files = [f"[{name}{ext}]({name}{ext})" for ext in (".md", ".csv", ".png")
-             if os.path.exists(os.path.join(out, name + ext))]
+    pages = ([common.page_name(name, tier) for tier in common.LM_TIERS] if name in LM_TARGETS
+             else [name])
+    files = [f"[{page}{ext}]({page}{ext})" for page in pages for ext in (".md", ".csv", ".png")
+             if os.path.exists(os.path.join(out, page + ext))]
     lines.append(f"| `{name}` | {target.title} | {ANSWERS.get(name, '-')} | "
                  f"{' '.join(files) or 'not written yet'} |")
   lines += ["", "Regenerate one target from existing runs without running anything: "
-            "`python -m experiments.reproduce --target=t1 --report_only`.", ""]
+            "`python -m experiments.reproduce --target=t1 --report_only`. The GPU tier's run "
+            f"directories are kept here, in `{GPU_RUNS}/` (a GPU is seldom at hand to run them "
+            "again): `python -m experiments.reproduce --target=t1_lm,f5 --tier=gpu --report_only "
+            f"--workdir={provenance.PAPER_FIGURES}/{GPU_RUNS}` regenerates its pages.", ""]
   path = Path(out, INDEX)
   path.parent.mkdir(parents=True, exist_ok=True)
   path.write_text("\n".join(lines))
@@ -167,7 +175,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[list[str], common.Opt
   parser.add_argument("--seeds", type=int, default=common.Options.seeds, help="seeds of T1 and F4")
   parser.add_argument("--jobs", type=int, default=common.Options.jobs,
                       help="training runs at once, each in its own process (1: in this one)")
-  parser.add_argument("--tier", default=common.Options.tier, choices=("cpu", "gpu"),
+  parser.add_argument("--tier", default=common.Options.tier, choices=common.LM_TIERS,
                       help="size of the language-model targets (t1_lm, f4_lm, f5)")
   parser.add_argument("--report_only", action="store_true",
                       help="regenerate outputs from existing run directories; run nothing")

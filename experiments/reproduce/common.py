@@ -59,6 +59,16 @@ class Options:
     return "full=true" if self.full else None
 
 
+# The language-model targets' tiers; the CPU tier's pages keep the target's name.
+LM_TIERS = ("cpu", "gpu")
+
+
+def page_name(target: str, tier: str) -> str:
+  """The name of a language-model target's page at ``tier`` (``t1_lm``, ``t1_lm_gpu``): each tier
+  has its own, so that a GPU tier's run leaves the CPU tier's tables as they are."""
+  return target if tier == "cpu" else f"{target}_{tier}"
+
+
 def _absolute_specs(sweep):
   """``sweep`` with its runs' config paths made absolute (sweep configs name them relative to
   the repository root, and :func:`experiments.sweep.load_config` to the working directory)."""

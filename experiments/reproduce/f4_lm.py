@@ -347,7 +347,7 @@ def report(workdir: str, *, tier: str, seeds: int) -> Report:
   ratio = sweep_config.rows()[sweep_config.F4_ROW]["ratio"]
   every = sweep_config.rows()[sweep_config.F4_ROW]["every"]
   return Report(
-      name="f4_lm",
+      name=common.page_name("f4_lm", tier),
       title=(f"F4-LM: what makes a block of the pseudo-gradient worth sending: TASC in "
              f"SparseLoCo's form at {sweep_config.F4_TIER}, stdlib language model ({tier} tier)"),
       columns=[("method", "row"), ("score", "score"), ("block", "block"),

@@ -133,10 +133,11 @@ def loss_at(steps: np.ndarray, loss: np.ndarray, seconds_per_step: float,
   return float(np.interp(seconds, times, loss)), False
 
 
-def curve(workdir: str, label: str, seeds: int):
-  """``(rate scale, steps, mean validation loss, runs)`` of a row at its chosen scale, None when
-  no run at that scale finished (or the tuning budget has not)."""
-  scale = t1_lm.chosen_scale(workdir, label)
+def curve(workdir: str, label: str, seeds: int, tier: str = "cpu"):
+  """``(rate scale, steps, mean validation loss, runs)`` of a row at its chosen scale (at the
+  GPU tier, its given one), None when no run at that scale finished (or the tuning budget has
+  not)."""
+  scale = t1_lm.chosen_scale(workdir, label, tier)
   if scale is None:
     return None
   runs = t1_lm.label_runs(workdir, label, scale, seeds)
@@ -158,11 +159,11 @@ def labels(workdir: str, tier: str) -> list[str]:
 def report(workdir: str, *, tier: str, seeds: int) -> Report:
   """F5's table, curves and claims from T1-LM's run directories."""
   curves = {label: c for label in labels(workdir, tier)
-            if (c := curve(workdir, label, seeds)) is not None}
+            if (c := curve(workdir, label, seeds, tier)) is not None}
   rows = time_rows(curves)
   table = [{k: v for k, v in r.items() if k not in ("steps", "loss")} for r in rows]
   return Report(
-      name="f5",
+      name=common.page_name("f5", tier),
       title=f"F5: time to accuracy on 1 and 10 Gbit/s links, stdlib language model ({tier} tier)",
       columns=[("method", "row"), ("tier", "tier"), ("lr_scale", "lr scale"),
                ("workers", "workers"), ("link", "link"),

@@ -15,6 +15,7 @@ import ml_collections
 import numpy as np
 
 from compressors import equal_bytes
+from compressors import registry
 from compressors.parallel import step_kinds
 from configs.paper import lm
 from configs.paper import t1_lm as sweep_config
@@ -263,35 +264,42 @@ def provenance_notes(workdir: str, tier: str) -> list[str]:
   machines = sorted({provenance.machine_text(rec) for rec in records})
   commits = sorted({provenance.commit_text(rec) for rec in records})
   dates = sorted(rec["date"] for rec in records)
-  parent = os.path.dirname(os.path.abspath(workdir))
-  tiers_run = [t for t in lm.TIERS if any(
-      os.path.exists(os.path.join(parent, f"lm_{t}", d, report_lib.RESULTS_FILE))
-      for d in (os.listdir(os.path.join(parent, f"lm_{t}"))
-                if os.path.isdir(os.path.join(parent, f"lm_{t}")) else ()))]
-  return [f"Tiers with finished runs beside this one: {', '.join(tiers_run)}; not run: "
-          f"{', '.join(t for t in lm.TIERS if t not in tiers_run) or 'none'}.",
-          f"Tier `{tier}` ({len(runs)} finished runs in `{report_lib.relative(workdir)}`): "
+  commands = sorted({rec["command"] for rec in records if rec.get("command")})
+  return [f"Tier `{tier}` ({len(runs)} finished runs in `{report_lib.relative(workdir)}`): "
           f"Python {', '.join(seen('python_version'))}; corpus sha256 "
           f"{', '.join(seen('corpus_sha256'))} ({', '.join(seen('corpus_files'))} files, "
           f"{', '.join(seen('corpus_bytes'))} bytes); tokenizer sha256 "
           f"{', '.join(seen('tokenizer_sha256'))}.",
           f"Runs' machines ({len(records)} runs, {dates[0] if dates else '-'} to "
           f"{dates[-1] if dates else '-'}): " + " | ".join(machines) + ". Runs' commits: "
-          + ", ".join(commits) + "."]
+          + ", ".join(commits) + ". Runs' commands: "
+          + ", ".join(f"`{c}`" for c in commands) + "."]
+
+
+def scale_text(tier: str) -> str:
+  """The tier's model and length, for the claims that compare with a paper's scale."""
+  config = lm.get_config(f"tier={tier}")
+  params = registry.num_elements(methods.parameter_shapes(config))
+  return f"a {params / 1e6:.3g}M-parameter model for {config.num_steps:,} steps"
 
 
 def recipe_note(tier: str) -> str:
   name, sizes = lm.TIERS[tier]
+  budget = (
+      "No tuning at this tier: each row runs at the rate scale the CPU tier's tuning chose "
+      "(configs/paper/t1_lm.py's GPU_ROWS), dense at 1, one seed"
+      if tier == "gpu" else
+      "Tuning budget, the same for every row: the rate `lr_scale` scales (AdamW's peak rate; "
+      "a local-update method's outer rate) at "
+      f"{', '.join(f'{s:g}' for s in sweep_config.LR_SCALES)}, one seed each; the scale with "
+      "the lowest mean training loss over the last tenth of the run is kept (`tuning` column, "
+      "chosen marked *)")
   return (f"Recipe, the same for every method: configs/lm_stdlib.py's `{name}` model, AdamW "
           f"with cosine decay, {sizes['num_steps']} steps of {sizes['batch_size']} sequences of "
           f"{sizes['seq_len']} tokens "
           f"({sizes['num_steps'] * sizes['batch_size'] * sizes['seq_len']:,} tokens), 8 "
           "workers; validation loss in nats per token on the held-out files' windows "
-          "(configs/paper/lm.py). Tuning budget, the same for every row: the rate "
-          f"`lr_scale` scales (AdamW's peak rate; a local-update method's outer rate) at "
-          f"{', '.join(f'{s:g}' for s in sweep_config.LR_SCALES)}, one seed each; the scale with "
-          "the lowest mean training loss over the last tenth of the run is kept (`tuning` "
-          "column, chosen marked *); nothing is selected by a validation loss.")
+          f"(configs/paper/lm.py). {budget}; nothing is selected by a validation loss.")
 
 
 COLUMNS = [("method", "row"), ("family", "family"), ("val_loss", "val loss nats/token (mean ± std)"),
@@ -320,7 +328,7 @@ def gap_text(row: dict, dense: dict) -> str:
           f"{row['vs_dense']:+.3f}{spread} nats, {row['vs_dense_pct']:+.1f}%")
 
 
-def claims(rows: list[dict]) -> list[Claim]:
+def claims(rows: list[dict], model_tier: str = "cpu") -> list[Claim]:
   by = {r["method"]: r for r in rows if r["seeds"]}
   dense = by.get("dense")
   out = []
@@ -355,14 +363,14 @@ def claims(rows: list[dict]) -> list[Claim]:
         "DiLoCo: 500x less communication than data parallel at equal or better perplexity",
         "Douillard et al. 2023 (C4, 150M-400M parameters, 8 workers, H = 500)",
         "at 100x: " + gap_text(diloco, dense), None,
-        "a 0.24M-parameter model for 1,000 steps, not the paper's scale and length"))
+        f"{scale_text(model_tier)}, not the paper's scale and length"))
   demo = by.get(f"demo_{sweep_config.HEADLINE}")
   if demo:
     out.append(Claim(
         "DeMo matches or beats AdamW while sending orders of magnitude less",
         "Peng, Quesnelle & Kingma 2024 (OLMo 300M-1B)",
         f"at {demo['compression_ratio']:.0f}x: " + gap_text(demo, dense), None,
-        "a small model early in training, not the paper's scale"))
+        f"{scale_text(model_tier)}, not the paper's scale"))
   return out
 
 
@@ -403,9 +411,9 @@ def report(workdir: str, *, tier: str, seeds: int) -> Report:
   rows = rows_for(workdir, report_labels(workdir, tier), seeds, tier)
   solver = solver_rows(tier)
   return Report(
-      name="t1_lm",
+      name=common.page_name("t1_lm", tier),
       title=f"T1-LM: validation loss at equal total bytes, stdlib language model ({tier} tier)",
-      columns=[("tier", "tier")] + COLUMNS, rows=rows, claims=claims(rows),
+      columns=[("tier", "tier")] + COLUMNS, rows=rows, claims=claims(rows, tier),
       sections=[("Equal-bytes settings at 8 and 32 workers (solver, cost model)",
                  "Each budgeted per-step method's setting for each tier, solved from the cost "
                  "model (`compressors/equal_bytes.py`); `tests/test_equal_bytes.py` compiles "
