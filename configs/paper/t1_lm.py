@@ -161,8 +161,9 @@ def tuning_rows(tier: str) -> list[str]:
   """The rows whose rate scales the tuning phase runs on ``tier``'s grid."""
   if tier == "gpu":
     return ["dense"]
-  if tier == "cpu":
-    return list(FIXED) + [f"{stem}_{t}" for t, stems in CPU_ROWS.items() for stem in stems]
+  if tier == "cpu":  # dense, the tiers' rows, then the other rows of fixed bytes
+    return (["dense"] + [f"{stem}_{t}" for t, stems in CPU_ROWS.items() for stem in stems]
+            + [label for label in FIXED if label != "dense"])
   return list(rows())
 
 
