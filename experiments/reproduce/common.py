@@ -20,6 +20,7 @@ from pathlib import Path
 
 import ml_collections
 
+from configs.paper import lm
 from experiments import distributed
 from experiments import provenance
 from experiments import sweep as sweep_lib
@@ -59,8 +60,9 @@ class Options:
     return "full=true" if self.full else None
 
 
-# The language-model targets' tiers; the CPU tier's pages keep the target's name.
-LM_TIERS = ("cpu", "gpu")
+# The language-model targets' tiers (configs/paper/lm.py's); the CPU tier's pages keep the
+# target's name.
+LM_TIERS = tuple(lm.TIERS)
 
 
 def page_name(target: str, tier: str) -> str:

@@ -8,6 +8,7 @@ compiled step sent (``wire_bytes``, read from the HLO by the runner) and the sol
 at 8 and at 32 workers.
 """
 
+import functools
 import math
 import os
 
@@ -276,6 +277,7 @@ def provenance_notes(workdir: str, tier: str) -> list[str]:
           + ", ".join(f"`{c}`" for c in commands) + "."]
 
 
+@functools.cache  # traces the model's shapes; the claims of one report ask twice
 def scale_text(tier: str) -> str:
   """The tier's model and length, for the claims that compare with a paper's scale."""
   config = lm.get_config(f"tier={tier}")
