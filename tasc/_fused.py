@@ -8,9 +8,11 @@ CPU a small C++ kernel (``residual_energies.cc``, an XLA FFI custom call) makes 
 element is summed, written over the residual's buffer and squared while in a register.
 
 On GPUs XLA's own passes run: XLA's GPU backend fuses the reduction into the sum (multi-output
-fusion), and on an NVIDIA H200 they compressed faster than a Pallas (Triton) kernel of the one
-pass did, with no scratch buffer where the kernel needed a full one (the measurement:
-``benchmarks/results/gpu/``), so no GPU kernel is kept.
+fusion) when the block sums read a reshape of the whole sum, the GPU form of
+:func:`tasc._scores.block_sums` (``benchmarks/results/gpu_model/``: the compiled program's
+traffic). On an NVIDIA H200 XLA's passes, in the CPU's form then, compressed faster than a
+Pallas (Triton) kernel of the one pass did, with no scratch buffer where the kernel needed a
+full one (the measurement: ``benchmarks/results/gpu/``), so no GPU kernel is kept.
 
 The kernel is chosen where each call is traced: one that cannot be traced in that context
 (inside ``shard_map``, under ``vmap``, for another platform) is reported once, as a warning, and

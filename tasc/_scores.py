@@ -60,6 +60,7 @@ The weight multiplies (saliency) or divides (Newton) the energy; the floor ``eps
 keeps the division bounded where the curvature vanishes.
 """
 
+import functools
 import math
 from collections.abc import Callable
 
@@ -84,12 +85,24 @@ def block_sums(x: jax.Array, block_size: int,
                fn: Callable[[jax.Array], jax.Array] | None = None) -> jax.Array:
   """Sum of ``fn(x)`` over each block of the flat buffer ``x``, reading ``x`` once, copying nothing.
 
-  The whole blocks are summed on a free reshape of ``x``: ``[d / q, q]`` with ``q`` the largest
-  divisor of both ``d`` and ``block_size``, whose rows tile the blocks; a windowed sum of
-  ``block_size / q`` rows gives one block each. The tail block (``d`` not a multiple of
-  ``block_size``) is summed on its own. Padding ``x`` to whole blocks instead would copy the
-  buffer. The optimisation barrier keeps ``fn`` on the 2-D view: XLA's CPU reduction fuses an
-  elementwise ``fn`` into the reduction there, but not across a reshape.
+  Each backend gets the form its compiler turns into one pass (``lax.platform_dependent``, so a
+  program compiled for a GPU takes the GPU's form whatever the default backend):
+
+  * CPU: the whole blocks are summed on a free reshape of ``x``, ``[d / q, q]`` with ``q`` the
+    largest divisor of both ``d`` and ``block_size``, whose rows tile the blocks; a windowed sum
+    of ``block_size / q`` rows gives one block each. The optimisation barrier keeps ``fn`` on
+    the 2-D view: XLA's CPU reduction fuses an elementwise ``fn`` into the reduction there, but
+    not across a reshape.
+  * GPUs: XLA's GPU backend writes ``x`` and reduces it in one kernel (multi-output fusion) only
+    when the reduction reads a plain reshape of all of ``x``, so it sums the rows of that same
+    ``[d / q, q]`` view (a reduction, not a windowed sum, which it cannot fuse so), and a second,
+    small reduction adds ``block_size / q`` row sums per block; the barrier between the two
+    keeps XLA from merging them into one fusion that no longer shares ``x``'s pass. The row sums
+    cost ``8 / q`` bytes per element, so for ``q < 4`` (``d`` not a multiple of 4) the blocks
+    are summed directly from ``x`` once it is written, which reads it a second time.
+
+  The tail block (``d`` not a multiple of ``block_size``) is summed on its own. Padding ``x`` to
+  whole blocks instead would copy the buffer. Both forms give the same sums up to float rounding.
 
   Args:
     x: a flat (1-D) buffer of ``d`` elements.
@@ -100,18 +113,54 @@ def block_sums(x: jax.Array, block_size: int,
     ``[ceil(d / B)]`` block sums, in ``x``'s dtype.
   """
   fn = fn or (lambda v: v)
-  size = x.size
+  if x.size < block_size:  # one short block: nothing to tile
+    return jnp.sum(fn(x), keepdims=True)
+  cpu = functools.partial(_block_sums_windowed, block_size=block_size, fn=fn)
+  gpu = functools.partial(_block_sums_of_rows, block_size=block_size, fn=fn)
+  return jax.lax.platform_dependent(x, cpu=cpu, default=gpu)
+
+
+def _block_sums_windowed(x: jax.Array, *, block_size: int,
+                         fn: Callable[[jax.Array], jax.Array]) -> jax.Array:
+  """:func:`block_sums` for XLA's CPU backend: a windowed sum over the ``[d / q, q]`` view."""
+  size, rows = x.size, math.gcd(x.size, block_size)
   whole = size // block_size
-  sums = []
-  if whole:
-    rows = math.gcd(size, block_size)
-    view = jax.lax.optimization_barrier(x.reshape(size // rows, rows))
-    window = (block_size // rows, rows)
-    sums.append(jax.lax.reduce_window(fn(view), np.zeros((), x.dtype), jax.lax.add, window,
-                                      window, "VALID").reshape(whole))
+  view = jax.lax.optimization_barrier(x.reshape(size // rows, rows))
+  window = (block_size // rows, rows)
+  sums = jax.lax.reduce_window(fn(view), np.zeros((), x.dtype), jax.lax.add, window, window,
+                               "VALID").reshape(whole)
+  return _with_tail(sums, x, block_size, fn)
+
+
+def _block_sums_of_rows(x: jax.Array, *, block_size: int,
+                        fn: Callable[[jax.Array], jax.Array]) -> jax.Array:
+  """:func:`block_sums` for XLA's GPU backend: row sums of the ``[d / q, q]`` view, then blocks."""
+  size, rows = x.size, math.gcd(x.size, block_size)
+  whole = size // block_size
+  if rows < 4:
+    # Without the barrier XLA would recompute ``x`` inside the reduction from what it is made
+    # of (``g + e``: two reads) rather than read it once where it is written.
+    x = jax.lax.optimization_barrier(x)
+    sums = jnp.sum(fn(x[:whole * block_size].reshape(whole, block_size)), axis=1)
+    return _with_tail(sums, x, block_size, fn)
+  row_sums = jnp.sum(fn(x.reshape(size // rows, rows)), axis=1)
+  if rows == block_size:
+    return row_sums
+  row_sums = jax.lax.optimization_barrier(row_sums)
+  per_block = block_size // rows
+  sums = jnp.sum(row_sums[:whole * per_block].reshape(whole, per_block), axis=1)
   if size > whole * block_size:
-    sums.append(jnp.sum(fn(x[whole * block_size:]), keepdims=True))
-  return sums[0] if len(sums) == 1 else jnp.concatenate(sums)
+    sums = jnp.concatenate([sums, jnp.sum(row_sums[whole * per_block:], keepdims=True)])
+  return sums
+
+
+def _with_tail(sums: jax.Array, x: jax.Array, block_size: int,
+               fn: Callable[[jax.Array], jax.Array]) -> jax.Array:
+  """``sums`` of the whole blocks, with the tail block's sum appended when there is a tail."""
+  whole = x.size // block_size
+  if x.size == whole * block_size:
+    return sums
+  return jnp.concatenate([sums, jnp.sum(fn(x[whole * block_size:]), keepdims=True)])
 
 
 def block_means(x: jax.Array, block_size: int,

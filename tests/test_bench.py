@@ -11,6 +11,8 @@ import math
 import subprocess
 import sys
 
+import jax
+import jax.numpy as jnp
 import pytest
 
 from compressors import registry
@@ -20,6 +22,7 @@ from experiments.bench import bytes as bench_bytes
 from experiments.bench import calibrate
 from experiments.bench import common as bench_common
 from experiments.bench import compression as bench_compression
+from experiments.bench import gpu_traffic
 from experiments.bench import links as bench_links
 from experiments.bench import step as bench_step
 
@@ -213,3 +216,42 @@ def test_links_two_processes(rate_bits):
   assert got["dense"]["speedup"] == 1.0
   assert all(r["seconds"] > 0 for r in rows)
   assert all(got[m]["goal"].split()[0] in ("met", "missed") for m in got if m.startswith("tasc"))
+
+
+# --- The memory-traffic model of compiled programs (gpu_traffic): its rules, checked on programs
+# compiled for this machine's CPU, whose optimised HLO has the same form as a GPU's.
+def _traffic(fn, donate, *args) -> int:
+  hlo = jax.jit(fn, donate_argnums=donate).lower(*args).compile().as_text()
+  return sum(moved for _, moved in gpu_traffic.kernels(hlo))
+
+
+def test_traffic_model_counts_array_and_tuple_types():
+  assert gpu_traffic.shape_bytes("f32[4,8]{1,0}") == 128
+  assert gpu_traffic.shape_bytes("(f32[2]{0}, pred[3]{0})") == 11
+  assert gpu_traffic.shape_bytes("s32[]") == 4
+
+
+@pytest.mark.filterwarnings("ignore:Some donated buffers were not usable")
+def test_traffic_model_of_the_floor_and_the_pass_bound():
+  """``e + g`` moves two reads and a write; TASC's pass bound one more write (4/3 of it)."""
+  size = 1 << 16
+  x = jax.ShapeDtypeStruct((size,), jnp.float32)
+  floor = _traffic(lambda e, g: e + g, (0, 1), x, x)
+  assert floor == 3 * 4 * size
+  bound = _traffic(bench_compression.tasc_pass_bound, (0, 1), x, x)
+  assert bound == pytest.approx(4 / 3 * floor, rel=1e-3)
+
+
+def test_traffic_model_charges_an_in_place_update_its_windows_only():
+  """A scatter of 16 rows into a donated buffer moves the rows and indices, not the buffer."""
+  size = 1 << 16
+  moved = _traffic(lambda b, i, r: b.at[i].set(r), (0,), jax.ShapeDtypeStruct((size,), jnp.float32),
+                   jax.ShapeDtypeStruct((16,), jnp.int32), jax.ShapeDtypeStruct((16,), jnp.float32))
+  assert 0 < moved < 1000
+
+
+def test_traffic_model_charges_a_slice_of_an_elementwise_result_the_slice_only():
+  """The tail block's energy (square, then the last 39 elements) reads 39 elements, not all."""
+  moved = _traffic(lambda x: jnp.sum(jnp.square(x)[-39:]), (),
+                   jax.ShapeDtypeStruct((1 << 16,), jnp.float32))
+  assert 0 < moved < 1000

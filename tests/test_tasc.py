@@ -409,6 +409,35 @@ def test_block_sums_without_padding_match_numpy(size, fn):
                              rtol=1e-5, atol=1e-6)
 
 
+# Sizes whose widest 2-D view [d / q, q] (q = gcd(d, 16)) is each form the GPUs' sums take:
+# q = 16 (whole blocks), 8 and 4 (row sums, then blocks, with and without a tail), 2 and 1 (the
+# blocks summed directly), and one short block.
+@pytest.mark.parametrize("size", [64, 1000, 72, 68, 60, 1002, 67, 10])
+@pytest.mark.parametrize("fn", [None, jnp.square])
+def test_block_sums_as_gpus_compute_them_match_numpy(size, fn):
+  """The GPU form of block_sums (row sums XLA's GPU backend fuses into the pass that writes the
+  buffer), run here on the CPU: the same sums as float64 numpy's."""
+  x = np.random.default_rng(size).normal(size=(size,)).astype(np.float32)
+  want = _blocks((x if fn is None else np.asarray(fn(x)))[None].astype(np.float64), 16)[0]
+  got = (scores._block_sums_of_rows(jnp.asarray(x), block_size=16, fn=fn or (lambda v: v))
+         if size >= 16 else scores.block_sums(jnp.asarray(x), 16, fn))
+  np.testing.assert_allclose(got, want.sum(-1), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("size", [25_557_032, 109_482_240])  # ResNet-50's and BERT-base's B1 sizes
+def test_block_energies_lowered_for_a_gpu_reduce_the_buffer_not_a_window_of_it(size):
+  """Lowered for CUDA, ``g + e`` and its block energies are a plain reduction over a reshape of
+  the sum (which XLA's GPU backend writes and reduces in one kernel); a windowed sum, the CPU's
+  form, is not fused so and costs the GPU a second read of the buffer. Lowered for the CPU, the
+  windowed sum stays."""
+  x = jax.ShapeDtypeStruct((size,), jnp.float32)
+  energies = jax.jit(lambda g, e: scores.block_energies(g + e, 256))
+  gpu = energies.trace(x, x).lower(lowering_platforms=("cuda",)).as_text()
+  cpu = energies.trace(x, x).lower(lowering_platforms=("cpu",)).as_text()
+  assert "reduce_window" not in gpu and "stablehlo.reduce" in gpu
+  assert "reduce_window" in cpu
+
+
 @pytest.mark.parametrize("size", [64, 72, 10, 67, 100])
 @pytest.mark.parametrize("tail_scale", [100.0, 0.01])  # the short tail block sent, or kept
 def test_local_step_sends_the_top_blocks_and_keeps_the_rest_exactly(size, tail_scale):
