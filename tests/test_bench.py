@@ -6,6 +6,7 @@ wire bytes match the closed forms of each exchange, state memory matches the sta
 and the results files carry the table with its goal column.
 """
 
+import importlib.util
 import json
 import math
 import subprocess
@@ -255,3 +256,10 @@ def test_traffic_model_charges_a_slice_of_an_elementwise_result_the_slice_only()
   moved = _traffic(lambda x: jnp.sum(jnp.square(x)[-39:]), (),
                    jax.ShapeDtypeStruct((1 << 16,), jnp.float32))
   assert 0 < moved < 1000
+
+
+@pytest.mark.skipif(importlib.util.find_spec("jax_cuda12_plugin") is not None,
+                    reason="the CUDA plugin is installed: the compile-only H100 can be made")
+def test_traffic_model_without_the_cuda_plugin_says_what_to_install():
+  with pytest.raises(SystemExit, match="jax-cuda12-plugin=="):
+    gpu_traffic.h100()

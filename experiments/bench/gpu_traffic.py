@@ -36,6 +36,7 @@ import warnings
 
 import jax
 import jax.numpy as jnp
+import jaxlib
 from jax.experimental import topologies
 
 from experiments import provenance
@@ -81,7 +82,14 @@ _COMPUTATION = re.compile(r"^(ENTRY )?%(\S+) \(.*\{$")
 
 def h100() -> jax.Device:
   """A compile-only H100 (needs the CUDA plugin; no GPU)."""
-  topology = topologies.get_topology_desc("h100", "cuda", target_config=H100, topology="1x1x1")
+  try:
+    topology = topologies.get_topology_desc("h100", "cuda", target_config=H100,
+                                            topology="1x1x1")
+  except (NotImplementedError, RuntimeError) as error:
+    raise SystemExit(
+        f"gpu_traffic: cannot make a compile-only H100 ({type(error).__name__}: {error}); it "
+        f"needs the CUDA plugin of jaxlib {jaxlib.__version__}: pip install "
+        f"jax-cuda12-plugin=={jaxlib.__version__} jax-cuda12-pjrt=={jaxlib.__version__}") from error
   return topology.devices[0]
 
 
