@@ -222,8 +222,7 @@ def test_links_two_processes(rate_bits):
 # --- The memory-traffic model of compiled programs (gpu_traffic): its rules, checked on programs
 # compiled for this machine's CPU, whose optimised HLO has the same form as a GPU's.
 def _traffic(fn, donate, *args) -> int:
-  hlo = jax.jit(fn, donate_argnums=donate).lower(*args).compile().as_text()
-  return sum(moved for _, moved in gpu_traffic.kernels(hlo))
+  return gpu_traffic.traffic(jax.jit(fn, donate_argnums=donate).lower(*args).compile().as_text())
 
 
 def test_traffic_model_counts_array_and_tuple_types():

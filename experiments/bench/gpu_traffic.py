@@ -1,4 +1,4 @@
-"""B1's programs compiled for an NVIDIA H100 on a machine without one: their modelled memory traffic.
+"""B1's programs compiled for an NVIDIA H100 on a machine without one: modelled memory traffic.
 
 XLA compiles for a GPU it does not have when the CUDA PJRT plugin is given a target description
 (deviceless compilation: no GPU, no driver). This script compiles B1's programs
@@ -62,7 +62,7 @@ platform_name: "CUDA"
 dnn_version_info { major: 9 minor: 1 }
 device_description_str: "NVIDIA H100 80GB HBM3"
 """
-GPU_NAME = "NVIDIA H100 80GB HBM3"
+GPU_NAME = re.search(r'device_description_str: "(.*)"', H100).group(1)
 # B1's sizes, and BERT-base's fused gradient (all 109,514,298 parameters, 2 mod 4): a size whose
 # block energies cannot share the sum's pass (tasc._scores.block_sums).
 SIZES = ("resnet50", "bert_base", "109514298")
@@ -93,16 +93,21 @@ def h100() -> jax.Device:
   return topology.devices[0]
 
 
+def _arrays(hlo_type: str):
+  """``(dtype, elements)`` of each array of an HLO type: ``f32[4,8]{1,0}`` or a tuple of arrays."""
+  for m in re.finditer(r"\b(\w+)\[([\d,]*)\]", hlo_type):
+    if m.group(1) in DTYPE_BYTES:
+      yield m.group(1), math.prod(int(d) for d in m.group(2).split(",") if d)
+
+
 def shape_bytes(hlo_type: str) -> int:
   """Bytes of an HLO type: an array ``f32[4,8]{1,0}`` or a tuple of arrays."""
-  return sum(DTYPE_BYTES[m.group(1)] * math.prod(int(d) for d in m.group(2).split(",") if d)
-             for m in re.finditer(r"\b(\w+)\[([\d,]*)\]", hlo_type) if m.group(1) in DTYPE_BYTES)
+  return sum(DTYPE_BYTES[dtype] * count for dtype, count in _arrays(hlo_type))
 
 
 def elements(hlo_type: str) -> int:
   """Elements of an HLO array type (of all arrays of a tuple type)."""
-  return sum(math.prod(int(d) for d in m.group(2).split(",") if d)
-             for m in re.finditer(r"\b(\w+)\[([\d,]*)\]", hlo_type) if m.group(1) in DTYPE_BYTES)
+  return sum(count for _, count in _arrays(hlo_type))
 
 
 def _computations(hlo: str) -> tuple[dict[str, list[str]], str]:
@@ -127,8 +132,9 @@ def _instructions(lines: list[str]) -> dict[str, dict]:
   for line in lines:
     m = _INSTRUCTION.match(line)
     if m:
-      out[m.group(2)] = {"name": m.group(2), "root": bool(m.group(1)), "type": m.group(3), "op": m.group(4),
-                         "args": re.findall(r"%([\w.\-]+)", m.group(5)), "line": line}
+      out[m.group(2)] = {"name": m.group(2), "root": bool(m.group(1)), "type": m.group(3),
+                         "op": m.group(4), "args": re.findall(r"%([\w.\-]+)", m.group(5)),
+                         "line": line}
   return out
 
 
@@ -190,6 +196,11 @@ def kernels(hlo: str) -> list[tuple[str, int]]:
   return out
 
 
+def traffic(hlo: str) -> int:
+  """Bytes the compiled program's kernels move in all (:func:`kernels`)."""
+  return sum(moved for _, moved in kernels(hlo))
+
+
 def _compiled(fn, donate, *args) -> str:
   return jax.jit(fn, donate_argnums=donate).lower(*args).compile().as_text()
 
@@ -205,32 +216,33 @@ def _windowed_block_sums():
     scores._block_sums_of_rows = rows  # pylint: disable=protected-access
 
 
-def programs(method: str, size: int, device: jax.Device) -> dict[str, str]:
-  """The compiled floor, compress and compress + decode of ``method`` at ``size`` elements, and
-  TASC's pass bound (the least its compress + decode can move)."""
+def _on_device(tree, device: jax.Device):
   sharding = jax.sharding.SingleDeviceSharding(device)
-  def on_device(tree):
-    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), tree)
+  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), tree)
+
+
+def programs(method: str, size: int, device: jax.Device) -> dict[str, str]:
+  """The compiled compress and compress + decode of ``method`` at ``size`` elements."""
   tx = common.communication(method, None)
-  grad = on_device({"w": jax.ShapeDtypeStruct((size,), jnp.float32)})
-  state = on_device(jax.eval_shape(tx.init, grad))
-  return {"floor": _compiled(lambda e, g: e + g, (0, 1), grad["w"], grad["w"]),
-          "compress": _compiled(lambda g, s: tx.update(g, s)[1], 1, grad, state),
-          "compress + decode": _compiled(tx.update, (0, 1), grad, state),
-          "pass bound": _compiled(compression.tasc_pass_bound, (0, 1), grad["w"], grad["w"])}
+  grad = _on_device({"w": jax.ShapeDtypeStruct((size,), jnp.float32)}, device)
+  state = _on_device(jax.eval_shape(tx.init, grad), device)
+  return {"compress": _compiled(lambda g, s: tx.update(g, s)[1], 1, grad, state),
+          "compress + decode": _compiled(tx.update, (0, 1), grad, state)}
 
 
 def model(methods: list[tuple[str, str | None]], sizes: list[int],
           device: jax.Device) -> list[dict]:
-  """Rows of the table: each method (and variant) at each size, each of its programs."""
+  """Rows of the table: each method (and variant) at each size, each of its programs, and,
+  after TASC's own, its pass bound (the least its compress + decode can move)."""
   rows = []
   for size in sizes:
+    buffer = _on_device(jax.ShapeDtypeStruct((size,), jnp.float32), device)
+    floor = traffic(_compiled(lambda e, g: e + g, (0, 1), buffer, buffer))
+    bound = _compiled(compression.tasc_pass_bound, (0, 1), buffer, buffer)
     for method, variant in methods:
       with _windowed_block_sums() if variant else contextlib.nullcontext():
         compiled = programs(method, size, device)
-      floor = sum(b for _, b in kernels(compiled.pop("floor")))
-      bound = compiled.pop("pass bound")
-      if not variant:
+      if method == "tasc" and not variant:
         compiled["pass bound"] = bound
       for program, hlo in compiled.items():
         launched = kernels(hlo)
@@ -262,8 +274,9 @@ def write(rows: list[dict], out: pathlib.Path, device: jax.Device) -> None:
     lines.append(f"| {r['elements']:,} | {r['method']} | {r['program']} | "
                  f"{r['traffic_over_floor']:.2f} | {r['kernels']} | {largest} |")
   lines += ["", "- Modelled, not measured: each kernel's bytes read and written in the compiled "
-            "program (experiments/bench/gpu_traffic.py's docstring), over the floor's (`e + g`: two "
-            "reads, one write). Launch latency, sorts' own passes and caches are not in it.",
+            "program (experiments/bench/gpu_traffic.py's docstring), over the floor's "
+            "(`e + g`: two reads, one write). Launch latency, sorts' own passes and caches are "
+            "not in it.",
             "- pass bound: `experiments.bench.compression.tasc_pass_bound`, the least TASC's "
             "compress + decode can move (the floor, and one write of the dense mean).",
             "- TASC (windowed block sums): the same method compiled with the CPU's form of the "
