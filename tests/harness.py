@@ -20,6 +20,16 @@ def mesh(num_devices: int = 8, axis_name: str = "data") -> jax.sharding.Mesh:
   return jax.sharding.Mesh(np.array(jax.devices()[:num_devices]), (axis_name,))
 
 
+def h100_mesh(num_devices: int, axis_name: str = "data") -> jax.sharding.AbstractMesh:
+  """A mesh of abstract H100s: a program traced on it and lowered for CUDA is what a GPU
+  process would compile, checked on a machine without one."""
+  h100 = jax.sharding.AbstractDevice(device_kind="NVIDIA H100 80GB HBM3", num_cores=132,
+                                     platform="gpu")
+  return jax.sharding.AbstractMesh((num_devices,), (axis_name,),
+                                   axis_types=(jax.sharding.AxisType.Auto,),
+                                   abstract_device=h100)
+
+
 def shard_map_update(tx, mesh_, params, axis_name="data"):
   """(initial state, update) running ``tx`` per worker under shard_map.
 

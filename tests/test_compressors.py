@@ -272,10 +272,7 @@ def test_sampled_top_k_in_the_contexts_an_accelerator_runs_it(monkeypatch):
   np.testing.assert_allclose(runs[2][0], runs[N][0], rtol=1e-5, atol=1e-7)
   assert runs[2][1] == runs[N][1]
 
-  h100 = jax.sharding.AbstractDevice(device_kind="NVIDIA H100 80GB HBM3", num_cores=132,
-                                     platform="gpu")
-  mesh = jax.sharding.AbstractMesh((N,), ("data",), axis_types=(jax.sharding.AxisType.Auto,),
-                                   abstract_device=h100)
+  mesh = harness.h100_mesh(N)
   tx = compressors.compress(compressors.topk(density), axis_name="data")  # selection="auto"
   monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
   grads = jax.ShapeDtypeStruct((N, size), jnp.float32,

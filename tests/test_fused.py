@@ -164,14 +164,6 @@ def test_on_a_gpu_xla_fuses_the_sum_and_the_energies_in_place(size):
 
 # --- The step in the contexts a GPU run traces it in: the kernel is chosen where each call is
 # traced, so a context it cannot be traced in gets XLA's passes, never a crash.
-def _h100_mesh(num_devices: int) -> jax.sharding.AbstractMesh:
-  h100 = jax.sharding.AbstractDevice(device_kind="NVIDIA H100 80GB HBM3", num_cores=132,
-                                     platform="gpu")
-  return jax.sharding.AbstractMesh((num_devices,), ("data",),
-                                   axis_types=(jax.sharding.AxisType.Auto,),
-                                   abstract_device=h100)
-
-
 def test_a_kernel_that_cannot_be_traced_falls_back_with_one_warning(monkeypatch):
   """The choice is made where the call is traced: a kernel that fails there (as an untyped one
   did inside shard_map) leaves XLA's two passes in its place, with one warning for any number
@@ -214,7 +206,7 @@ def test_quickstarts_training_step_traced_for_an_abstract_gpu_mesh(monkeypatch):
   from experiments import data, methods, models, tasks, train
   config = _quickstart_smoke()
   config.model.channels = (64, 64)
-  mesh = _h100_mesh(8)
+  mesh = harness.h100_mesh(8)
   workers = compressors.Workers.on(mesh, "data")
   dataset = data.load(config, data.ShardSpec(8, tuple(range(8))))
   model = models.build_model(config.model, **dataset.model_fields)

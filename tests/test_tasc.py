@@ -438,6 +438,28 @@ def test_block_energies_lowered_for_a_gpu_reduce_the_buffer_not_a_window_of_it(s
   assert "reduce_window" in cpu
 
 
+def test_block_sums_gpu_form_in_a_step_with_simulated_workers():
+  """The GPU form where a GPU step runs it: under vmap over 4 simulated workers per device,
+  inside shard_map with its type checks on. Run here on 2 CPU devices it gives numpy's sums;
+  traced on 2 abstract H100s and lowered for CUDA, block_sums takes it (no windowed sum)."""
+  size, workers = 1000, 8  # q = gcd(1000, 16) = 8: row sums, then blocks, with a tail
+  gpu_form = functools.partial(scores._block_sums_of_rows, block_size=16, fn=jnp.square)
+  x = np.random.default_rng(0).normal(size=(workers, size)).astype(np.float32)
+  run = jax.jit(jax.shard_map(jax.vmap(gpu_form), mesh=harness.mesh(2), in_specs=P("data"),
+                              out_specs=P("data")))
+  want = _blocks(np.square(x.astype(np.float64)), 16).sum(-1)
+  np.testing.assert_allclose(run(x), want, rtol=1e-5, atol=1e-6)
+
+  mesh = harness.h100_mesh(2)
+  step = jax.shard_map(jax.vmap(lambda v: scores.block_energies(v, 16)), mesh=mesh,
+                       in_specs=P("data"), out_specs=P("data"))
+  abstract = jax.ShapeDtypeStruct((workers, size), jnp.float32,
+                                  sharding=jax.sharding.NamedSharding(mesh, P("data")))
+  with jax.sharding.use_abstract_mesh(mesh):
+    text = jax.jit(step).trace(abstract).lower(lowering_platforms=("cuda",)).as_text()
+  assert "reduce_window" not in text and "stablehlo.reduce" in text
+
+
 @pytest.mark.parametrize("size", [64, 72, 10, 67, 100])
 @pytest.mark.parametrize("tail_scale", [100.0, 0.01])  # the short tail block sent, or kept
 def test_local_step_sends_the_top_blocks_and_keeps_the_rest_exactly(size, tail_scale):
