@@ -74,10 +74,14 @@ def dgc(density: float, *, sample_fraction: float = 0.01) -> protocol.Compressor
 class DGCSettings:
   """``method="dgc"``: the sparsifier's settings (:func:`dgc`) and its momentum correction's
   (``momentum``, ``clip_norm``: :func:`compressors.momentum_correction`)."""
-  density: float = 0.01
-  momentum: float = 0.9
-  clip_norm: float | None = None
-  sample_fraction: float = 0.01
+  density: float = checks.setting(0.01, checks.FRACTION)
+  momentum: float = checks.setting(0.9, checks.Rule(float, low=0, high=1, high_open=True))
+  clip_norm: float | None = checks.setting(None, checks.Rule(float, low=0, low_open=True,
+                                                             optional=True))
+  sample_fraction: float = checks.setting(0.01, checks.FRACTION)
+
+  def __post_init__(self):
+    checks.check_settings(self, "dgc")
 
 
 METHODS = (registry.Method(

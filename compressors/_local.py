@@ -177,6 +177,14 @@ def local_update_kinds(every: int, exchange_inputs: Any = None) -> tuple[StepKin
   return tuple(kinds)
 
 
+# The rules of the local-update settings, declared once for DiLoCo's and SparseLoCo's defaults.
+_EVERY = checks.Rule(int, low=1)
+_EXCHANGE = checks.Rule(str)  # a registered per-step method: registry.local_exchange checks it
+_OUTER_LEARNING_RATE = checks.Rule(float, low=0)
+_OUTER_MOMENTUM = checks.Rule(float, low=0, high=1, high_open=True)
+_ERROR_DECAY = checks.Rule(float, low=0, high=1)
+
+
 @dataclasses.dataclass(frozen=True)
 class DilocoSettings:
   """``method="diloco"``: local updates with an exchanged pseudo-gradient (Douillard et al. 2023).
@@ -192,11 +200,14 @@ class DilocoSettings:
     error_decay: the exchange's error-feedback residual is multiplied by this before the next
       pseudo-gradient is added (SparseLoCo's beta); 1: plain error feedback.
   """
-  every: int = 100
-  exchange: str = "dense"
-  outer_learning_rate: float = 0.7
-  outer_momentum: float = 0.9
-  error_decay: float = 1.0
+  every: int = checks.setting(100, _EVERY)
+  exchange: str = checks.setting("dense", _EXCHANGE)
+  outer_learning_rate: float = checks.setting(0.7, _OUTER_LEARNING_RATE)
+  outer_momentum: float = checks.setting(0.9, _OUTER_MOMENTUM)
+  error_decay: float = checks.setting(1.0, _ERROR_DECAY)
+
+  def __post_init__(self):
+    checks.check_settings(self, "local updates")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -206,27 +217,16 @@ class SparselocoSettings(DilocoSettings):
   Delta; s = topk(e); e <- e - s; theta <- theta - lr mean(s)`` with outer lr 1. (SparseLoCo also
   quantizes the kept values to 2 bits and takes top-k per chunk; here the exchange's own
   compressor sends them, e.g. float32 top-k over the fused buffer.)"""
-  every: int = 30
-  exchange: str = "topk"
-  outer_learning_rate: float = 1.0
-  outer_momentum: float = 0.0
-  error_decay: float = 0.95
-
-
-def _check_settings(s: DilocoSettings) -> DilocoSettings:
-  caller = "local updates"
-  checks.check_int(s.every, "every", 1, caller)
-  checks.check_real(s.outer_learning_rate, "outer_learning_rate", 0.0, math.inf, "[0, inf)",
-                    caller)
-  checks.check_real(s.outer_momentum, "outer_momentum", 0.0, 1.0, "[0, 1)", caller)
-  # error_decay is checked where it acts: the exchange (compressors.compress), built first.
-  return s
+  every: int = checks.setting(30, _EVERY)
+  exchange: str = checks.setting("topk", _EXCHANGE)
+  outer_learning_rate: float = checks.setting(1.0, _OUTER_LEARNING_RATE)
+  outer_momentum: float = checks.setting(0.0, _OUTER_MOMENTUM)
+  error_decay: float = checks.setting(0.95, _ERROR_DECAY)
 
 
 def _build(s: DilocoSettings, inner, exchange, *,
            axis_name) -> optax.GradientTransformationExtraArgs:
   del axis_name  # the exchange carries it
-  _check_settings(s)
   return local_updates(inner, exchange, nesterov_outer(s.outer_learning_rate, s.outer_momentum))
 
 

@@ -41,6 +41,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from compressors import checks
 from compressors import protocol
 from compressors import registry
 from compressors.network import topology as topology_lib
@@ -189,9 +190,13 @@ def _mean(a: jax.Array, ctx: protocol.Context) -> jax.Array:
 @dataclasses.dataclass(frozen=True)
 class PowerSGDSettings:
   """``method="powersgd"``: see :func:`powersgd` (``min_compression_rate`` None: every leaf)."""
-  rank: int = 2
-  start_step: int = 0
-  min_compression_rate: float | None = 2.0
+  rank: int = checks.setting(2, checks.Rule(int, low=1))
+  start_step: int = checks.setting(0, checks.Rule(int, low=0))
+  min_compression_rate: float | None = checks.setting(2.0, checks.Rule(float, low=0,
+                                                                       optional=True))
+
+  def __post_init__(self):
+    checks.check_settings(self, "powersgd")
 
 
 def _cost(s: PowerSGDSettings, shapes, topology, schedule) -> topology_lib.Cost:

@@ -27,6 +27,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from compressors import checks
 from compressors import protocol
 from compressors import _packing as packing
 from compressors import registry
@@ -126,10 +127,14 @@ def qsgd(levels: int, *, norm: str = "l2", bucket_size: int | None = 512,
 @dataclasses.dataclass(frozen=True)
 class QSGDSettings:
   """``method="qsgd"``: see :func:`qsgd` (``bucket_size`` None: one bucket per buffer)."""
-  levels: int = 16
-  norm: str = "l2"
-  bucket_size: int | None = 512
-  exchange: str = "two_phase"
+  levels: int = checks.setting(16, checks.Rule(int, low=1, high=MAX_LEVELS))
+  norm: str = checks.setting("l2", checks.Rule(str, choices=NORMS))
+  bucket_size: int | None = checks.setting(512, checks.Rule(int, low=1, optional=True))
+  exchange: str = checks.setting("two_phase", checks.Rule(
+      str, choices=packing.NON_SUMMABLE_EXCHANGES, optional=True))
+
+  def __post_init__(self):
+    checks.check_settings(self, "qsgd")
 
 
 def _cost(s: QSGDSettings, shapes, topology, schedule) -> topology_lib.Cost:

@@ -115,8 +115,11 @@ def _largest_uniforms(key: jax.Array, size: int, k: int) -> jax.Array:
 @dataclasses.dataclass(frozen=True)
 class RandomkSettings:
   """``method="randomk"``: ``density`` sent; ``rescale`` by ``d / k`` (unbiased)."""
-  density: float = 0.01
-  rescale: bool = False
+  density: float = checks.setting(0.01, checks.FRACTION)
+  rescale: bool = checks.setting(False, checks.Rule(bool))
+
+  def __post_init__(self):
+    checks.check_settings(self, "randomk")
 
 
 METHODS = (registry.Method(

@@ -30,6 +30,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from compressors import checks
 from compressors import protocol
 from compressors import _packing as packing
 from compressors import registry
@@ -142,17 +143,27 @@ def _sign_compressor(name, magnitudes, exchange) -> protocol.Compressor:
   return protocol.Compressor(name=name, encode=encode, decode=decode, exchange=exchange)
 
 
+# The exchanges of packed signs, which cannot be summed (None: two-phase).
+_EXCHANGE = checks.Rule(str, choices=packing.NON_SUMMABLE_EXCHANGES, optional=True)
+
+
 @dataclasses.dataclass(frozen=True)
 class SignSettings:
-  """``method="signsgd"`` / ``"efsignsgd"``: the exchange of the packed signs."""
-  exchange: str = "two_phase"
+  """``method="signsgd"`` / ``"efsignsgd"``: the exchange of the packed signs (None: two-phase)."""
+  exchange: str = checks.setting("two_phase", _EXCHANGE)
+
+  def __post_init__(self):
+    checks.check_settings(self, "SignSettings")
 
 
 @dataclasses.dataclass(frozen=True)
 class OnebitSettings:
   """``method="onebit"``: the magnitude rule (:func:`onebit`) and the exchange."""
-  scale: str = "rms"
-  exchange: str = "two_phase"
+  scale: str = checks.setting("rms", checks.Rule(str, choices=ONEBIT_SCALES))
+  exchange: str = checks.setting("two_phase", _EXCHANGE)
+
+  def __post_init__(self):
+    checks.check_settings(self, "onebit")
 
 
 def _sign_cost(scale_bytes: int):

@@ -27,6 +27,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from compressors import checks
 from compressors import protocol
 from compressors import _packing as packing
 from compressors import registry
@@ -103,7 +104,10 @@ def terngrad(*, exchange: str = "psum") -> protocol.Compressor:
 @dataclasses.dataclass(frozen=True)
 class TernGradSettings:
   """``method="terngrad"``: the exchange (``"psum"``: scaler sharing, summed codes)."""
-  exchange: str = "psum"
+  exchange: str = checks.setting("psum", checks.Rule(str, choices=EXCHANGES))
+
+  def __post_init__(self):
+    checks.check_settings(self, "terngrad")
 
 
 def _cost(s: TernGradSettings, shapes, topology, schedule) -> topology_lib.Cost:

@@ -9,6 +9,7 @@ the rest stay in the error-feedback residual and compete again next step.
 """
 
 import dataclasses
+import math
 import numbers
 
 from compressors import checks
@@ -28,9 +29,10 @@ def threshold(value: float, *, max_density: float = 0.01) -> protocol.Compressor
   Returns:
     A :class:`compressors.Compressor` with an all-gather exchange.
   """
-  if isinstance(value, bool) or not isinstance(value, numbers.Real) or not value > 0:
+  if (isinstance(value, bool) or not isinstance(value, numbers.Real) or not value > 0
+      or not math.isfinite(value)):
     raise ValueError(f"threshold: value={value!r} must be a positive number (the magnitude an "
-                     "entry needs to be sent)")
+                     "entry needs to be sent), and finite: no entry reaches infinity")
   max_density = checks.check_fraction(max_density, "max_density", "threshold")
 
   def encode(x, state, ctx):
@@ -46,8 +48,11 @@ def threshold(value: float, *, max_density: float = 0.01) -> protocol.Compressor
 @dataclasses.dataclass(frozen=True)
 class ThresholdSettings:
   """``method="threshold"``: entries of magnitude >= ``value``, at most ``max_density`` of them."""
-  value: float = 1e-3
-  max_density: float = 0.01
+  value: float = checks.setting(1e-3, checks.Rule(float, low=0, low_open=True))
+  max_density: float = checks.setting(0.01, checks.FRACTION)
+
+  def __post_init__(self):
+    checks.check_settings(self, "threshold")
 
 
 METHODS = (registry.Method(

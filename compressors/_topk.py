@@ -65,9 +65,12 @@ def topk(density: float, *, selection: str = "auto",
 class TopkSettings:
   """``method="topk"``: ``density``, the fraction of entries sent; ``selection`` and
   ``sample_fraction``, how they are found (:func:`topk`)."""
-  density: float = 0.01
-  selection: str = "auto"
-  sample_fraction: float = 0.01
+  density: float = checks.setting(0.01, checks.FRACTION)
+  selection: str = checks.setting("auto", checks.Rule(str, choices=SELECTIONS))
+  sample_fraction: float = checks.setting(0.01, checks.FRACTION)
+
+  def __post_init__(self):
+    checks.check_settings(self, "topk")
 
 
 METHODS = (registry.Method(

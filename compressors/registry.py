@@ -36,6 +36,7 @@ from typing import Any, NamedTuple
 
 import optax
 
+from compressors import checks
 from compressors import protocol
 from compressors.network import topology as topology_lib
 
@@ -54,6 +55,10 @@ class StepInputs(NamedTuple):
   """
   every: int
   make: Callable[..., dict[str, Any]]
+
+
+# What a per-step method exchanges (Common.exchanged).
+EXCHANGED = ("gradient", "update")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,17 +86,26 @@ class Common:
       stages (each a step kind of its own, charged its own bytes); 0: off.
     density_warmup_start: the density of the warm-up's first stage (DGC: 0.25).
     density_warmup_stages: stages of the warm-up (DGC: 4, each a quarter of the last).
+
+  Each field declares what it allows (:func:`compressors.checks.setting`), checked when the
+  settings are made and, from the same declaration, in a run's ``config.compression``.
   """
-  error_feedback: bool | None = None
-  fuse: bool = True
-  seed: int = 0
-  momentum_correction: float = 0.0
-  clip_norm: float | None = None
-  exchanged: str = "gradient"
-  error_decay: float = 1.0
-  density_warmup_steps: int = 0
-  density_warmup_start: float = 0.25
-  density_warmup_stages: int = 4
+  error_feedback: bool | None = checks.setting(None, checks.Rule(bool, optional=True))
+  fuse: bool = checks.setting(True, checks.Rule(bool))
+  seed: int = checks.setting(0, checks.SEED)
+  momentum_correction: float = checks.setting(0.0, checks.Rule(float, low=0, high=1,
+                                                               high_open=True))
+  clip_norm: float | None = checks.setting(None, checks.Rule(float, low=0, low_open=True,
+                                                             optional=True))
+  exchanged: str = checks.setting("gradient", checks.Rule(str, choices=EXCHANGED))
+  error_decay: float = checks.setting(1.0, checks.Rule(float, low=0, high=1))
+  density_warmup_steps: int = checks.setting(0, checks.Rule(int, low=0))
+  density_warmup_start: float = checks.setting(0.25, checks.Rule(float, low=0, low_open=True,
+                                                                 high=1))
+  density_warmup_stages: int = checks.setting(4, checks.Rule(int, low=0))
+
+  def __post_init__(self):
+    checks.check_settings(self, "Common")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,7 +115,9 @@ class Method:
   Attributes:
     name: the name runs use (``config.method``).
     summary: one line: the method and its paper.
-    settings: a frozen dataclass of the method's own settings, every field with a default.
+    settings: a frozen dataclass of the method's own settings, every field with a default (and,
+      declared with :func:`compressors.checks.setting`, what it allows: checked when the
+      settings are made and in a run's ``config.compression.<name>`` block).
     cost: ``(settings, shapes, topology, schedule) -> compressors.network.topology.Cost`` of one
       exchange of gradients whose leaves have ``shapes``, summable payloads all-reduced by
       ``schedule`` (a name of :data:`compressors.network.collectives.SCHEDULES`, or ``"auto"``);
@@ -384,9 +400,6 @@ def _momentum_of(method: Method, settings: Any, common: Common,
   return momentum, clip_norm
 
 
-EXCHANGED = ("gradient", "update")
-
-
 def training(name: str, settings: Any = None, *, optimizer: optax.GradientTransformation,
              learning_rate: optax.ScalarOrSchedule, axis_name, common: Common = Common(),
              exchange_settings: Any = None) -> optax.GradientTransformationExtraArgs:
@@ -407,8 +420,6 @@ def training(name: str, settings: Any = None, *, optimizer: optax.GradientTransf
   """
   method = get(name)
   settings = method.settings() if settings is None else settings
-  if common.exchanged not in EXCHANGED:
-    raise ValueError(f"exchanged={common.exchanged!r}; allowed: {EXCHANGED}")
   if method.family != "exchange":
     _refuse_for_family(method, common)
   if method.family == "optimizer":
@@ -424,11 +435,15 @@ def training(name: str, settings: Any = None, *, optimizer: optax.GradientTransf
 
 
 def _refuse_for_family(method: Method, common: Common) -> None:
-  """Common settings that only per-step exchanges take."""
+  """Common settings that only per-step exchanges take (a method that is its own optimizer
+  also has its own error feedback and buffers: it would ignore them)."""
   what = ("is its own optimizer" if method.family == "optimizer" else
           "updates locally and exchanges pseudo-gradients")
-  for field, default in (("exchanged", "gradient"), ("momentum_correction", 0.0),
-                         ("clip_norm", None), ("error_decay", 1.0), ("density_warmup_steps", 0)):
+  refused = [("exchanged", "gradient"), ("momentum_correction", 0.0), ("clip_norm", None),
+             ("error_decay", 1.0), ("density_warmup_steps", 0)]
+  if method.family == "optimizer":
+    refused += [("error_feedback", None), ("fuse", True)]
+  for field, default in refused:
     value = getattr(common, field)
     if value != default:
       where = ("its exchange's settings carry it" if method.family == "local"

@@ -24,8 +24,10 @@ Fields (all overridable on the command line, e.g. ``--config.batch_size=256``):
   workers_per_device              workers simulated on each device (jax.vmap), each with its
                                   own batch shard and compressor state as if it were a device;
                                   the bytes are those of one worker per device
-  distributed                     jax.distributed settings (None = from the environment) and
-                                  the heartbeat timeout after which a dead process stops the job
+  distributed                     jax.distributed settings (None = from the environment), the
+                                  heartbeat timeout after which a dead process stops the job,
+                                  and join_timeout_seconds: how long a process waits for the
+                                  others to join before it names the missing ones and exits 1
   skip_nonfinite                  skip, on every device at once, a step whose gradient is not
                                   finite on any device (compressors.skip_nonfinite)
   max_skipped_fraction            a run that skipped more than this fraction of its steps, or
@@ -34,19 +36,40 @@ Fields (all overridable on the command line, e.g. ``--config.batch_size=256``):
   check_replicas_every            steps between checks that every device holds bit-identical
                                   parameters (0 = never; with local updates, any > 0 checks
                                   after every synchronisation); a mismatch stops the run
+  stall_timeout_seconds           a training step (or its batch) not completed in this time,
+                                  its compilation apart, stops the run with a line naming the
+                                  step and what it waits for, exit status 1 (0 = never; may
+                                  change when a run resumes)
+  resume_on_other_data            resume although the data's hashes (corpus, tokenizer, files)
+                                  differ from those the checkpoints record; without it such a
+                                  resume is refused (may change when a run resumes)
   seed
+
+Every field's type and range is declared once: the fields here in :data:`RULES`, the compression
+settings on their dataclasses' fields (``compressors.checks.setting``); :func:`check` checks a
+config against them all, naming ``config.<field>=<value>`` and what is allowed.
 """
 
 import dataclasses
+import difflib
 import typing
 
 import ml_collections
 
+from compressors import checks
 from compressors import registry
 
 # A process silent this long counts as dead and the job stops; jax.distributed's default (100 s)
 # leaves the survivors blocked in a collective for that long.
 DEFAULT_HEARTBEAT_TIMEOUT_SECONDS = 20
+# A job's processes are started together and join within seconds of importing JAX (about 10 s on
+# a loaded 2-core machine): one that has not joined in 2 minutes is not coming. jax.distributed's
+# own deadline, 5 minutes, ends the process silently until then.
+DEFAULT_JOIN_TIMEOUT_SECONDS = 120
+# The configs' steps take seconds on 2 CPU cores, compilation apart (which the watchdog does not
+# count): 10 minutes leaves a machine 100 times slower its steps, and still names a step stuck in
+# a collective within 10 minutes.
+DEFAULT_STALL_TIMEOUT_SECONDS = 600
 
 
 def settings_block(settings: type) -> ml_collections.ConfigDict:
@@ -68,6 +91,76 @@ def compression_block() -> ml_collections.ConfigDict:
   for name in registry.names():
     block[name] = settings_block(registry.get(name).settings)
   return block
+
+
+_R = checks.Rule
+_DECAY_RATE = _R(float, low=0, high=1, high_open=True)
+# What each field of base() allows (in its order): experiments.validation checks a run's config,
+# and each sweep run's, against these before JAX starts; experiments.methods' factories check the
+# blocks they read. Which names `dataset`, `model.name`, `method`, `optimizer.name` and
+# `schedule.name` take is for what implements them to say (experiments.data, experiments.models,
+# compressors.registry, experiments.methods); `data` and `model`'s other fields are checked by
+# the dataset and the model that read them.
+RULES = {
+    "dataset": _R(str), "data_dir": _R(str), "method": _R(str),
+    "optimizer.name": _R(str), "optimizer.learning_rate": _R(float, low=0),
+    "optimizer.momentum": _DECAY_RATE, "optimizer.weight_decay": _R(float, low=0),
+    "optimizer.b1": _DECAY_RATE, "optimizer.b2": _DECAY_RATE,
+    "optimizer.eps": _R(float, low=0, low_open=True),
+    "optimizer.trust_coefficient": _R(float, low=0, low_open=True),
+    "schedule.name": _R(str), "schedule.warmup_epochs": _R(float, low=0),
+    "schedule.warmup_steps": _R(int, low=0),
+    # fractions of training at which the step schedule divides the rate by 10
+    "schedule.boundaries": _R(float, low=0, high=1, each=True),
+    "schedule.power": _R(float, low=0, low_open=True),
+    "batch_size": _R(int, low=1), "eval_batch_size": _R(int, low=1),
+    "num_steps": _R(int, low=0), "num_epochs": _R(float, low=0),
+    "log_every": _R(int, low=0), "eval_every": _R(int, low=0),
+    "checkpoint_every": _R(int, low=0), "keep_checkpoints": _R(int, low=1),
+    "num_devices": _R(int, low=1, optional=True), "workers_per_device": _R(int, low=1),
+    "distributed.coordinator_address": _R(str, optional=True),
+    "distributed.num_processes": _R(int, low=1, optional=True),
+    "distributed.process_id": _R(int, low=0, optional=True),
+    "distributed.heartbeat_timeout_seconds": _R(int, low=1),
+    "distributed.join_timeout_seconds": _R(int, low=1),
+    "skip_nonfinite": _R(bool), "max_skipped_fraction": _R(float, low=0, high=1),
+    "check_replicas_every": _R(int, low=0), "stall_timeout_seconds": _R(int, low=0),
+    "resume_on_other_data": _R(bool),
+    "seed": checks.SEED,
+}
+
+
+def rules() -> dict[str, checks.Rule]:
+  """Every declared field's rule, by its path in the config: :data:`RULES`, the settings every
+  method shares (``compression.<field>``, ``registry.Common``'s) and each registered method's own
+  (``compression.<method>.<field>``)."""
+  out = dict(RULES)
+  out.update({f"compression.{field}": rule
+              for field, rule in checks.rules_of(registry.Common).items()})
+  for name in registry.names():
+    out.update({f"compression.{name}.{field}": rule
+                for field, rule in checks.rules_of(registry.get(name).settings).items()})
+  return out
+
+
+def check(config: ml_collections.ConfigDict, *blocks: str) -> None:
+  """Checks ``config``'s fields (those under ``blocks``, e.g. ``"optimizer"``; none: all)
+  against their declared rules (:func:`rules`); a field the config lacks is not checked.
+
+  Raises:
+    TypeError, ValueError: naming the first field that breaks its rule as
+      ``config.<path>=<value>`` and what is allowed.
+  """
+  for path, rule in rules().items():
+    if blocks and not any(path == b or path.startswith(b + ".") for b in blocks):
+      continue
+    value = config
+    for key in path.split("."):
+      if not isinstance(value, ml_collections.ConfigDict) or key not in value:
+        break
+      value = value[key]
+    else:
+      rule.check(value, f"config.{path}")
 
 
 def base() -> ml_collections.ConfigDict:
@@ -101,10 +194,13 @@ def base() -> ml_collections.ConfigDict:
       coordinator_address=ml_collections.FieldReference(None, field_type=str),
       num_processes=ml_collections.FieldReference(None, field_type=int),
       process_id=ml_collections.FieldReference(None, field_type=int),
-      heartbeat_timeout_seconds=DEFAULT_HEARTBEAT_TIMEOUT_SECONDS))
+      heartbeat_timeout_seconds=DEFAULT_HEARTBEAT_TIMEOUT_SECONDS,
+      join_timeout_seconds=DEFAULT_JOIN_TIMEOUT_SECONDS))
   c.skip_nonfinite = True
   c.max_skipped_fraction = 0.1
   c.check_replicas_every = 0
+  c.stall_timeout_seconds = DEFAULT_STALL_TIMEOUT_SECONDS
+  c.resume_on_other_data = False
   c.seed = 0
   return c
 
@@ -151,7 +247,9 @@ def parse_args(arg: str | None, **defaults) -> dict:
     The defaults updated from ``arg``.
 
   Raises:
-    ValueError: a key that is not allowed, or a value of the wrong form.
+    ValueError: a key that is not allowed (the message suggests the nearest key), a bare word
+      where the config has no variants, or a value of the wrong form; each names the part of
+      ``arg`` and what is allowed.
   """
   out = dict(defaults)
   for part in filter(None, (arg or "").split(",")):
@@ -159,11 +257,22 @@ def parse_args(arg: str | None, **defaults) -> dict:
     if not sep:
       key, value = ("smoke", "true") if part == "smoke" else ("variant", part)
     if key not in defaults:
-      raise ValueError(f"config argument {part!r}: unknown key {key!r}; allowed: {sorted(defaults)}")
-    if isinstance(defaults[key], bool):
+      nearest = difflib.get_close_matches(part.partition("=")[0], defaults, n=1)
+      hint = f" (did you mean {nearest[0]!r}?)" if nearest else ""
+      what = f"unknown key {key!r}" if sep else "not key=value, and the config has no variants"
+      raise ValueError(f"config argument {part!r}: {what}{hint}; allowed keys: "
+                       f"{sorted(defaults)}")
+    kind = type(defaults[key])
+    if kind is bool:
       if value.lower() not in ("true", "false", "1", "0"):
-        raise ValueError(f"config argument {part!r}: {key} must be true or false")
+        raise ValueError(f"config argument {part!r}: {key}={value!r} is not allowed; {key} "
+                         "must be true or false (or 1 or 0)")
       out[key] = value.lower() in ("true", "1")
     else:
-      out[key] = type(defaults[key])(value)
+      try:
+        out[key] = kind(value)
+      except ValueError:
+        raise ValueError(f"config argument {part!r}: {key}={value!r} is not allowed; allowed: "
+                         f"{'an' if kind is int else 'a'} {kind.__name__} (default "
+                         f"{defaults[key]!r})") from None
   return out

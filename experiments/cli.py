@@ -1,22 +1,25 @@
 """What the command-line entry points (``experiments.run``, ``experiments.sweep``,
 ``experiments.bench``, ``experiments.reproduce``) share: bad input reported in one line, without a
 traceback (:func:`errors_in_one_line`; ``--verbose`` or ``TASC_JAX_VERBOSE=1`` shows the
-traceback), a one-line error for a config file that does not exist or a config field that does
-not exist, and the exit of an interrupted run.
+traceback), a one-line error for a config file that does not exist or is not a config, for a
+config argument it refuses, for a config field that does not exist and for any other flag (absl's,
+or argparse's: :class:`ArgumentParser`), and the exit of an interrupted run.
 
 The config file's check runs before absl parses the flags: ml_collections defers a missing file's
 error to the first use of the config, and ``--config.<field>`` overrides use it while the flags
 are parsed, so without the check the user reads a traceback of some 40 lines.
 """
 
+import argparse
 import contextlib
+import importlib.machinery
+import importlib.util
 import os
 import signal
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
-from absl import app
 from absl import flags
 
 from experiments import interrupt
@@ -62,23 +65,84 @@ def errors_in_one_line(program: str, *, show_traceback: bool | None = None) -> I
     sys.exit(f"{program}: {one_line(e)}")
 
 
+class ArgumentParser(argparse.ArgumentParser):
+  """argparse's parser for the programs that use it, whose errors are raised as ValueError, to
+  be one line (exit status 1) from :func:`errors_in_one_line` as the other programs' errors are,
+  not printed after the usage (exit status 2)."""
+
+  def error(self, message):
+    raise ValueError(message)
+
+
 def flags_parser(program: str) -> Callable[[list[str]], list[str]]:
   """absl's flag parsing for ``app.run(main, flags_parser=...)``, which exits with a one-line
-  error (status 1) naming the path where ``--config`` names no file, and naming the flag and the
-  nearest field where a ``--config.<field>`` override names no field."""
+  error (status 1): naming the path where ``--config`` names no file, or a file that makes no
+  config (:func:`load_config`); naming the flag and the nearest field where a
+  ``--config.<field>`` override names no field; and absl's own message for any other flag."""
 
   def parse(argv: list[str]) -> list[str]:
     with errors_in_one_line(program, show_traceback=verbose(argv)):
       for i, arg in enumerate(argv[1:], 1):
         if arg.startswith("--config="):
-          validation.check_config_file(arg.partition("=")[2])
+          load_config(arg.partition("=")[2])
         elif arg == "--config" and i + 1 < len(argv):
-          validation.check_config_file(argv[i + 1])
+          load_config(argv[i + 1])
       try:
-        return app.parse_flags_with_usage(argv)
+        # Not app.parse_flags_with_usage: it prints the error on two lines, the second one
+        # about --helpshort.
+        return flags.FLAGS(argv)
+      except flags.Error as e:
+        raise ValueError(f"{one_line(e)} (--helpshort lists the flags)") from e
       except (KeyError, AttributeError) as e:  # ml_collections: a field the config lacks
         raise KeyError(_unknown_field(e, argv)) from e
   return parse
+
+
+def load_config(spec: str, what: str = "--config") -> Any:
+  """Loads the config file of ``spec`` (``path/to/config.py[:arg]``) and calls its
+  ``get_config(arg)``, so that whatever fails there is one line naming the file.
+
+  :func:`flags_parser` calls it before absl parses the flags, for its errors; ml_collections
+  then loads the file again (a config file is cheap to run). Where loading fails,
+  ml_collections puts the traceback of a ValueError or TypeError of ``get_config`` (a mistyped
+  config argument, ``:smok``) into the flag's message, and lets any other error (a file that is
+  not Python, or defines no ``get_config``) escape with its traceback.
+
+  Args:
+    spec: the path and, after ``:``, the argument of ``get_config``.
+    what: where ``spec`` comes from, for the message.
+
+  Returns:
+    What ``get_config`` returns.
+
+  Raises:
+    FileNotFoundError: there is no file at the path.
+    ValueError: the file cannot be run as Python, defines no ``get_config``, or its
+      ``get_config`` fails
+      (a ValueError or TypeError of ``get_config``, which names what is wrong, is kept as it is;
+      any other error is named with its type).
+  """
+  validation.check_config_file(spec, what)
+  path, colon, arg = spec.partition(":")
+  # Loaded as ml_collections loads it: any file name, not registered in sys.modules.
+  loader = importlib.machinery.SourceFileLoader("config_check", path)
+  module = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
+  try:
+    loader.exec_module(module)
+  except Exception as e:  # pylint: disable=broad-except
+    raise ValueError(f"{what}={spec!r}: {path} cannot be run as a Python config file "
+                     f"({type(e).__name__}: {one_line(e)}); a config file is Python that "
+                     "defines get_config(arg=None), as configs/quickstart.py does") from e
+  if not callable(getattr(module, "get_config", None)):
+    raise ValueError(f"{what}={spec!r}: {path} defines no get_config(arg=None); a config file "
+                     "is Python that defines it, as configs/quickstart.py does")
+  try:
+    return module.get_config(*([arg] if colon else []))
+  except (ValueError, TypeError) as e:
+    raise ValueError(f"{what}={spec!r}: {one_line(e)}") from e
+  except Exception as e:  # pylint: disable=broad-except
+    raise ValueError(f"{what}={spec!r}: get_config of {path} raised {type(e).__name__}: "
+                     f"{one_line(e)}") from e
 
 
 def _unknown_field(error: BaseException, argv: Sequence[str]) -> str:

@@ -9,6 +9,11 @@ lock left by a dead run never blocks: the next run takes it over and says whose 
 stays when the run ends, emptied (an empty file is a free lock): deleting it would let a run that
 opened it just before lock a file no one else sees.
 
+The lock is judged by the ``flock`` alone: the pid in the file only names the holder in messages.
+Judging by whether that pid is alive blocked every resume once the dead run's pid belonged to an
+unrelated process; the price is that on a filesystem whose ``flock`` locks nothing (some network
+filesystems) two runs on one workdir are not kept apart.
+
 Nothing here imports JAX: in a multi-process run only process 0 takes the lock, and the runner
 tells the other processes whether it could (:func:`experiments.train.train`).
 """
@@ -37,7 +42,8 @@ def hold(workdir: str) -> Iterator[None]:
   """Holds ``workdir``'s lock for the body (creating ``workdir`` if need be).
 
   Raises:
-    WorkdirInUse: another live run holds it (the message names its pid, host and command).
+    WorkdirInUse: a live process holds its ``flock`` (the message names the run the file names,
+      and how to find and stop the process that holds it).
   """
   path = os.path.join(workdir, LOCK_FILE)
   os.makedirs(workdir, exist_ok=True)
@@ -47,8 +53,6 @@ def hold(workdir: str) -> Iterator[None]:
     except BlockingIOError:
       raise WorkdirInUse(_in_use(workdir, _holder(f))) from None
     previous = _holder(f)
-    if previous and _alive_here(previous):  # a filesystem whose flock locks nothing
-      raise WorkdirInUse(_in_use(workdir, previous))
     if previous:
       logging.warning("%s: taking over the lock of a run that ended without releasing it (%s)",
                       workdir, _describe(previous))
@@ -79,20 +83,6 @@ def _write(f, holder: dict | None) -> None:
   f.flush()
 
 
-def _alive_here(holder: dict) -> bool:
-  """Whether ``holder`` is another process of this host that is still running."""
-  pid = holder.get("pid")
-  if holder.get("host") != socket.gethostname() or not isinstance(pid, int) or pid == os.getpid():
-    return False
-  try:
-    os.kill(pid, 0)
-  except ProcessLookupError:
-    return False
-  except PermissionError:  # another user's live process
-    return True
-  return True
-
-
 def _describe(holder: dict | None) -> str:
   if not holder:
     return "a run that did not say who it is"
@@ -102,6 +92,10 @@ def _describe(holder: dict | None) -> str:
 
 
 def _in_use(workdir: str, holder: dict | None) -> str:
+  path = os.path.join(workdir, LOCK_FILE)
+  # A live process holds the flock (a run, or a process it started that kept the file open):
+  # deleting the file would free the workdir for a second run while the first still writes it.
   return (f"workdir={workdir!r} is in use by another run ({_describe(holder)}); one run per "
-          f"workdir: wait for it to end, stop it, or use another --workdir (its lock: "
-          f"{os.path.join(workdir, LOCK_FILE)})")
+          f"workdir: wait for it to end, stop it, or use another --workdir. Its lock {path} "
+          f"frees itself when the process that holds it ends (`fuser -v {path}` names that "
+          "process); do not delete the file while it runs")

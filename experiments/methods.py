@@ -18,14 +18,17 @@ config.
 import dataclasses
 import functools
 import json
+import math
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import optax
 
+from compressors import checks
 from compressors import equal_bytes
 from compressors import registry
+from configs import common as config_common
 from experiments import models
 import optimizers
 
@@ -57,8 +60,17 @@ def common(config) -> registry.Common:
 
 
 def _dataclass_from(cls: type, block, where: str):
+  """``cls`` made from the fields of ``block`` it has, each first checked against its declared
+  rule (:func:`compressors.checks.setting`), so that an error names ``<where>.<field>``; the
+  errors of a settings class's own checks are prefixed with ``where``."""
+  for field, rule in checks.rules_of(cls).items():
+    if field in block:
+      rule.check(block[field], f"{where}.{field}")
   names = {f.name for f in dataclasses.fields(cls)}
-  return cls(**{k: v for k, v in block.items() if k in names})
+  try:
+    return cls(**{k: v for k, v in block.items() if k in names})
+  except (ValueError, TypeError) as err:
+    raise type(err)(f"{where}: {err}") from err
 
 
 def exchange_settings(config) -> Any:
@@ -149,6 +161,25 @@ def equal_bytes_settings(config) -> tuple[Any, equal_bytes.Solution | None]:
   return solution.settings, solution
 
 
+def equal_bytes_tier(config) -> dict[str, Any] | None:
+  """The equal-bytes tier ``config.equal_bytes`` asks for and the one the method's settings
+  (solved by :func:`fill_equal_bytes`, or as configured) meet, for the run's log and its
+  ``results.json``: ``ratio`` (asked), ``met_ratio`` (dense's bytes over the method's, by the cost
+  model; None where no setting can be priced), ``workers``, ``on_tier`` (within
+  :data:`compressors.equal_bytes.TOLERANCE`) and ``note`` (why not, when not). A method whose
+  bytes are fixed (dense, fp16) meets only its own ratio. None for a config without the request.
+  """
+  request = config.get("equal_bytes")
+  if request is None:
+    return None
+  solution = equal_bytes.solve(config.method, parameter_shapes(config), request.workers,
+                               request.ratio, settings(config),
+                               exchange_settings=exchange_settings(config))
+  return {"ratio": request.ratio, "workers": request.workers,
+          "met_ratio": solution.ratio if math.isfinite(solution.bytes) else None,
+          "on_tier": solution.feasible, "note": solution.note}
+
+
 def fill_equal_bytes(config) -> None:
   """Writes :func:`equal_bytes_settings` into ``config.compression.<method>``, so that the run
   trains, and its ``config.json`` records, the solved settings. What runs a config calls this
@@ -163,7 +194,10 @@ def fill_equal_bytes(config) -> None:
       config.compression[solved.exchange].update(dataclasses.asdict(solution.exchange_settings))
 
 
-LR_SCHEDULES = ("constant", "cosine", "step", "warmup_poly", "mlperf_lars")
+# Each schedule and the fields of config.schedule it uses besides its name and warm-up (others set
+# away from their defaults are warned about: experiments.validation.unused_settings).
+LR_SCHEDULES = {"constant": (), "cosine": (), "step": ("boundaries",), "warmup_poly": ("power",),
+                "mlperf_lars": ()}
 
 
 def learning_rate_schedule(config, steps_per_epoch: int, total_steps: int) -> optax.Schedule:
@@ -180,18 +214,12 @@ def learning_rate_schedule(config, steps_per_epoch: int, total_steps: int) -> op
   ``schedule.warmup_steps`` steps; a config sets at most one. The peak rate is
   ``optimizer.learning_rate``.
   """
+  config_common.check(config, "schedule", "optimizer.learning_rate")
   s = config.schedule
   peak = config.optimizer.learning_rate
-  if s.warmup_epochs and s.warmup_steps:
-    raise ValueError(f"config.schedule.warmup_epochs={s.warmup_epochs} and warmup_steps="
-                     f"{s.warmup_steps} are both set; allowed: at most one > 0")
-  warmup = int(round(s.warmup_epochs * steps_per_epoch)) + s.warmup_steps
+  warmup = check_schedule(config, steps_per_epoch, total_steps)
   if s.name == "mlperf_lars":
     return optimizers.mlperf_lars_schedule(config.batch_size, steps_per_epoch, total_steps)
-  if warmup >= total_steps:
-    given = (f"warmup_steps={s.warmup_steps}" if s.warmup_steps
-             else f"warmup_epochs={s.warmup_epochs} is {warmup} steps,")
-    raise ValueError(f"config.schedule.{given} not fewer than the {total_steps} training steps")
   if s.name == "warmup_poly":
     return optimizers.warmup_polynomial_decay(peak, warmup, total_steps, power=s.power)
   if s.name == "cosine":
@@ -209,7 +237,60 @@ def learning_rate_schedule(config, steps_per_epoch: int, total_steps: int) -> op
       [optax.linear_schedule(0.0, peak, warmup), after_warmup], [warmup])
 
 
-OPTIMIZERS = ("sgd", "momentum", "nesterov", "adam", "adamw", "lamb", "lars")
+def check_schedule(config, steps_per_epoch: int | None = None,
+                   total_steps: int | None = None) -> int | None:
+  """Checks ``config.schedule``'s name and its warm-up (``warmup_epochs`` or ``warmup_steps``)
+  against the run's length (the one place of these rules), and returns the warm-up's steps.
+
+  Args:
+    config: the run's config.
+    steps_per_epoch, total_steps: the run's, once its data is loaded; None before, when the
+      warm-up is checked only where it and the run's length are given in one unit (steps, or
+      epochs).
+
+  Returns:
+    The warm-up's steps; None before the data is loaded.
+
+  Raises:
+    ValueError: an unknown name, both warm-up fields set, a warm-up with ``mlperf_lars`` (whose
+      warm-up comes from the batch size), or a warm-up not shorter than the run.
+  """
+  s = config.schedule
+  if s.name not in LR_SCHEDULES:
+    raise ValueError(f"config.schedule.name={s.name!r} is not allowed; allowed: "
+                     f"{sorted(LR_SCHEDULES)}")
+  if s.warmup_epochs and s.warmup_steps:
+    raise ValueError(f"config.schedule.warmup_epochs={s.warmup_epochs} and warmup_steps="
+                     f"{s.warmup_steps} are both set; allowed: at most one > 0")
+  if s.name == "mlperf_lars" and (s.warmup_epochs or s.warmup_steps):
+    given = "warmup_steps" if s.warmup_steps else "warmup_epochs"
+    raise ValueError(f"config.schedule.{given}={s[given]!r} with schedule.name='mlperf_lars', "
+                     "whose warm-up comes from the batch size "
+                     "(optimizers.mlperf_lars_schedule); allowed: 0")
+  if total_steps is None:
+    if s.warmup_steps and config.num_steps and s.warmup_steps >= config.num_steps:
+      raise ValueError(f"config.schedule.warmup_steps={s.warmup_steps} not fewer than the "
+                       f"{config.num_steps} training steps (config.num_steps)")
+    if s.warmup_epochs and config.num_epochs and s.warmup_epochs >= config.num_epochs:
+      raise ValueError(f"config.schedule.warmup_epochs={s.warmup_epochs} not fewer than the "
+                       f"{config.num_epochs} training epochs (config.num_epochs)")
+    return None
+  warmup = int(round(s.warmup_epochs * steps_per_epoch)) + s.warmup_steps
+  if s.name != "mlperf_lars" and warmup >= total_steps:
+    given = (f"warmup_steps={s.warmup_steps}" if s.warmup_steps
+             else f"warmup_epochs={s.warmup_epochs} is {warmup} steps,")
+    raise ValueError(f"config.schedule.{given} not fewer than the {total_steps} training steps")
+  return warmup
+
+
+# Each optimizer and the fields of config.optimizer it uses besides its name and learning rate
+# (others set away from their defaults are warned about: experiments.validation.unused_settings).
+OPTIMIZERS = {
+    "sgd": ("weight_decay",), "momentum": ("momentum", "weight_decay"),
+    "nesterov": ("momentum", "weight_decay"), "adam": ("b1", "b2", "eps"),
+    "adamw": ("b1", "b2", "eps", "weight_decay"), "lamb": ("b1", "b2", "eps", "weight_decay"),
+    "lars": ("momentum", "weight_decay", "trust_coefficient"),
+}
 
 
 def optimizer(config, learning_rate: optax.ScalarOrSchedule) -> optax.GradientTransformation:
@@ -219,8 +300,16 @@ def optimizer(config, learning_rate: optax.ScalarOrSchedule) -> optax.GradientTr
   gradient, as for the CIFAR ResNets); ``adamw`` decays decoupled; ``lamb`` and ``lars`` are the
   project's ``optimizers.lamb``/``optimizers.lars`` (biases and norm parameters excluded from decay
   and trust ratio, as the reference implementations do).
+
+  Raises:
+    ValueError, TypeError: an unknown name, or a field of ``config.optimizer`` outside its
+      declared rule (``configs.common.RULES``), e.g. ``b1=1.5``, for every optimizer alike.
   """
+  config_common.check(config, "optimizer")
   o = config.optimizer
+  if o.name not in OPTIMIZERS:
+    raise ValueError(f"config.optimizer.name={o.name!r} is not allowed; allowed: "
+                     f"{sorted(OPTIMIZERS)}")
   if o.name in ("sgd", "momentum", "nesterov"):
     momentum = None if o.name == "sgd" else o.momentum
     sgd = optax.sgd(learning_rate, momentum=momentum, nesterov=o.name == "nesterov")

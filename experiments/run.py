@@ -24,9 +24,13 @@ The last line printed is the summary: test accuracy and loss, steps (and how man
 for a non-finite gradient), bytes per worker per step against dense. Exit status: 0; 1 on an
 error, or when the run diverged (a final loss that is not finite, or more than
 ``config.max_skipped_fraction`` of its steps skipped; a line on stderr says which, and
-``results.json`` records it); 130 (SIGINT, Ctrl-C) or 143 (SIGTERM) when a signal stopped it at
+``results.json`` records it), or when a training step did not complete within
+``config.stall_timeout_seconds`` or the processes of a job did not join within
+``config.distributed.join_timeout_seconds`` (a line on stderr names what was waited for:
+:mod:`experiments.watchdog`); 130 (SIGINT, Ctrl-C) or 143 (SIGTERM) when a signal stopped it at
 a step boundary, after a checkpoint, with ``interrupted at step N; resume with: <command>`` on
-stderr (a second signal stops it at once).
+stderr (a second signal stops it at once; before the first step has completed, the first one
+does).
 """
 
 import os
@@ -55,8 +59,10 @@ flags.mark_flags_as_required(["config"])
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  with cli.errors_in_one_line("experiments.run"):
+    if len(argv) > 1:  # not absl's UsageError, which prints every flag's help before the error
+      raise ValueError(f"unexpected arguments {argv[1:]}; every option is a flag (--config=..., "
+                       "--config.<field>=<value>, --workdir=...)")
   if not flags.FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)  # orbax logs every file it writes at INFO
   config = _CONFIG.value

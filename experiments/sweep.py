@@ -19,16 +19,16 @@ Every run's config, overrides applied, is checked as the runner checks it before
 trains: a config refused is one line naming the run, and nothing trains. A run that diverges (see
 ``experiments.run``) is recorded as such (``diverged`` and ``divergence`` in ``summary.csv`` and
 its ``results.json``), and a run that fails when it starts (its data cannot be read, another run
-holds its workdir, ...) is recorded with its error (``error`` in ``summary.csv``); the sweep goes
-on with the other runs and then exits with status 1, naming the failed and the diverged runs. Bad
-input is one line without a traceback (``--verbose`` or ``TASC_JAX_VERBOSE=1`` shows it). SIGINT or SIGTERM stops the sweep at the current
-run's next step boundary, after a checkpoint, and prints the command that resumes it (status 130
-or 143).
+holds its workdir, a model field that breaks its shapes, any exception) is recorded with its
+one-line error (``error`` in ``summary.csv``); the sweep goes on with the other runs and then
+exits with status 1, naming the failed and the diverged runs. Bad input is one line without a
+traceback (``--verbose`` or ``TASC_JAX_VERBOSE=1`` shows it). SIGINT or SIGTERM stops the sweep
+at the current run's next step boundary, after a checkpoint, and prints the command that resumes
+it (status 130 or 143).
 """
 
 import ast
 import csv
-import importlib.util
 import json
 import os
 import sys
@@ -62,13 +62,9 @@ SUMMARY_FIELDS = ("name", "dataset", "model", "method", "step", "test_accuracy",
 
 
 def load_config(spec: str) -> ml_collections.ConfigDict:
-  """Loads ``path/to/config.py[:arg]`` by calling its ``get_config(arg)``."""
-  validation.check_config_file(spec, "sweep: run config")
-  path, _, arg = spec.partition(":")
-  module_spec = importlib.util.spec_from_file_location("sweep_run_config", path)
-  module = importlib.util.module_from_spec(module_spec)
-  module_spec.loader.exec_module(module)
-  return module.get_config(arg or None)
+  """Loads ``path/to/config.py[:arg]`` by calling its ``get_config(arg)``; whatever fails there
+  is one line naming the file (:func:`experiments.cli.load_config`)."""
+  return cli.load_config(spec, "sweep: run config")
 
 
 def run_configs(sweep: ml_collections.ConfigDict) -> dict[str, ml_collections.ConfigDict]:
@@ -107,17 +103,22 @@ def check_runs(configs: dict[str, ml_collections.ConfigDict]) -> None:
   Raises:
     ValueError: naming each refused run and why, on one line.
   """
-  refused = []
+  refused: dict[str, list[str]] = {}  # why -> the runs refused for it, in order
   for name, config in configs.items():
     try:
       validation.check_workers(config)
       devices = jax.device_count() if config.num_devices is None else config.num_devices
       validation.check_config(config, devices * config.workers_per_device)
     except (ValueError, TypeError, KeyError, NameError) as e:
-      refused.append(f"run {name!r}: {cli.one_line(e)}")
+      refused.setdefault(cli.one_line(e), []).append(name)
   if refused:
-    raise ValueError(f"sweep config: {len(refused)} of {len(configs)} runs refused, nothing "
-                     f"trained: {'; '.join(refused)}")
+    # An override refused in every run is said once, not once per run.
+    reasons = "; ".join(f"run{'s' if len(names) > 1 else ''} "
+                        f"{', '.join(repr(n) for n in names)}: {why}"
+                        for why, names in refused.items())
+    count = sum(len(names) for names in refused.values())
+    raise ValueError(f"sweep config: {count} of {len(configs)} runs refused, nothing trained: "
+                     f"{reasons}")
 
 
 def _override(config, overrides, where, prefix):
@@ -217,6 +218,8 @@ def write_summary(workdir: str, configs: dict[str, ml_collections.ConfigDict],
     rows.append({"name": name, "dataset": config["dataset"], "model": config["model"]["name"],
                  "method": config["method"], **{k: results[k] for k in SUMMARY_FIELDS
                                                 if k in results}})
+  # A sweep's first run may fail before it made its folder, or the sweep's.
+  os.makedirs(workdir, exist_ok=True)
   tmp = os.path.join(workdir, "summary.csv.tmp")
   with open(tmp, "w", newline="") as f:
     writer = csv.DictWriter(f, fieldnames=SUMMARY_FIELDS)
@@ -228,8 +231,11 @@ def write_summary(workdir: str, configs: dict[str, ml_collections.ConfigDict],
 
 def run_sweep(configs: dict[str, ml_collections.ConfigDict], workdir: str) -> list[dict]:
   """Runs every unfinished run of ``configs`` (from :func:`run_configs`) under ``workdir``;
-  returns the summary rows. A run that raises bad input (:data:`experiments.cli.BAD_INPUT`) is
-  recorded with its error (its row's ``error``) and the sweep goes on."""
+  returns the summary rows. A run that raises (bad input, :data:`experiments.cli.BAD_INPUT`, or
+  anything else: a model field that breaks its shapes, a crash in a library) is recorded with
+  its one-line error (its row's ``error``; the traceback is logged with ``--verbose``) and the
+  sweep goes on. A stop on a signal (:class:`experiments.interrupt.Interrupted`, Ctrl-C) is no
+  run's failure: it stops the sweep."""
   is_main = jax.process_index() == 0
   failures = {}
   for name, config in configs.items():
@@ -239,9 +245,11 @@ def run_sweep(configs: dict[str, ml_collections.ConfigDict], workdir: str) -> li
       continue
     try:
       train.train_and_evaluate(config, run_dir)
-    except cli.BAD_INPUT as e:
-      failures[name] = cli.one_line(e)
-      logging.error("sweep: run %s failed: %s", name, failures[name])
+    except Exception as e:  # pylint: disable=broad-except  # recorded, the sweep goes on
+      # Bad input's message says it all; anything else is named by its type too.
+      failures[name] = (cli.one_line(e) if isinstance(e, cli.BAD_INPUT)
+                        else f"{type(e).__name__}: {cli.one_line(e)}")
+      logging.error("sweep: run %s failed: %s", name, failures[name], exc_info=cli.verbose())
     if is_main:
       write_summary(workdir, configs, failures)
   return write_summary(workdir, configs, failures) if is_main else []

@@ -63,8 +63,15 @@ Failures (see README, "Failure behaviour"):
 * Crashes: the state is the whole position of the run (the data position is the step), and
   checkpoints are written atomically, so a killed run restarted with the same workdir ends bit
   for bit as an uninterrupted one. A workdir whose checkpoints another config wrote is refused
-  (:func:`experiments.validation.check_resume`); a checkpoint that cannot be read is moved aside
-  and the newest readable one restored (:meth:`experiments.checkpoint.Checkpointer.restore_latest`).
+  (:func:`experiments.validation.check_resume`); a checkpoint that cannot be read, or whose files
+  differ from their checksums, is moved aside and the newest readable one restored
+  (:meth:`experiments.checkpoint.Checkpointer.restore_latest`); a resume on other data than the
+  checkpoints record is refused (:meth:`experiments.checkpoint.Checkpointer.check_data`).
+* Hangs: a training step, or its batch, that has not completed within
+  ``config.stall_timeout_seconds`` (the step's compilation apart) stops the run with one line
+  naming the step, its kind and, in a multi-process run, the processes and the coordinator's
+  address it waits for, exit status 1 (:mod:`experiments.watchdog`); a signal before the first
+  step has completed stops the run at once (:mod:`experiments.interrupt`).
 * One run per workdir: a run holds the workdir's lock (:mod:`experiments.lock`) from the end of
   its checks to its exit; a second run on it is refused, naming the first.
 """
@@ -101,6 +108,7 @@ from experiments import models
 from experiments import provenance
 from experiments import tasks
 from experiments import validation
+from experiments import watchdog
 
 AXIS = methods.AXIS_NAME
 WORKER_AXIS = "worker"  # the simulated workers' axis (vmap), inside each device
@@ -127,7 +135,8 @@ def make_workers(config) -> compressors.Workers:
 
   Raises:
     ValueError: more devices asked for than exposed on CPU or across processes (the message
-      says how), or a device count the processes do not divide.
+      says how), a device count the processes do not divide, or more simulated CPU devices per
+      process than can run a collective (:func:`experiments.distributed.check_running_cpu_devices`).
   """
   validation.check_workers(config)
   devices = jax.devices()
@@ -151,6 +160,8 @@ def make_workers(config) -> compressors.Workers:
     per_process = asked // jax.process_count()
     chosen = [d for p in range(jax.process_count())
               for d in [d for d in devices if d.process_index == p][:per_process]]
+  if platform == "cpu":  # where the runner did not expose the devices (the Python API)
+    distributed.check_running_cpu_devices(len(chosen) // jax.process_count(), jax.process_count())
   mesh = Mesh(np.asarray(chosen), (AXIS,))
   return compressors.Workers.on(mesh, AXIS if per_device == 1 else (AXIS, WORKER_AXIS),
                                 per_device)
@@ -572,12 +583,14 @@ def _train(config, workdir, stop: interrupt.StopRequest, started: float, lock_wo
   skipped = _skipped_steps(state)
   reason = divergence(config, run.steps, skipped,
                       {"train_loss": train_loss, "test_loss": final_eval["test_loss"]})
+  # An equal-bytes run records the tier it asked for and the one it met (off tier: warned).
+  tier = methods.equal_bytes_tier(config)
   results = {"step": run.steps, "train_loss": train_loss, "examples_per_sec": examples_per_sec,
              "skipped_steps": skipped, "num_params": run.num_params,
              "wall_seconds": time.time() - started, "num_workers": run.workers.count,
              "workers_per_device": run.workers.per_device, "diverged": reason is not None,
              "divergence": reason, **final_eval, **run.communication, **run.dataset.info,
-             provenance.KEY: _provenance(run.workers)}
+             **({"equal_bytes": tier} if tier else {}), provenance.KEY: _provenance(run.workers)}
   if run.is_main:
     logs.write_json(os.path.join(workdir, RESULTS_FILE), results)
   return results, state
@@ -599,8 +612,10 @@ def _prepare(config, workdir, lock_workdir) -> tuple[_Run, TrainState]:
   tx = methods.make_chain(config, learning_rate, workers.axis_name)
   first_batch = _train_batch(dataset, config, 0)
   lock_workdir()
-  checkpointer = checkpoint.Checkpointer(workdir, keep=config.keep_checkpoints)
+  checkpointer = checkpoint.Checkpointer(workdir, keep=config.keep_checkpoints,
+                                        data=dataset.identity)
   validation.check_resume(config, workdir, checkpointer.latest_step())
+  checkpointer.check_data(changed_ok=config.resume_on_other_data)
   if jax.process_index() == 0:
     os.makedirs(workdir, exist_ok=True)
     logs.write_json(os.path.join(workdir, validation.CONFIG_FILE),
@@ -609,6 +624,8 @@ def _prepare(config, workdir, lock_workdir) -> tuple[_Run, TrainState]:
   init_variables = _variables_initializer(model, task, {k: v[0] for k, v in first_batch.items()},
                                           workers.count)
   params_shape, model_state_shape = jax.eval_shape(init_variables, config.seed)
+  validation.check_compresses(config, [x.shape for x in jax.tree.leaves(params_shape)],
+                              workers.count)
   batch_shape = jax.tree.map(lambda x: jax.ShapeDtypeStruct(
       (workers.count * x.shape[1],) + x.shape[2:], x.dtype), first_batch)
   example = TrainState(jax.ShapeDtypeStruct((), jnp.int32), params_shape, model_state_shape, ())
@@ -641,34 +658,72 @@ def _loop(run: _Run, state: TrainState, start: int, writer, stop: interrupt.Stop
   batches = _prefetch(lambda s: _to_global(_train_batch(run.dataset, config, s), run.workers),
                       range(start, run.steps))
   on_cpu = run.workers.mesh.devices.flat[0].platform == "cpu"
+  stalls, compiled, where = watchdog.Watchdog(), set(), _whose_step(run)
   for step in range(start, run.steps + 1):  # every step boundary, where a signal stops the run
     if stop.should_stop():
       progress.close()
       _stop(run, state, step, start, writer, stop)
     if step == run.steps:
       break
-    state, metrics = dp.train_step(state, next(batches), kind=dp.kind_at(step))
-    if on_cpu:
-      # One program in flight at a time: simulated CPU devices share one thread pool, and runs
-      # with several steps in flight occasionally hung in a collective (experiments.distributed).
-      jax.block_until_ready(state.step)
-    done = step + 1
-    progress.update(1)
-    if (config.log_every and done % config.log_every == 0) or done == run.steps:
-      now = time.time()
-      examples_per_sec = config.batch_size * (done - last[1]) / (now - last[0])
-      last = (now, done)
-      train_loss = _log(run, writer, done, jax.device_get(mean_metrics(metrics)),
-                        examples_per_sec)
-      progress.set_postfix(loss=f"{train_loss:.4f}")
-    if _replica_check_due(config, dp, done):
-      _check_replicas(dp, state.params, done)
+    kind = dp.kind_at(step)
+    with stalls.watching(f"the training batch of step {step} {where}",
+                         config.stall_timeout_seconds, "config.stall_timeout_seconds",
+                         _STALLED_BATCH_HINT):
+      batch = next(batches)
+    if kind not in compiled:  # before the step's clock starts; the step reuses the program
+      dp.train_step.lower(state, batch, kind=kind).compile()
+      compiled.add(kind)
+    # Until the step's outputs are read (its log, its replica check) an accelerator may still
+    # be running it.
+    with stalls.watching(f"step {step} (kind {kind!r}) {where}", config.stall_timeout_seconds,
+                         "config.stall_timeout_seconds", _STALLED_STEP_HINT):
+      state, metrics = dp.train_step(state, batch, kind=kind)
+      if on_cpu:
+        # One program in flight at a time: simulated CPU devices share one thread pool, and runs
+        # with several steps in flight occasionally hung in a collective
+        # (experiments.distributed).
+        jax.block_until_ready(state.step)
+      done = step + 1
+      progress.update(1)
+      if (config.log_every and done % config.log_every == 0) or done == run.steps:
+        now = time.time()
+        examples_per_sec = config.batch_size * (done - last[1]) / (now - last[0])
+        last = (now, done)
+        train_loss = _log(run, writer, done, jax.device_get(mean_metrics(metrics)),
+                          examples_per_sec)
+        progress.set_postfix(loss=f"{train_loss:.4f}")
+      if _replica_check_due(config, dp, done):
+        _check_replicas(dp, state.params, done)
+    stop.step_completed()
     if config.eval_every and done % config.eval_every == 0 and done != run.steps:
       writer.write(done, _evaluate(run.evaluate, state, run.dataset, run.workers, dp))
     if config.checkpoint_every and done % config.checkpoint_every == 0:
       run.checkpointer.save(done, state)
   progress.close()
   return state, train_loss, examples_per_sec
+
+
+# What the watchdog's line says of a training step, and of its batch, that has not completed.
+_STALLED_STEP_HINT = (
+    "its collectives wait for every device and every process, and one that never arrives (a "
+    "device without a thread, a process stopped or hung) leaves them waiting forever; the last "
+    "checkpoint is kept and a restart resumes from it (a step that is only slow needs a larger "
+    "value)")
+_STALLED_BATCH_HINT = (
+    "a thread reads it ahead and is still reading its files (one that never ends, or storage "
+    "that stopped answering); the last checkpoint is kept and a restart resumes from it")
+
+
+def _whose_step(run: _Run) -> str:
+  """The run's training steps, for the watchdog's line: its workdir and workers, and in a
+  multi-process run this process and the others its collectives wait for, at the coordinator's
+  address."""
+  where = f"of {run.workdir} on {run.workers.count} workers"
+  if jax.process_count() == 1:
+    return where
+  others = ", ".join(str(p) for p in range(jax.process_count()) if p != jax.process_index())
+  return (f"{where}, in process {jax.process_index()} of {jax.process_count()}, waiting for "
+          f"processes {others} (coordinator {distributed.process_settings(run.config)[0]})")
 
 
 def _log(run: _Run, writer, done: int, metrics, examples_per_sec: float) -> float:

@@ -3,67 +3,46 @@ the field, the value and what is allowed."""
 
 import json
 import math
-import numbers
 import os
 
+from absl import logging
+import numpy as np
+
+from compressors import equal_bytes
+from compressors import registry
 from configs import common
 from experiments import data
-from experiments import distributed
 from experiments import methods
 from experiments import models
 from experiments import provenance
 
 CONFIG_FILE = "config.json"
 # Fields that may change when a run resumes: they decide what is logged, checked and kept, when a
-# run counts as diverged, where the data is and how processes meet, never the trajectory of the
-# training state.
+# run counts as diverged, where the data is, how processes meet and how long a step may wait,
+# never the trajectory of the training state (the data itself is checked against the
+# checkpoints' record of it, unless resume_on_other_data says a change is meant:
+# experiments.checkpoint).
 RESUMABLE_CHANGES = ("data_dir", "log_every", "eval_every", "checkpoint_every",
                      "keep_checkpoints", "check_replicas_every", "max_skipped_fraction",
-                     "distributed", "data.decode_threads")
-
-
-def _int(name, value, minimum):
-  if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-    raise ValueError(f"config.{name}={value!r} must be an int >= {minimum}")
-
-
-def _number(name, value, minimum):
-  # NaN compares False with everything, so `value < minimum` alone would let it through.
-  if (isinstance(value, bool) or not isinstance(value, numbers.Real)
-      or not math.isfinite(value) or value < minimum):
-    raise ValueError(f"config.{name}={value!r} must be a finite number >= {minimum}")
-
-
-def _fraction(name, value):
-  if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 <= value <= 1:
-    raise ValueError(f"config.{name}={value!r} must be a number in [0, 1]")
-
-
-def _choice(name, value, allowed):
-  if value not in allowed:
-    raise ValueError(f"config.{name}={value!r} is not allowed; allowed: {sorted(allowed)}")
-
-
-def _bool(name, value):
-  if not isinstance(value, bool):
-    raise TypeError(f"config.{name}={value!r} must be True or False")
+                     "distributed", "data.decode_threads", "resume_on_other_data",
+                     "stall_timeout_seconds")
 
 
 def check_workers(config) -> None:
-  """``config.num_devices`` (None: every device) and ``config.workers_per_device``, and, where
+  """Every field of ``config`` against the rule declared for it (:func:`check_finite`, then
+  ``configs.common.check``: ``config.num_devices``, None for every device, among them) and, where
   the device count is given, the batch sizes against the workers: all of it without JAX, so
   that a run can check it before JAX starts its devices (:func:`check_batches`)."""
-  if config.num_devices is not None:
-    _int("num_devices", config.num_devices, 1)
-  _int("workers_per_device", config.workers_per_device, 1)
+  check_finite(config)
+  common.check(config)
   if config.num_devices is not None:
     check_batches(config, config.num_devices * config.workers_per_device)
 
 
 def check_batches(config, num_workers: int) -> None:
-  """``config.batch_size`` and ``eval_batch_size``: ints >= 1 that the workers divide."""
+  """``config.batch_size`` and ``eval_batch_size`` (ints >= 1, :func:`check_workers`): the
+  workers must divide them."""
   for name in ("batch_size", "eval_batch_size"):
-    _int(name, config[name], 1)
     if config[name] % num_workers:
       raise ValueError(f"config.{name}={config[name]} must be divisible by the "
                        f"{num_workers} workers (config.num_devices x workers_per_device)")
@@ -82,37 +61,24 @@ def check_finite(config) -> None:
 def check_config(config, num_workers: int) -> None:
   """Validates ``config`` for ``num_workers`` workers (devices x workers per device).
 
-  Builds the communication transformation (not compiled), so a compressor's own checks of its
-  settings run here too.
+  Checks every field against the rule declared for it (:func:`check_workers`), then the rules
+  that relate fields; builds the communication transformation (not compiled), so a compressor's
+  own checks of its settings run here too. Settings the run does not use, and an equal-bytes tier
+  its method cannot meet, are warned about in the log (:func:`unused_settings`).
 
   Raises:
-    ValueError: the first problem found.
+    ValueError, TypeError: the first problem found.
   """
-  check_finite(config)
+  check_workers(config)
   data.check_name(config.dataset)
-  _choice("model.name", config.model.get("name"), models.MODELS)
+  # The model's fields by their declared rules, before the data loads (a sweep's runs too).
+  models.check_model(config.model.to_dict())
   methods.check_method(config.method)
-  _choice("optimizer.name", config.optimizer.name, methods.OPTIMIZERS)
-  _choice("schedule.name", config.schedule.name, methods.LR_SCHEDULES)
-  _number("optimizer.learning_rate", config.optimizer.learning_rate, 0)
-  _number("optimizer.weight_decay", config.optimizer.weight_decay, 0)
-  _number("schedule.warmup_epochs", config.schedule.warmup_epochs, 0)
-  _int("schedule.warmup_steps", config.schedule.warmup_steps, 0)
   check_batches(config, num_workers)
-  _int("num_steps", config.num_steps, 0)
-  _number("num_epochs", config.num_epochs, 0)
   if (config.num_steps > 0) == (config.num_epochs > 0):
     raise ValueError(f"exactly one of config.num_steps={config.num_steps} and "
                      f"config.num_epochs={config.num_epochs} must be > 0")
-  for name in ("log_every", "eval_every", "checkpoint_every"):
-    _int(name, config[name], 0)
-  _int("keep_checkpoints", config.keep_checkpoints, 1)
-  _int("check_replicas_every", config.check_replicas_every, 0)
-  _bool("skip_nonfinite", config.skip_nonfinite)
-  _fraction("max_skipped_fraction", config.max_skipped_fraction)
-  distributed.heartbeat_timeout(config)
-  _int("seed", config.seed, 0)
-  check_workers(config)
+  methods.check_schedule(config)
   c = config.compression
   if c.momentum_correction and config.optimizer.name in ("momentum", "nesterov"):
     raise ValueError(f"config.optimizer.name={config.optimizer.name!r} with "
@@ -120,6 +86,93 @@ def check_config(config, num_workers: int) -> None:
                      "momentum twice; allowed: 'sgd' (or momentum_correction=0)")
   methods.make_chain(config, config.optimizer.learning_rate)
   methods.step_kinds(config)
+  for line in unused_settings(config):
+    logging.warning("%s", line)
+
+
+def check_compresses(config, shapes, num_workers: int) -> None:
+  """Refuses a compressing method whose settings compress nothing of the model: by the cost
+  model it would send at least dense's bytes per step (a PowerSGD rank that no matrix of the
+  model can take, so that every leaf is all-reduced densely), while the run would report it as
+  the method.
+
+  Args:
+    config: the run's config.
+    shapes: the shapes of the model's parameters.
+    num_workers: the run's workers (one sends nothing: not checked).
+
+  Raises:
+    ValueError: naming the method's settings, the bytes they send against dense's, and what is
+      allowed.
+  """
+  entry = registry.get(config.method)
+  # A budget is what makes a method's bytes smaller than dense's; a method without one (dense,
+  # fp16) sends fixed bytes, and local updates and own optimizers are priced by their steps.
+  if entry.family != "exchange" or entry.budget is None or num_workers < 2:
+    return
+  settings = methods.settings(config)
+  sent = equal_bytes.method_bytes(config.method, shapes, num_workers, settings)
+  dense = equal_bytes.method_bytes("dense", shapes, num_workers)
+  if sent < dense:
+    return
+  raise ValueError(
+      f"config.compression.{config.method}={settings} compresses none of this model's "
+      f"parameters: by the cost model it sends {sent / dense:.3g}x dense's bytes per step at "
+      f"{num_workers} workers (e.g. a PowerSGD rank above every matrix's smaller side, which "
+      "sends every leaf densely); allowed: settings that send fewer bytes than dense "
+      "(compressors.equal_bytes.solve finds them for a ratio)")
+
+
+def unused_settings(config) -> list[str]:
+  """A line for each setting of ``config`` that its run does not do as asked: the fields of
+  ``config.optimizer`` and ``config.schedule`` set away from their defaults that the optimizer
+  and schedule named do not use (``methods.OPTIMIZERS``, ``methods.LR_SCHEDULES``), and all but
+  the learning rate for a method that is its own optimizer; a step kind of the method that none of ``config.num_steps`` steps runs (a density warm-up, 1-bit
+  Adam's, or a synchronisation period longer than the run); and an equal-bytes tier
+  (``config.equal_bytes``) its method's bytes do not meet (dense's own, the reference, excepted).
+  They are warned about, not refused: the language-model tables run DeMo with the recipe's
+  optimizer block and keep rows off their tier on purpose (``experiments.methods.equal_bytes_tier``
+  records the tier met in ``results.json``), and smoke runs are shorter than any warm-up."""
+  lines = []
+  own_optimizer = registry.get(config.method).family == "optimizer"
+  o, s = config.optimizer, config.schedule
+  unused = _set_but_unused(o, common.base().optimizer, ("learning_rate",) if own_optimizer else
+                           ("name", "learning_rate", *methods.OPTIMIZERS[o.name]))
+  if unused and own_optimizer:
+    lines.append(f"config.method={config.method!r} is its own optimizer (its settings: "
+                 f"config.compression.{config.method}; of config.optimizer it takes only "
+                 f"learning_rate, under config.schedule): config.optimizer's {unused} are not used")
+  elif unused:
+    lines.append(f"config.optimizer.name={o.name!r} does not use config.optimizer's {unused} "
+                 f"(it takes {', '.join(methods.OPTIMIZERS[o.name])})")
+  unused = _set_but_unused(s, common.base().schedule,
+                           ("name", "warmup_epochs", "warmup_steps", *methods.LR_SCHEDULES[s.name]))
+  if unused:
+    lines.append(f"config.schedule.name={s.name!r} does not use config.schedule's {unused}")
+  if config.num_steps:  # an epoch's steps are known once the data is loaded
+    steps = np.arange(config.num_steps)
+    missed = [k for k in methods.step_kinds(config) if not k.runs_at(steps).any()]
+    if missed:
+      kinds = ", ".join(f"{k.name!r} (from step {k.start}, every {k.every})" for k in missed)
+      lines.append(f"config.method={config.method!r}: none of the run's {config.num_steps} steps "
+                   f"(config.num_steps) is of its step kinds {kinds}: a warm-up or a period "
+                   "longer than the run")
+  tier = methods.equal_bytes_tier(config)
+  # A method that sends dense's bytes is the reference the tiers are measured from.
+  if tier is not None and not tier["on_tier"] and tier["met_ratio"] != 1:
+    met = ("no setting of it can be priced" if tier["met_ratio"] is None else
+           f"it sends {tier['met_ratio']:.3g}x fewer bytes than dense at {tier['workers']} workers")
+    lines.append(f"config.equal_bytes.ratio={tier['ratio']!r} is not met by "
+                 f"config.method={config.method!r}: {met} ({tier['note']}); the run trains off "
+                 "its tier (recorded in results.json)")
+  return lines
+
+
+def _set_but_unused(block, defaults, used) -> str:
+  """``"field=value, ..."`` for the fields of ``block`` outside ``used`` whose value is not
+  their default (a field ``defaults`` lacks counts as set); '' for none."""
+  return ", ".join(f"{k}={v!r}" for k, v in block.items()
+                   if k not in used and (k not in defaults or v != defaults[k]))
 
 
 def check_config_file(spec: str, what: str = "--config") -> None:

@@ -1,5 +1,6 @@
 """Test setup: eight simulated CPU devices, set before JAX is imported anywhere."""
 import os
+import subprocess
 
 import pytest
 
@@ -24,3 +25,16 @@ def pytest_collection_modifyitems(config, items):
   for item in items:
     if item.get_closest_marker("gpu"):
       item.add_marker(skip)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+  """A 120 KiB tmpfs: room for one tiny checkpoint and part of a second (needs root)."""
+  folder = tmp_path / "disk"
+  folder.mkdir()
+  mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=120k", "tmpfs", str(folder)],
+                           capture_output=True, check=False)
+  if mounted.returncode:
+    pytest.skip(f"cannot mount a tmpfs: {mounted.stderr.decode().strip()}")
+  yield folder
+  subprocess.run(["umount", str(folder)], check=True)

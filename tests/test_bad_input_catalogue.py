@@ -21,8 +21,10 @@ import pytest
 
 import compressors
 from configs import cifar10_resnet20
+from configs import common
 from configs import digits
 from configs import imagenet_resnet50
+from configs import lm_stdlib
 from configs import quickstart
 from experiments import checkpoint
 from experiments import cli
@@ -167,8 +169,14 @@ def _sweep_refusing_a_run(tmp_path):
 def _data_parallel_on(batch_rows: int):
   tx = compressors.compress(compressors.topk(0.5), axis_name="data")
   params = {"w": np.ones(4, np.float32)}
-  compressors.data_parallel(lambda p, b: (b["x"] @ p["w"]).sum(), tx, harness.mesh(), params,
-                            {"x": np.ones((batch_rows, 4), np.float32)})
+  return compressors.data_parallel(lambda p, b: (b["x"] @ p["w"]).sum(), tx, harness.mesh(),
+                                   params, {"x": np.ones((batch_rows, 4), np.float32)})
+
+
+def _step_of_kind(kind: str):
+  """A step of a kind the method does not have (its state is never made: nothing compiles)."""
+  dp = _data_parallel_on(8)
+  dp.step({"w": np.ones(4, np.float32)}, None, {"x": np.ones((8, 4), np.float32)}, kind=kind)
 
 
 # ------------------------------------------------------------------------------- the catalogue
@@ -212,6 +220,8 @@ _API = [
     ("data-parallel-batch-not-divisible", lambda t: _data_parallel_on(250), ValueError,
      r"data_parallel: batch leaf \['x'\] has shape \(250, 4\); every leaf is split over the 8 "
      r"workers along its first axis, so that axis must be a multiple of 8"),
+    ("step-unknown-kind", lambda t: _step_of_kind("refresh"), ValueError,
+     r"^kind='refresh' is not a step kind of this method; allowed: \['step'\]$"),
     ("hutchinson-zero-probes",
      lambda t: tasc.hutchinson_diagonal(lambda p: (p["w"] ** 2).sum(),
                                         {"w": np.ones(4, np.float32)}, None, 0),
@@ -219,7 +229,10 @@ _API = [
 ]
 _CONFIGS = [
     ("config-arg-unknown-key", lambda t: digits.get_config("methd=topk"), ValueError,
-     r"config argument 'methd=topk': unknown key 'methd'; allowed: \['method', 'smoke'\]"),
+     r"config argument 'methd=topk': unknown key 'methd' \(did you mean 'method'\?\); allowed "
+     r"keys: \['method', 'smoke'\]"),
+    ("config-arg-not-an-int", lambda t: lm_stdlib.get_config("smoke,steps=two"), ValueError,
+     r"config argument 'steps=two': steps='two' is not allowed; allowed: an int \(default 0\)"),
     ("config-field-wrong-type", lambda t: _with(_digits().compression.topk, "density", "0.01"),
      TypeError, r"density"),
     ("method-unknown", lambda t: _run(_digits(method="zip"), t), ValueError,
@@ -227,12 +240,12 @@ _CONFIGS = [
     ("dataset-unknown", lambda t: _run(_digits(dataset="mnist2d"), t), ValueError,
      r"config.dataset='mnist2d' is not a known dataset; available: \[.*'digits'"),
     ("model-unknown", lambda t: _run(_digits(**{"model.name": "transformer9"}), t), ValueError,
-     r"config.model.name='transformer9' is not allowed; allowed: \["),
+     r"config.model.name='transformer9' is not a known model; available: \["),
     ("optimizer-unknown", lambda t: _run(_digits(**{"optimizer.name": "adagrad"}), t),
      ValueError, r"config.optimizer.name='adagrad' is not allowed; allowed: \[.*'lamb'"),
     ("learning-rate-negative",
      lambda t: _run(_digits(**{"optimizer.learning_rate": -0.1}), t), ValueError,
-     r"config.optimizer.learning_rate=-0.1 must be a finite number >= 0"),
+     r"config.optimizer.learning_rate=-0.1 is outside \[0, inf\)"),
     ("learning-rate-nan", lambda t: _run(_digits(**{"optimizer.learning_rate": float("nan")}), t),
      ValueError, r"config.optimizer.learning_rate=nan is not a finite number; allowed: a finite"),
     ("learning-rate-inf", lambda t: _run(_digits(**{"optimizer.learning_rate": float("inf")}), t),
@@ -240,9 +253,9 @@ _CONFIGS = [
     ("nested-field-nan",
      lambda t: _run(_digits(**{"compression.tasc.curvature_decay": float("nan")}), t),
      ValueError, r"config.compression.tasc.curvature_decay=nan is not a finite number"),
-    ("weight-decay-nan-range-check", lambda t: validation._number(  # pylint: disable=protected-access
-        "optimizer.weight_decay", float("nan"), 0), ValueError,
-     r"config.optimizer.weight_decay=nan must be a finite number >= 0"),
+    ("weight-decay-nan-range-check", lambda t: common.RULES["optimizer.weight_decay"].check(
+        float("nan"), "config.optimizer.weight_decay"), ValueError,
+     r"config.optimizer.weight_decay=nan is outside \[0, inf\)"),
     ("device-count-batch-before-jax",
      lambda t: validation.check_workers(_digits(num_devices=100000)), ValueError,
      r"config.batch_size=\d+ must be divisible by the 100000 workers"),
@@ -263,7 +276,11 @@ _CONFIGS = [
     ("rank-via-config",
      lambda t: _run(_digits(**{"method": "powersgd", "compression.powersgd.rank": 0}), t),
      ValueError,
-     r"powersgd: rank=0; allowed: an int >= 1"),
+     r"config.compression.powersgd.rank=0 is below 1; it must be an int >= 1"),
+    ("rank-above-every-matrix",  # every leaf would be all-reduced densely, under PowerSGD's name
+     lambda t: _run(_digits(**{"method": "powersgd", "compression.powersgd.rank": 4096}), t),
+     ValueError, r"config.compression.powersgd=.*rank=4096.* compresses none of this model's "
+     r"parameters: by the cost model it sends 1x dense's bytes"),
     ("momentum-correction-with-dgc",
      lambda t: _run(_digits(**{"method": "dgc", "compression.momentum_correction": 0.9}), t),
      ValueError, r"config.method='dgc' with config.compression.dgc=.*momentum_correction=0.9 "
@@ -275,17 +292,33 @@ _CONFIGS = [
     ("momentum-correction-out-of-range",
      lambda t: _run(_digits(**{"method": "topk", "compression.momentum_correction": 1.5,
                                "optimizer.name": "sgd"}), t),
-     ValueError, r"momentum_correction: momentum=1.5; allowed: a number in \[0, 1\)"),
+     ValueError, r"config.compression.momentum_correction=1.5 is outside \[0, 1\)"),
+    ("adam-b1-above-1", lambda t: _run(_digits(**{"optimizer.b1": 1.5}), t), ValueError,
+     r"config.optimizer.b1=1.5 is outside \[0, 1\)"),
+    ("momentum-negative",
+     lambda t: _run(_digits(**{"optimizer.name": "momentum", "optimizer.momentum": -0.5}), t),
+     ValueError, r"config.optimizer.momentum=-0.5 is outside \[0, 1\)"),
+    ("boundaries-outside-0-1",
+     lambda t: _run(_digits(**{"schedule.name": "step", "schedule.boundaries": (0.5, 2.0)}), t),
+     ValueError, r"config.schedule.boundaries\[1\]=2.0 is outside \[0, 1\]"),
+    ("compression-seed-negative", lambda t: _run(_digits(**{"compression.seed": -1}), t),
+     ValueError, r"config.compression.seed=-1 is below 0; it must be an int in \[0, 4294967295\]"),
+    ("seed-above-uint32", lambda t: _run(_digits(seed=2**32), t), ValueError,
+     r"config.seed=4294967296 is above 4294967295; it must be an int in \[0, 4294967295\]"),
     ("replica-check-negative", lambda t: _run(_digits(check_replicas_every=-1), t), ValueError,
-     r"config.check_replicas_every=-1 must be an int >= 0"),
+     r"config.check_replicas_every=-1 is below 0; it must be an int >= 0"),
     ("skipped-fraction-above-1", lambda t: _run(_digits(max_skipped_fraction=1.5), t),
-     ValueError, r"config.max_skipped_fraction=1.5 must be a number in \[0, 1\]"),
+     ValueError, r"config.max_skipped_fraction=1.5 is outside \[0, 1\]"),
     ("heartbeat-zero",
      lambda t: _run(_digits(**{"distributed.heartbeat_timeout_seconds": 0}), t), ValueError,
-     r"config.distributed.heartbeat_timeout_seconds=0 must be an int >= 1"),
+     r"config.distributed.heartbeat_timeout_seconds=0 is below 1; it must be an int >= 1"),
     ("warmup-longer-than-training",
      lambda t: _run(_digits(**{"schedule.warmup_epochs": 5.0}), t), ValueError,
      r"config.schedule.warmup_epochs=5.0 is \d+ steps, not fewer than the 2 training steps"),
+    ("model-field-breaking-shape-inference",
+     lambda t: _run(_with(quickstart.get_config("smoke"), "model",
+                          {"name": "cnn1d", "kernel_size": 0}), t), ValueError,
+     r"^config.model.kernel_size=0 is not allowed for model 'cnn1d'; allowed: an int >= 1$"),
     ("mnist1d-zero-samples",
      lambda t: _run(_with(quickstart.get_config("smoke"), "data", {"num_samples": 0}), t),
      ValueError, r"config.data.num_samples=0 must be a positive int"),
@@ -354,7 +387,11 @@ _CLI = [
     ("cli-missing-config-file", ["experiments.run", "--config=configs/nope.py", "--workdir=w"],
      r"configs/nope.py"),
     ("cli-no-workdir", ["experiments.run", "--config=configs/digits.py:smoke"],
-     r"--workdir must have a value other than None"),
+     r"(?m)^experiments.run: flag --workdir=None: Flag --workdir must have a value other than "
+     r"None\. \(--helpshort lists the flags\)$"),
+    ("cli-unexpected-argument", ["experiments.run", "--config=configs/digits.py:smoke",
+                                 "--workdir=w", "smoke"],
+     r"(?m)^experiments.run: unexpected arguments \['smoke'\]; every option is a flag"),
     ("cli-launch-zero-processes", ["experiments.launch", "--num_processes=0", "--"],
      r"flag --num_processes=0: 0 is not a positive integer"),
 ]
@@ -391,7 +428,10 @@ _ONE_LINE = [
      r"^experiments.run: config.optimizer.learning_rate=nan is not a finite number"),
     ("run-method-settings", ["experiments.run", *_DIGITS, "--config.method=topk",
                              "--config.compression.topk.density=1.5"],
-     r"^experiments.run: config.method='topk' with .*density=1.5 is outside \(0, 1\]"),
+     r"^experiments.run: config.compression.topk.density=1.5 is outside \(0, 1\]$"),
+    ("run-seed-above-uint32", ["experiments.run", *_DIGITS, "--config.seed=4294967296"],
+     r"^experiments.run: config.seed=4294967296 is above 4294967295; it must be an int in "
+     r"\[0, 4294967295\]$"),
     ("run-busy-workdir", ["experiments.run", *_DIGITS],
      r"^experiments.run: workdir='.*' is in use by another run \(pid \d+ on host "),
     ("sweep-refused-run", ["experiments.sweep", "--config=configs/sweeps/quickstart_methods.py:smoke",
@@ -405,6 +445,16 @@ _ONE_LINE = [
      r"^experiments.bench: --sizes: '0m' is not a size"),
     ("launch-unknown-module", ["experiments.launch", "--module=experiments.rnu", "--"],
      r"^experiments.launch: --module='experiments.rnu' names no module"),
+    # ml_collections puts the traceback of get_config's error into the flag's message.
+    ("run-config-argument-typo", ["experiments.run", "--config=configs/digits.py:smok",
+                                  "--workdir=w"],
+     r"^experiments.run: --config='configs/digits.py:smok': config argument 'smok': not "
+     r"key=value, and the config has no variants \(did you mean 'smoke'\?\); allowed keys: "),
+    ("sweep-config-not-python", ["experiments.sweep", "--config=README.md", "--workdir=w"],
+     r"^experiments.sweep: --config='README.md': README.md cannot be run as a Python config file "
+     r"\(SyntaxError: .*\); a config file is Python that defines get_config\(arg=None\)"),
+    ("run-seed-above-2**32", ["experiments.run", *_DIGITS, "--config.seed=5000000000"],
+     r"^experiments.run: config.seed=5000000000 .*4294967295"),
 ]
 
 

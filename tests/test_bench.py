@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import pytest
 
 from compressors import registry
+from experiments import cli
 from experiments import provenance
 from experiments.bench import __main__ as bench
 from experiments.bench import bytes as bench_bytes
@@ -69,6 +70,28 @@ def test_cli_runs_as_a_module(tmp_path):
                            "--out", str(tmp_path)], capture_output=True, text=True, check=False,
                           cwd=bench_common.REPO_ROOT, env=bench_common.cpu_env(1))
   assert result.returncode == 1 and "--workers: 1; allowed: ints >= 2" in result.stderr
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["compression", "--sizes", "0.0001"], "--sizes: '0.0001' is not a size of at least one "
+     "element; allowed: ['1m', 'bert_base', 'resnet50'], a positive int, or a number with k/m"),
+    (["compresion"], "argument name: invalid choice: 'compresion' (choose from 'compression', "),
+    (["step", "--repeats", "x"], "argument --repeats: invalid int value: 'x'"),
+    (["compression", "--timeout", "nan"], "--timeout=nan; allowed: a finite number > 0"),
+    (["compression", "--workers", "4"], "--workers is read by bytes, not by compression"),
+    # Refused before the hours of the benchmarks that come first.
+    (["all", "--workers", "1"], "--workers: 1; allowed: ints >= 2"),
+    (["all", "--sizes", "1m"], "--sizes: '1m' is not a gradient; allowed: resnet50, bert_base"),
+    (["links", "--rate", "1.2.3"], "--rate='1.2.3' is not a rate; allowed: e.g. 1gbit"),
+    (["step", "--models", "resnet18"], "--models: 'resnet18' is not benchmarked; allowed: "),
+])
+def test_bad_arguments_are_one_line_before_any_benchmark_runs(argv, message, tmp_path,
+                                                              monkeypatch):
+  monkeypatch.delenv(cli.VERBOSE_ENV, raising=False)
+  with pytest.raises(SystemExit) as exited:
+    bench.main([*argv, "--out", str(tmp_path / "out")])
+  assert exited.value.code.startswith(f"experiments.bench: {message}"), exited.value.code
+  assert "\n" not in exited.value.code and not (tmp_path / "out").exists()
 
 
 def test_compression_cli_writes_table_with_goal(tmp_path, capsys):

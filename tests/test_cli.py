@@ -13,6 +13,7 @@ import sys
 import ml_collections
 import pytest
 
+from configs import lm_stdlib
 from experiments import cli
 from experiments import interrupt
 from experiments import provenance
@@ -87,6 +88,38 @@ def test_sweep_overrides_set_fields_of_every_run_and_a_diverged_run_is_recorded(
     with open(workdir / name / train.RESULTS_FILE) as f:
       assert json.load(f)["step"] > 2  # an epoch, not the smoke config's 2 steps
   assert "bad: test accuracy" in completed.stdout and "; diverged: " in completed.stdout
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("configs/digits.py:smok", "config argument 'smok': not key=value, and the config has no "
+     "variants (did you mean 'smoke'?); allowed keys: ['method', 'smoke']"),
+    ("configs/digits.py:smoke=yes",
+     "config argument 'smoke=yes': smoke='yes' is not allowed; smoke must be true or false (or 1 "
+     "or 0)"),
+    ("configs/lm_stdlib.py:smoke,steps=two",
+     "config argument 'steps=two': steps='two' is not allowed; allowed: an int (default 0)"),
+    ("configs/lm_stdlib.py:huge", "configs/lm_stdlib.py: tier 'huge' is not one of "
+     f"{sorted(lm_stdlib.TIERS)}"),
+    ("notes.txt", "notes.txt cannot be run as a Python config file (SyntaxError: invalid syntax "
+     "(notes.txt, line 1)); a config file is Python that defines get_config(arg=None), as "
+     "configs/quickstart.py does"),
+    ("config.json", "config.json defines no get_config(arg=None); a config file is Python that "
+     "defines it, as configs/quickstart.py does"),
+    ("broken.py:x", "get_config of broken.py raised ZeroDivisionError: division by zero"),
+])
+def test_a_config_file_that_makes_no_config_is_one_line_naming_it(spec, message, tmp_path,
+                                                                   monkeypatch):
+  """Before absl parses the flags: ml_collections would print the traceback of an error of
+  ``get_config``, and let any other error of the file escape with its own."""
+  (tmp_path / "notes.txt").write_text("learning rate 0.1, eight workers\n")
+  (tmp_path / "config.json").write_text('{"num_steps": 2}\n')
+  (tmp_path / "broken.py").write_text("def get_config(arg=None):\n  return 1 / 0\n")
+  os.symlink(os.path.join(ROOT, "configs"), tmp_path / "configs")
+  monkeypatch.chdir(tmp_path)
+  monkeypatch.delenv(cli.VERBOSE_ENV, raising=False)
+  with pytest.raises(SystemExit) as exited:
+    cli.flags_parser("experiments.run")(["run", f"--config={spec}", "--workdir=w"])
+  assert exited.value.code == f"experiments.run: --config={spec!r}: {message}"
 
 
 def test_help_says_where_the_config_fields_are_documented():

@@ -109,14 +109,14 @@ def _with(**fields):
 
 @pytest.mark.parametrize("fields, message", [
     (dict(method="gzip"), "config.method='gzip' is not a known method; known: .*'tasc'"),
-    (dict(**{"model.name": "transformer9"}), "config.model.name='transformer9' is not allowed"),
+    (dict(**{"model.name": "transformer9"}), "config.model.name='transformer9' is not a known model"),
     (dict(dataset="mnist"), "config.dataset='mnist' is not a known dataset"),
     (dict(**{"optimizer.name": "adagrad"}), "config.optimizer.name='adagrad'"),
     (dict(**{"schedule.name": "linear"}), "config.schedule.name='linear'"),
     (dict(batch_size=100), "config.batch_size=100 must be divisible by the 8 workers"),
-    (dict(batch_size=0), "config.batch_size=0 must be an int >= 1"),
+    (dict(batch_size=0), "config.batch_size=0 is below 1; it must be an int >= 1"),
     (dict(num_steps=0), "exactly one of config.num_steps=0 and config.num_epochs=0"),
-    (dict(**{"optimizer.learning_rate": -1.0}), "learning_rate=-1.0 must be a finite number >= 0"),
+    (dict(**{"optimizer.learning_rate": -1.0}), r"learning_rate=-1.0 is outside \[0, inf\)"),
     (dict(**{"compression.tasc.hessian_every": 0}),
      r"config.method='tasc' with config.compression.tasc=.*hessian_every=0 is below 1"),
     (dict(**{"compression.tasc.density": 1.5}), r"config.compression.tasc=.*density=1.5"),

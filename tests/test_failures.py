@@ -253,15 +253,21 @@ def _cut_short(path) -> None:
     f.truncate(10)
 
 
-def test_an_unreadable_checkpoint_is_moved_aside_and_the_newest_readable_one_restored(tmp_path):
-  """Step 3's metadata and a data file of step 2 cut short: the resume restores step 1, moves
-  3 and 2 aside (kept), and ends bit-identical to the run before the damage, logs included."""
+def _three_checkpoints(tmp_path):
+  """``(config, workdir, final state, training records)`` of a run that checkpointed steps 1 to
+  3, for a resume after damage to compare with."""
   config = digits.get_config("smoke,method=topk")
   config.update_from_flattened_dict({"num_steps": 3, "checkpoint_every": 1,
                                      "keep_checkpoints": 3})
   workdir = str(tmp_path / "run")
   train.train_and_evaluate(config, workdir)
-  uninterrupted, records = checkpoint.load_state(workdir), _training_records(workdir)
+  return config, workdir, checkpoint.load_state(workdir), _training_records(workdir)
+
+
+def test_an_unreadable_checkpoint_is_moved_aside_and_the_newest_readable_one_restored(tmp_path):
+  """Step 3's metadata and a data file of step 2 cut short: the resume restores step 1, moves
+  3 and 2 aside (kept), and ends bit-identical to the run before the damage, logs included."""
+  config, workdir, uninterrupted, records = _three_checkpoints(tmp_path)
   folder = tmp_path / "run" / "checkpoints"
   _cut_short(folder / "3" / "default" / "_METADATA")
   for data_file in (folder / "2" / "default" / "d").iterdir():
@@ -275,6 +281,28 @@ def test_an_unreadable_checkpoint_is_moved_aside_and_the_newest_readable_one_res
   assert _training_records(workdir) == records
 
 
+def test_a_checkpoint_damaged_in_place_is_moved_aside_and_the_resume_ends_bit_identical(
+    tmp_path, caplog):
+  """Case 1 of issue 41: 64 bytes flipped inside the newest checkpoint's largest file (same size,
+  so orbax reads it and restores a state that differs in a leaf). Its checksums catch it: it is
+  moved aside with a notice naming its folder, and the run ends as the undamaged one did."""
+  config, workdir, uninterrupted, records = _three_checkpoints(tmp_path)
+  newest = tmp_path / "run" / "checkpoints" / "3"
+  largest = max((p for p in newest.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+  content = bytearray(largest.read_bytes())
+  middle = len(content) // 2
+  content[middle:middle + 64] = bytes(b ^ 0xFF for b in content[middle:middle + 64])
+  largest.write_bytes(bytes(content))
+
+  train.train_and_evaluate(config, workdir)
+  aside = tmp_path / "run" / checkpoint.UNREADABLE_DIR / "3"
+  assert (f"checkpoint {newest} cannot be read (ChecksumMismatch: "
+          f"{largest.relative_to(newest)} has sha256 ") in caplog.text
+  assert f"moved to {aside}; resuming from the checkpoint of step 2" in caplog.text
+  _assert_bit_identical(checkpoint.load_state(workdir), uninterrupted)
+  assert _training_records(workdir) == records
+
+
 def test_when_no_checkpoint_can_be_read_the_error_says_how_to_start_afresh(tmp_path):
   saver = checkpoint.Checkpointer(str(tmp_path), keep=2)
   state = {"w": np.zeros(3, np.float32)}
@@ -283,7 +311,8 @@ def test_when_no_checkpoint_can_be_read_the_error_says_how_to_start_afresh(tmp_p
     _cut_short(tmp_path / "checkpoints" / str(step) / "default" / "_METADATA")
   folder = tmp_path / "checkpoints"
   with pytest.raises(ValueError, match=rf"none of the 2 checkpoints under {folder} can be read "
-                                       r"\(step 2: JSONDecodeError: .*; step 1: .*\); they are "
+                                       r"\(step 2: ChecksumMismatch: default/_METADATA has "
+                                       r"sha256 .*; step 1: .*\); they are "
                                        rf"left in place. To start afresh, move {folder} "
                                        "elsewhere"):
     saver.restore_latest(state)

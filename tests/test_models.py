@@ -3,6 +3,7 @@
 Every model also trains end to end in tests/test_runner.py (the configs' smoke variants).
 """
 
+import dataclasses
 import math
 import re
 
@@ -15,6 +16,7 @@ from jax.sharding import PartitionSpec as P
 from configs import lm_stdlib
 from experiments import models
 from experiments import tasks
+from experiments.models import fields as fields_lib
 from experiments.models import layers
 
 
@@ -112,19 +114,57 @@ def test_the_loss_of_a_uniform_model_is_log_vocab():
     (dict(name="resnet9000"), dict(num_classes=10), "not a known model"),
     (dict(name="cifar_resnet", depth=21), dict(num_classes=10), "6n \\+ 2"),
     (dict(name="wide_resnet", depth=27), dict(num_classes=10), "6n \\+ 4"),
-    (dict(name="vgg", depth=17), dict(num_classes=10), "allowed: \\[11, 13, 16, 19\\]"),
+    (dict(name="vgg", depth=17), dict(num_classes=10), "allowed: one of \\(11, 13, 16, 19\\)"),
     (dict(name="imagenet_resnet", depth=51), dict(num_classes=10), "allowed"),
     (dict(name="cifar_resnet", widht=4), dict(num_classes=10), "widht.*not a field"),
     (dict(name="cifar_resnet", num_classes=3), dict(num_classes=10), "set by the dataset"),
-    (dict(name="bert", hidden=10, num_heads=3), dict(vocab_size=10), "must divide"),
+    (dict(name="bert", hidden=10, num_heads=3), dict(vocab_size=10),
+     r"config.model.num_heads=3 is not allowed for model 'bert'; allowed: an int >= 1 that "
+     r"divides hidden \(hidden=10\)"),
     (dict(name="bert"), dict(num_classes=10), "cannot take"),
-    (dict(name="decoder_lm", hidden=10, num_heads=3), dict(vocab_size=10), "must divide"),
-    (dict(name="decoder_lm", dropout=1.0), dict(vocab_size=10), r"dropout=1.0 must be in \[0, 1\)"),
-    (dict(name="decoder_lm", num_layers=0), dict(vocab_size=10), "num_layers=0 must be a positive"),
+    (dict(name="decoder_lm", hidden=10, num_heads=3), dict(vocab_size=10), "that divides hidden"),
+    (dict(name="decoder_lm", dropout=1.0), dict(vocab_size=10),
+     r"config.model.dropout=1.0 is not allowed for model 'decoder_lm'; allowed: a number in "
+     r"\[0, 1\)"),
+    (dict(name="decoder_lm", num_layers=0), dict(vocab_size=10),
+     r"config.model.num_layers=0 is not allowed .*; allowed: an int >= 1"),
+    # Values that break shape inference, where JAX's own error names no field.
+    (dict(name="cnn1d", kernel_size=0), dict(num_classes=10),
+     r"^config.model.kernel_size=0 is not allowed for model 'cnn1d'; allowed: an int >= 1$"),
+    (dict(name="cnn1d", stride=0), dict(num_classes=10), r"config.model.stride=0 is not allowed"),
+    (dict(name="cnn1d", channels="many"), dict(num_classes=10),
+     r"config.model.channels='many' is not allowed .*; allowed: a tuple of values each an int >= 1"),
+    (dict(name="cnn1d", hidden=-1), dict(num_classes=10), r"allowed: an int >= 0"),
+    (dict(name="cnn1d", pool="avg"), dict(num_classes=10),
+     r"allowed: one of \('flatten', 'mean', 'max'\)"),
+    (dict(name="mlp", hidden=(64, 0)), dict(num_classes=10), r"config.model.hidden=\(64, 0\)"),
+    (dict(name="cnn2d", hidden=0), dict(num_classes=10), r"config.model.hidden=0 is not allowed"),
+    (dict(name="cifar_resnet", width=0), dict(num_classes=10), r"config.model.width=0"),
+    (dict(name="wide_resnet", widen_factor=True), dict(num_classes=10),
+     r"config.model.widen_factor=True is not allowed"),
+    (dict(name="vgg", width_divisor=128), dict(num_classes=10), r"allowed: an int in \[1, 64\]"),
+    (dict(name="bert", type_vocab_size=0), dict(vocab_size=10), r"config.model.type_vocab_size=0"),
+    (dict(name="decoder_lm", max_length=2.5), dict(vocab_size=10), r"config.model.max_length=2.5"),
 ])
 def test_bad_model_settings_raise_clear_errors(fields, data_fields, message):
   with pytest.raises(ValueError, match=message):
     models.build_model(fields, **data_fields)
+
+
+def test_every_model_setting_declares_what_it_allows():
+  """So that build_model refuses any bad value before anything traces; only the fields the
+  dataset sets are declared without a rule."""
+  for name, module in models.MODELS.items():
+    settings = {f.name for f in dataclasses.fields(module)} - {"parent", "name"}
+    undeclared = settings - set(fields_lib.rules(module)) - {"num_classes", "vocab_size"}
+    assert not undeclared, f"{name}: {sorted(undeclared)} declare no rule"
+
+
+def test_a_cnn2d_that_pools_the_image_away_is_refused_naming_the_field():
+  model = models.build_model(dict(name="cnn2d", channels=(4, 4, 4, 4)), num_classes=10)
+  with pytest.raises(ValueError, match=r"^config.model.channels=\(4, 4, 4, 4\) is not allowed "
+                                       r"for model 'cnn2d' on 8x8 images; allowed: at most 3 "):
+    _param_count(model, jnp.zeros((2, 8, 8)))
 
 
 def test_exact_gelu_and_its_derivative_match_float64():
@@ -186,8 +226,8 @@ def test_mixed_precision_runs_the_matmuls_in_bfloat16_and_keeps_float32_state(na
 
 
 def test_mixed_precision_is_checked_and_the_gpu_tier_uses_it():
-  with pytest.raises(ValueError, match=r"decoder_lm: compute_dtype='float16' must be one of "
-                                       r"\('float32', 'bfloat16'\)"):
+  with pytest.raises(ValueError, match=r"config.model.compute_dtype='float16' is not allowed for "
+                                       r"model 'decoder_lm'; allowed: one of \('float32', 'bfloat16'\)"):
     models.build_model(dict(name="decoder_lm", vocab_size=10, compute_dtype="float16"))
   assert lm_stdlib.TIERS["base"]["model"]["compute_dtype"] == "bfloat16"
   assert "compute_dtype" not in lm_stdlib.TIERS["tiny"]["model"]

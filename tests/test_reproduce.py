@@ -81,12 +81,12 @@ def test_parse_args():
   names, options = reproduce.parse_args(["--target=t1,f2", "--full", "--workdir=w", "--seeds=2"])
   assert names == ["t1", "f2"]
   assert options == common.Options(workdir="w", full=True, seeds=2)
-  with pytest.raises(SystemExit):
+  with pytest.raises(ValueError, match="nope"):  # one line, exit 1, from main
     reproduce.parse_args(["--target=nope"])
-  with pytest.raises(SystemExit):
+  with pytest.raises(ValueError, match="--seeds=0"):
     reproduce.parse_args(["--target=t1", "--seeds=0"])
   assert reproduce.parse_args(["--target=t1", "--jobs=1"])[1].jobs == 1
-  with pytest.raises(SystemExit):
+  with pytest.raises(ValueError, match="--jobs"):
     reproduce.parse_args(["--target=t1", "--jobs=0"])
 
 
@@ -857,8 +857,9 @@ def test_mean_std_and_format():
 
 
 def test_cli_runs_as_a_module(tmp_path):
-  """``python -m experiments.reproduce`` (the package's __main__): F2 from no runs, and its
-  index."""
+  """``python -m experiments.reproduce`` (the package's __main__): F2 from its run directory,
+  and its index."""
+  _f2_run(tmp_path / "runs" / "f2")
   result = subprocess.run(
       [sys.executable, "-m", "experiments.reproduce", "--target=f2", "--report_only",
        f"--workdir={tmp_path / 'runs'}", f"--out={tmp_path / 'out'}"],

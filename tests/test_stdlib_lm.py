@@ -104,8 +104,8 @@ def test_the_tokenizer_is_trained_once_and_cached(tmp_path, monkeypatch):
   monkeypatch.setattr(ByteLevelBPETokenizer, "train_from_iterator", never)
   second = data.load(_config(folder, cache_dir=cache), SHARDS)
   assert first.info == second.info and len(first.info["tokenizer_sha256"]) == 64
-  assert sorted(f.split("-")[0] for f in os.listdir(cache)) == ["bytelevel_bpe", "tokens",
-                                                                "tokens"]
+  assert sorted(f.split("-")[0] for f in os.listdir(cache)) == [
+      "bytelevel_bpe", "bytelevel_bpe", "tokens", "tokens"]  # the tokenizer and its checksum
   for a, b in ((first.train_batch(3), second.train_batch(3)),
                (next(first.eval_batches()), next(second.eval_batches()))):
     np.testing.assert_array_equal(a["tokens"], b["tokens"])
@@ -231,7 +231,8 @@ def test_processes_racing_to_train_the_bert_tokenizer_all_get_the_same_vocabular
   outputs = [p.communicate(timeout=300)[0] for p in racing]
   assert all(p.returncode == 0 for p in racing)
   later = start().communicate(timeout=300)[0]
-  assert outputs[0] == outputs[1] == later and len(os.listdir(tmp_path)) == 1
+  # One tokenizer file, and its checksum.
+  assert outputs[0] == outputs[1] == later and len(os.listdir(tmp_path)) == 2
 
 
 def test_two_builds_of_the_bert_tokenizer_give_identical_vocabularies(tmp_path):
@@ -249,9 +250,14 @@ def test_two_builds_of_the_bpe_give_identical_vocabularies_and_a_pinned_hash_is_
   assert first.sha256 == second.sha256 and first.path == second.path
   assert first.tokenizer.get_vocab() == second.tokenizer.get_vocab()
   assert stdlib.build_tokenizer(texts, 300, cache, first.sha256).sha256 == first.sha256
-  # A cached file that is not the pinned tokenizer (another training, an edit) is refused.
+  # A cached file that is not the pinned tokenizer (another training, an edit, each cached with
+  # its checksum) is refused.
   with open(first.path, "a") as f:
     f.write(" ")
+  with open(first.path, "rb") as f:
+    edited = hashlib.sha256(f.read()).hexdigest()
+  with open(first.path + ".sha256", "w") as f:
+    f.write(edited)
   with pytest.raises(ValueError, match=r"config.data.tokenizer_sha256='[0-9a-f]{64}', but the "
                                        r"cached bytelevel_bpe tokenizer .*bytelevel_bpe-.*\.json "
                                        r"has sha256 '[0-9a-f]{64}'"):

@@ -134,12 +134,20 @@ def checked(kinds: Sequence[StepKind], caller: str = "data_parallel") -> tuple[S
   return kinds
 
 
-def same_programs(kinds: Sequence[StepKind]) -> dict[str, str]:
+class Programs(dict):
+  """Kind name -> the name of the kind whose program it runs; looking up a name that is no kind
+  (a step's ``kind=`` argument) is refused naming the kinds there are."""
+
+  def __missing__(self, kind):
+    raise ValueError(f"kind={kind!r} is not a step kind of this method; allowed: {sorted(self)}")
+
+
+def same_programs(kinds: Sequence[StepKind]) -> Programs:
   """Kind name -> the name of the first kind that runs the same program (the same inputs and
   options: kinds that differ only in when they run), so that each program compiles once."""
   first = {}
-  return {k.name: first.setdefault((id(k.inputs), tuple(sorted(k.update_kwargs().items()))),
-                                   k.name) for k in kinds}
+  return Programs({k.name: first.setdefault(
+      (id(k.inputs), tuple(sorted(k.update_kwargs().items()))), k.name) for k in kinds})
 
 
 def steady(kinds: Sequence[StepKind]) -> str:

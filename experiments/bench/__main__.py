@@ -16,7 +16,9 @@ machine still gives stable answers; where the project's goal for a figure is mis
 on the CPU whatever the platform (bytes, and a loopback network). Results name the device and the
 JAX version.
 Bad input is one line on stderr, without a traceback (``--verbose`` or ``TASC_JAX_VERBOSE=1``
-shows it), and exit status 1.
+shows it), and exit status 1, before any benchmark runs (``all`` runs for hours): an argument
+argparse refuses, a value one of the named benchmarks refuses, or an option that none of them
+reads.
 See the modules :mod:`experiments.bench.compression`, :mod:`~experiments.bench.step`,
 :mod:`~experiments.bench.bytes` and :mod:`~experiments.bench.links` for what each measures.
 """
@@ -34,16 +36,25 @@ from experiments.bench import links
 from experiments.bench import step
 
 BENCHMARKS = {
-    "compression": compression.report,
-    "step": step.report,
-    "bytes": bench_bytes.report,
-    "links": links.report,
+    "compression": compression,
+    "step": step,
+    "bytes": bench_bytes,
+    "links": links,
 }
+# The options that only some benchmarks read (the others' apply to every one).
+READ_BY = {"sizes": ("compression", "bytes", "links"), "models": ("step",),
+           "workers": ("bytes",), "processes": ("links",)}
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-  parser = argparse.ArgumentParser(prog="python -m experiments.bench",
-                                   description=__doc__.split("\n\n", 1)[0])
+  """The command line's arguments, with every value the named benchmarks read checked.
+
+  Raises:
+    ValueError: an argument argparse refuses, a value a named benchmark refuses, or an option
+      that none of them reads.
+  """
+  parser = cli.ArgumentParser(prog="python -m experiments.bench",
+                              description=__doc__.split("\n\n", 1)[0])
   parser.add_argument("name", choices=[*BENCHMARKS, "all"])
   parser.add_argument("--out", type=Path, default=common.DEFAULT_OUT,
                       help="folder for <name>.json and <name>.md (default benchmarks/results)")
@@ -69,19 +80,29 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   args = parser.parse_args(argv)
   if args.repeats < 1:
     parser.error(f"--repeats={args.repeats}; allowed: >= 1")
-  if args.timeout is not None and args.timeout <= 0:
-    parser.error(f"--timeout={args.timeout}; allowed: > 0")
+  if args.timeout is not None and not 0 < args.timeout < float("inf"):
+    parser.error(f"--timeout={args.timeout}; allowed: a finite number > 0")
+  names = _names(args)
+  for option, readers in READ_BY.items():
+    if getattr(args, option) is not None and not set(names) & set(readers):
+      parser.error(f"--{option} is read by {', '.join(readers)}, not by {args.name}")
+  for name in names:
+    BENCHMARKS[name].check_args(args)
   return args
+
+
+def _names(args: argparse.Namespace) -> list[str]:
+  return list(BENCHMARKS) if args.name == "all" else [args.name]
 
 
 def main(argv: Sequence[str] | None = None) -> list[Path]:
   """Runs the named benchmark(s); returns the files written."""
-  args = parse_args(argv)
-  names = list(BENCHMARKS) if args.name == "all" else [args.name]
+  with cli.errors_in_one_line("experiments.bench", show_traceback=cli.verbose(argv)):
+    args = parse_args(argv)
   written = []
-  for name in names:
+  for name in _names(args):
     with cli.errors_in_one_line("experiments.bench", show_traceback=cli.verbose(argv)):
-      paths = BENCHMARKS[name](args).write(args.out)
+      paths = BENCHMARKS[name].report(args).write(args.out)
     written += paths
     print(paths[1].read_text(), flush=True)
   print("wrote " + ", ".join(str(p) for p in written), file=sys.stderr)

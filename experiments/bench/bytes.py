@@ -148,14 +148,9 @@ def bytes_vs_workers(workers: Sequence[int], sizes: Sequence[str],
     ``by_kind``, ``vs_dense`` (dense's bytes over these, same workers and size),
     ``compile_seconds``; or ``skipped``/``error`` with the reason.
   """
-  methods = common.check_methods(methods, METHODS)
-  for s in sizes:
-    if str(s).lower() not in DEFAULT_SIZES:
-      gradient_shapes(s)  # a clear error before any child starts
+  methods = check_rows(workers, sizes, methods)
   rows = []
   for n in workers:
-    if not isinstance(n, int) or n < 2:
-      raise ValueError(f"--workers: {n!r}; allowed: ints >= 2")
     request = {"workers": n, "sizes": [str(s) for s in sizes], "methods": methods,
                "group": group}
     result = common.run_child(__name__, request, env=common.cpu_env(n), timeout_s=timeout_s)
@@ -172,6 +167,23 @@ def bytes_vs_workers(workers: Sequence[int], sizes: Sequence[str],
           if "slow_axis_bytes" in r else common.not_measured(r)))
     rows += result["rows"]
   return rows
+
+
+def check_rows(workers: Sequence[int], sizes: Sequence[str], methods: Sequence[str]) -> list[str]:
+  """``methods``, once the worker counts, the sizes and the methods are checked: a clear error
+  before any child starts."""
+  for n in workers:
+    if not isinstance(n, int) or n < 2:
+      raise ValueError(f"--workers: {n!r}; allowed: ints >= 2")
+  for s in sizes:
+    if str(s).lower() not in DEFAULT_SIZES:
+      gradient_shapes(s)
+  return common.check_methods(methods, METHODS)
+
+
+def check_args(args) -> None:
+  """Refuses the command-line arguments that :func:`report` would refuse, before anything runs."""
+  check_rows(args.workers or DEFAULT_WORKERS, args.sizes or DEFAULT_SIZES, args.methods or METHODS)
 
 
 def report(args) -> common.Report:

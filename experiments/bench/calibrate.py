@@ -66,7 +66,8 @@ def parse_rate(text: str) -> float | None:
   """Bits per second from ``"1gbit"``, ``"500mbit"``, ``"1e9"``; None for ``"none"``."""
   if text.strip().lower() == "none":
     return None
-  match = re.fullmatch(r"\s*([0-9.eE+]+)\s*([kmg]?)(?:bit)?\s*", text.lower())
+  match = re.fullmatch(r"\s*((?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:e[+-]?[0-9]+)?)\s*([kmg]?)(?:bit)?\s*",
+                       text.lower())
   if match is None:
     raise ValueError(f"--rate={text!r} is not a rate; allowed: e.g. 1gbit, 500mbit, 1e9, none")
   rate = float(match.group(1)) * _RATE_UNITS[match.group(2)]

@@ -46,15 +46,18 @@ SIZES = {"1m": 1_000_000, "resnet50": 25_557_032, "bert_base": 109_482_240}
 
 
 def parse_size(text: str) -> int:
-  """Elements from a size name of :data:`SIZES`, an int, or ``25.6m``/``110M``/``4k``."""
+  """Elements from a size name of :data:`SIZES`, an int, or ``25.6m``/``110M``/``4k``; refused
+  where it is not one, or rounds to no element (``0.0001m``)."""
   key = text.strip().lower()
   if key in SIZES:
     return SIZES[key]
-  match = re.fullmatch(r"([0-9.]+)([km]?)", key)
-  if match is None or float(match.group(1)) <= 0:
-    raise ValueError(f"--sizes: {text!r} is not a size; allowed: {sorted(SIZES)}, a positive "
-                     "int, or a number with k/m (e.g. 25.6m)")
-  return int(round(float(match.group(1)) * {"": 1, "k": 1e3, "m": 1e6}[match.group(2)]))
+  match = re.fullmatch(r"([0-9]+\.?[0-9]*|\.[0-9]+)([km]?)", key)
+  elements = 0 if match is None else int(round(
+      float(match.group(1)) * {"": 1, "k": 1e3, "m": 1e6}[match.group(2)]))
+  if elements < 1:
+    raise ValueError(f"--sizes: {text!r} is not a size of at least one element; allowed: "
+                     f"{sorted(SIZES)}, a positive int, or a number with k/m (e.g. 25.6m)")
+  return elements
 
 
 def all_methods() -> tuple[str, ...]:

@@ -282,6 +282,14 @@ NOTES = (
 )
 
 
+def check_args(args) -> None:
+  """Refuses the command-line arguments that :func:`report` would refuse, before anything runs
+  (the platform is resolved by :func:`report`: it asks a child process)."""
+  for size in args.sizes or DEFAULT_SIZES:
+    common.parse_size(size)
+  common.check_methods(args.methods or [])
+
+
 def report(args) -> common.Report:
   """B1 as a :class:`experiments.bench.common.Report`."""
   sizes = [common.parse_size(s) for s in (args.sizes or DEFAULT_SIZES)]

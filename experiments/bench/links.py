@@ -166,9 +166,7 @@ def link_times(processes: Sequence[int], elements: int, methods: Sequence[str] =
     log: progress printer.
   """
   methods = ["dense"] + [m for m in common.check_methods(methods, METHODS) if m != "dense"]
-  for p in processes:
-    if not isinstance(p, int) or not 2 <= p <= 8:
-      raise ValueError(f"--processes: {p!r}; allowed: ints from 2 to 8")
+  check_processes(processes)
   if rate_bits is not None:
     ok, why = calibrate.netns_available()
     if not ok:
@@ -198,6 +196,21 @@ def link_times(processes: Sequence[int], elements: int, methods: Sequence[str] =
                                   f">= {GOAL_SPEEDUP:g}x faster than dense")
       rows.append(row)
   return rows
+
+
+def check_processes(processes: Sequence[int]) -> None:
+  """Refuses a process count outside 2 to 8."""
+  for p in processes:
+    if not isinstance(p, int) or not 2 <= p <= 8:
+      raise ValueError(f"--processes: {p!r}; allowed: ints from 2 to 8")
+
+
+def check_args(args) -> None:
+  """Refuses the command-line arguments that :func:`report` would refuse, before anything runs."""
+  check_processes(args.processes or DEFAULT_PROCESSES)
+  common.parse_size((args.sizes or ["resnet50"])[0])
+  common.check_methods(args.methods or METHODS, METHODS)
+  calibrate.parse_rate(args.rate)
 
 
 def report(args) -> common.Report:

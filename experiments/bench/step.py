@@ -194,10 +194,9 @@ def step_overhead(models: Sequence[str], methods: Sequence[str], *, repeats: int
   methods = ["dense"] + [m for m in common.check_methods(methods) if m != "dense"]
   if devices is not None and (devices < 1 or NUM_WORKERS % devices):
     raise ValueError(f"devices={devices}: must divide the {NUM_WORKERS} workers")
+  check_models(models)
   rows = []
   for model in models:
-    if model not in MODELS:
-      raise ValueError(f"--models: {model!r} is not benchmarked; allowed: {sorted(MODELS)}")
     request = {"model": model, "methods": methods, "repeats": repeats, "batch_size": batch_size,
                "model_overrides": (model_overrides or {}).get(model, {}), "devices": devices}
     result = common.run_child(__name__, request, env=common.child_env(platform),
@@ -215,6 +214,20 @@ def step_overhead(models: Sequence[str], methods: Sequence[str], *, repeats: int
           f"({r['seconds'] * 1e3:.0f} ms)")
       rows.append(r)
   return rows
+
+
+def check_models(models: Sequence[str]) -> None:
+  """Refuses a model that is not one of :data:`MODELS`."""
+  for model in models:
+    if model not in MODELS:
+      raise ValueError(f"--models: {model!r} is not benchmarked; allowed: {sorted(MODELS)}")
+
+
+def check_args(args) -> None:
+  """Refuses the command-line arguments that :func:`report` would refuse, before anything runs
+  (the platform is resolved by :func:`report`: it asks a child process)."""
+  check_models(args.models or [])
+  common.check_methods(args.methods or [])
 
 
 def report(args) -> common.Report:

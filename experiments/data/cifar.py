@@ -8,9 +8,12 @@ sub-folder, as unpacked from the official archives):
   CIFAR-100: train, test                                (b'data' and b'fine_labels')
 
 Training images get the standard augmentation (4-pixel zero padding, random 32x32 crop, random
-horizontal flip); every image is normalised with the dataset's per-channel mean and std.
+horizontal flip); every image is normalised with the dataset's per-channel mean and std. The
+files' names, sizes and contents are hashed (``files_sha256``, in ``results.json`` and the
+checkpoints): the data's identity.
 """
 
+import hashlib
 import os
 import pickle
 
@@ -41,8 +44,9 @@ def cifar100(config, shards: pipeline.ShardSpec) -> pipeline.ShardedDataset:
 def _cifar(name, config, shards):
   layout = _LAYOUTS[name]
   folder = _find_folder(name, config.data_dir, layout)
-  train = _read(folder, layout["train"], layout["label_key"], name)
-  test = _read(folder, layout["test"], layout["label_key"], name)
+  files = hashlib.sha256()
+  train = _read(folder, layout["train"], layout["label_key"], name, files)
+  test = _read(folder, layout["test"], layout["label_key"], name, files)
   for split in (train, test):
     if split["label"].min() < 0 or split["label"].max() >= layout["num_classes"]:
       raise ValueError(f"{name}: labels in {folder} must lie in [0, {layout['num_classes']}), "
@@ -61,7 +65,8 @@ def _cifar(name, config, shards):
     return normalise(rows, rng)
 
   return pipeline.classification(config, shards, train, test, num_classes=layout["num_classes"],
-                                 train_transform=augment_and_normalise, eval_transform=normalise)
+                                 train_transform=augment_and_normalise, eval_transform=normalise,
+                                 info={"files_sha256": files.hexdigest()})
 
 
 def random_crop_flip(images: np.ndarray, rng: np.random.Generator, padding: int) -> np.ndarray:
@@ -97,13 +102,17 @@ def _find_folder(name, data_dir, layout):
                           f"{_expected(name, layout)}")
 
 
-def _read(folder, files, label_key, name):
+def _read(folder, files, label_key, name, digest):
+  """The images and labels of ``files``, whose names, sizes and contents update ``digest``."""
   images, labels = [], []
   for file in files:
     path = os.path.join(folder, file)
+    with open(path, "rb") as f:
+      content = f.read()
+    digest.update(f"{file}\0{len(content)}\0".encode())
+    digest.update(content)
     try:
-      with open(path, "rb") as f:
-        batch = pickle.load(f, encoding="bytes")
+      batch = pickle.loads(content, encoding="bytes")
     except (pickle.UnpicklingError, EOFError, ValueError) as e:
       raise ValueError(f"{name}: {path} is not a python pickle of a CIFAR batch ({e})") from None
     if not isinstance(batch, dict) or b"data" not in batch or label_key not in batch:

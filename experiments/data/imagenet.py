@@ -10,9 +10,13 @@ tries, then a centre crop), bilinear resize to ``image_size``, random horizontal
 images: resize of the shorter side to ``image_size / 0.875`` and a centre crop (224 from 256).
 Both normalised with the ImageNet per-channel mean and std. Only the listing is global: a process
 opens and decodes only the files of its own shards, on ``config.data.decode_threads`` threads.
+The listing's names and sizes are hashed (``files_sha256``, in ``results.json`` and the
+checkpoints: the data's identity; the contents are not read for it). An image that is not a
+regular file (a FIFO, which would block the run) is refused.
 """
 
 from concurrent import futures
+import hashlib
 import math
 import os
 
@@ -41,8 +45,9 @@ def imagenet(config, shards: pipeline.ShardSpec) -> pipeline.ShardedDataset:
   threads = config.data.get("decode_threads", 8)
   pipeline.check_positive("config.data.decode_threads", threads)
   classes = _class_folders(os.path.join(data_dir, "train"))
-  train = _listing(data_dir, "train", classes)
-  test = _listing(data_dir, "val", classes)
+  files = hashlib.sha256()
+  train = _listing(data_dir, "train", classes, files)
+  test = _listing(data_dir, "val", classes, files)
   pool = futures.ThreadPoolExecutor(threads)
 
   def decode_all(paths, decode, rng):
@@ -59,7 +64,8 @@ def imagenet(config, shards: pipeline.ShardSpec) -> pipeline.ShardedDataset:
     return {"input": decode_all(rows["path"], decode, rng), "label": rows["label"]}
 
   return pipeline.classification(config, shards, train, test, num_classes=len(classes),
-                                 train_transform=train_transform, eval_transform=eval_transform)
+                                 train_transform=train_transform, eval_transform=eval_transform,
+                                 info={"files_sha256": files.hexdigest()})
 
 
 def _class_folders(train_dir):
@@ -71,7 +77,8 @@ def _class_folders(train_dir):
   return classes
 
 
-def _listing(data_dir, split, classes):
+def _listing(data_dir, split, classes, digest):
+  """The images of ``split`` and their labels; their names and sizes update ``digest``."""
   root = os.path.join(data_dir, split)
   if not os.path.isdir(root):
     raise FileNotFoundError(f"imagenet: {root} does not exist; {_LAYOUT}")
@@ -84,7 +91,11 @@ def _listing(data_dir, split, classes):
     folder = os.path.join(root, wnid)
     if os.path.isdir(folder):
       files = sorted(f for f in os.listdir(folder) if f.lower().endswith(_EXTENSIONS))
-      paths += [os.path.join(folder, f) for f in files]
+      for name in files:
+        path = os.path.join(folder, name)
+        size = pipeline.check_regular_file("imagenet", path).st_size
+        digest.update(f"{split}/{wnid}/{name}\0{size}\0".encode())
+        paths.append(path)
       labels += [label] * len(files)
   if not paths:
     raise FileNotFoundError(f"imagenet: no images (*.JPEG) under {root}; {_LAYOUT}")

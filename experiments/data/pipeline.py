@@ -11,6 +11,8 @@ run reproduce a 1-process run bit for bit, and a restarted run continue exactly 
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 import dataclasses
+import os
+import stat
 from typing import Any
 
 import numpy as np
@@ -59,7 +61,7 @@ class ShardedDataset:
     batch_per_device: training rows per device per step.
     steps_per_epoch: steps until every shard has seen its rows once.
     info: what identifies the data beyond the config (corpus and tokenizer hashes), recorded in
-      the run's ``results.json``.
+      the run's ``results.json``; its ``*_sha256`` entries are the data's :attr:`identity`.
   """
 
   def __init__(self, *, task: str, model_fields: Mapping[str, int],
@@ -108,6 +110,12 @@ class ShardedDataset:
       raise ValueError(f"the evaluation set has {num_eval} rows, fewer than the "
                        f"{shards.num_shards} devices; every device needs at least one")
 
+  @property
+  def identity(self) -> dict[str, str]:
+    """The hashes that identify the data (the ``*_sha256`` entries of ``info``): checkpoints
+    record them, and a run resumes only on data with the same ones."""
+    return {k: v for k, v in self.info.items() if k.endswith("_sha256")}
+
   def train_batch(self, step: int) -> Rows:
     """The local part of step ``step``'s global batch: leaves ``[local_shards, batch, ...]``."""
     epoch, position = divmod(step, self.steps_per_epoch)
@@ -153,17 +161,40 @@ def _stack(per_shard: Sequence[Rows]) -> Rows:
 
 
 def classification(config, shards: ShardSpec, train: Rows, test: Rows, *, num_classes: int,
-                   train_transform: Transform = _identity,
-                   eval_transform: Transform = _identity) -> ShardedDataset:
+                   train_transform: Transform = _identity, eval_transform: Transform = _identity,
+                   info: Mapping[str, Any] | None = None) -> ShardedDataset:
   """A classification dataset from whole ``{"input", "label"}`` arrays, keeping this process's
-  shards; batch sizes come from ``config.batch_size`` and ``config.eval_batch_size`` (global)."""
+  shards; batch sizes come from ``config.batch_size`` and ``config.eval_batch_size`` (global);
+  ``info`` as :class:`ShardedDataset` takes it."""
   return ShardedDataset(
       task="classification", model_fields={"num_classes": num_classes},
       train=split_rows(train, shards), evaluation=split_rows(test, shards),
       num_train=len(train["label"]), num_eval=len(test["label"]), shards=shards,
       batch_per_device=config.batch_size // shards.num_shards,
       eval_batch_per_device=config.eval_batch_size // shards.num_shards, seed=config.seed,
-      train_transform=train_transform, eval_transform=eval_transform)
+      train_transform=train_transform, eval_transform=eval_transform, info=info)
+
+
+def check_regular_file(dataset: str, path: str) -> os.stat_result:
+  """Refuses a data file that is not a regular file: reading a FIFO (or a socket, or a device)
+  waits for a writer, or never ends, and the run would hang without a word.
+
+  Returns:
+    The file's ``os.stat`` (its size, for an identity of the files).
+
+  Raises:
+    ValueError: ``path`` is not a regular file (a link to one is).
+  """
+  status = os.stat(path)
+  mode = status.st_mode
+  if not stat.S_ISREG(mode):
+    kind = next((k for test, k in ((stat.S_ISFIFO, "a FIFO (named pipe)"),
+                                   (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a device"),
+                                   (stat.S_ISBLK, "a device"), (stat.S_ISDIR, "a folder"))
+                 if test(mode)), "not a regular file")
+    raise ValueError(f"{dataset}: {path} (under config.data_dir) is {kind}; every data file "
+                     "must be a regular file: move it out of config.data_dir")
+  return status
 
 
 def check_positive(name: str, value: Any) -> None:

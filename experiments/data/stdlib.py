@@ -7,7 +7,8 @@ into the repository.
 
 * Files: every ``*.py`` under the folder (``config.data_dir`` when set), except those in folders
   named ``test``, ``tests`` or ``idle_test`` and in ``site-packages`` and ``__pycache__``; read
-  as UTF-8 (undecodable bytes replaced).
+  as UTF-8 (undecodable bytes replaced). Each must be a regular file: a FIFO, which would block
+  the run, is refused.
 * Split by file: a file is held out for validation when the first 8 bytes of the sha256 of its
   path relative to the folder (``/``-separated), as a fraction of 2^64, fall below
   ``config.data.eval_fraction``; the same files on every machine and Python version that has
@@ -15,7 +16,8 @@ into the repository.
 * Tokenizer: a byte-level BPE (GPT-2's, the ``tokenizers`` package) of ``config.data.vocab_size``
   tokens, ``<|endoftext|>`` among them, trained on the training files once and shared by every
   process and run through ``config.data.cache_dir`` (:mod:`experiments.data.tokenizer`); the
-  token ids of each split are cached beside it.
+  token ids of each split are cached beside it, with a checksum (a damaged file is encoded
+  again).
 * Rows: each split's files, in path order, each followed by ``<|endoftext|>``, are one token
   stream cut into windows of ``seq_len + 1`` tokens that overlap by one (the model reads the first
   ``seq_len`` and predicts each next one: task ``causal_lm``). Evaluation uses
@@ -93,6 +95,7 @@ def read_corpus(root: str | None = None) -> Corpus:
 
   Raises:
     FileNotFoundError: the folder is missing, or holds no ``.py`` file.
+    ValueError: a ``.py`` file is not a regular file (a FIFO would block the run).
   """
   root = root or default_root()
   where = ("config.data_dir" if root != default_root()
@@ -113,6 +116,7 @@ def read_corpus(root: str | None = None) -> Corpus:
                             f"({where}); it must hold the standard library's source")
   texts, digest = [], hashlib.sha256()
   for path in paths:
+    pipeline.check_regular_file("stdlib_lm", os.path.join(root, path))
     data = pathlib.Path(root, path).read_bytes()
     texts.append(data.decode("utf-8", "replace"))
     digest.update(f"{path}\0{len(data)}\0".encode())
@@ -212,14 +216,14 @@ def build_tokenizer(texts, vocab_size: int, cache_dir: str | None,
 
 def token_stream(shared: tokenizer_lib.Shared, texts, folder: pathlib.Path) -> np.ndarray:
   """``texts`` encoded, each followed by ``<|endoftext|>``, as one ``int32`` stream; cached in
-  ``folder`` under the tokenizer's and the texts' hashes (encoding 12 MB takes seconds). A cached
-  file that cannot be read (cut short, damaged) is derived data: it is named, deleted and
-  encoded again."""
+  ``folder`` under the tokenizer's and the texts' hashes (encoding 12 MB takes seconds), with
+  its checksum (:func:`_read_tokens`). A cached file that cannot be read or fails its checksum
+  (cut short, damaged in place) is derived data: it is named, deleted and encoded again."""
   key = hashlib.sha256(f"{shared.sha256}:{tokenizer_lib.text_sha256(texts)}".encode())
   path = folder / f"tokens-{key.hexdigest()[:24]}.npy"
   if path.exists():
     try:
-      return np.load(path)
+      return _read_tokens(path)
     except (ValueError, OSError, EOFError) as e:  # numpy's errors for a file cut short
       logging.warning("stdlib_lm: the cached token stream %s cannot be read (%s: %s); encoding "
                       "the texts again", path, type(e).__name__, e)
@@ -229,9 +233,26 @@ def token_stream(shared: tokenizer_lib.Shared, texts, folder: pathlib.Path) -> n
                        for i in (*encoding.ids, end)], np.int32)
   encoded = io.BytesIO()
   np.save(encoded, stream)
+  array = encoded.getvalue()
   # Runs started together (``--jobs``) encode the same stream; one file is kept, whole.
-  tokenizer_lib.publish_once(path, encoded.getvalue())
+  tokenizer_lib.publish_once(path, array + hashlib.sha256(array).digest())
   return stream
+
+
+def _read_tokens(path: pathlib.Path) -> np.ndarray:
+  """A cached token stream: an ``.npy`` array followed by the 32-byte sha256 of the array's
+  bytes (numpy's readers stop at the array's end, so ``np.load`` reads the file as it is).
+
+  Raises:
+    ValueError: the bytes are not those the checksum describes (damaged in place, cut short,
+      or written before token streams carried a checksum), or not an ``.npy`` array.
+  """
+  data = path.read_bytes()
+  array, checksum = data[:-32], data[-32:]
+  if hashlib.sha256(array).digest() != checksum:
+    raise ValueError("its bytes do not match the sha256 recorded at its end (damaged, cut "
+                     "short, or cached before token streams carried one)")
+  return np.load(io.BytesIO(array))
 
 
 def windows(stream: np.ndarray, seq_len: int) -> np.ndarray:

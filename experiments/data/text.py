@@ -8,7 +8,8 @@ with ``config.data.vocab_size`` entries, once, and shared by every process throu
 ``config.data.cache_dir`` (:mod:`experiments.data.tokenizer`: the trainer is not deterministic).
 The token stream is cut into sequences
 ``[CLS] tokens [SEP]`` of ``config.data.seq_len``; the last ``config.data.eval_fraction`` of them
-are held out for evaluation.
+are held out for evaluation. The corpus's and the tokenizer's sha256 identify the data
+(``results.json``, checkpoints). A ``.txt`` file that is not a regular file (a FIFO) is refused.
 
 Masking is dynamic (a fresh draw per step, as in RoBERTa): 15% of the non-special tokens of every
 sequence, at most ``config.data.max_predictions``, are chosen; each is replaced by ``[MASK]`` with
@@ -52,6 +53,7 @@ def _read_text_files(data_dir):
     raise FileNotFoundError(f"text: no .txt files under config.data_dir={data_dir!r}; {_LAYOUT}")
   documents = []
   for path in files:
+    pipeline.check_regular_file("text", path)
     try:
       with open(path, encoding="utf-8") as f:
         documents.append(f.read())
@@ -159,4 +161,5 @@ def _masked_lm(config, shards, documents):
       batch_per_device=config.batch_size // shards.num_shards,
       eval_batch_per_device=config.eval_batch_size // shards.num_shards, seed=config.seed,
       train_transform=transform, eval_transform=transform,
-      info={"tokenizer_sha256": shared.sha256})
+      info={"corpus_sha256": tokenizer_lib.text_sha256(documents),
+            "tokenizer_sha256": shared.sha256})

@@ -12,6 +12,11 @@ hashes the file it loaded (sha256 of its JSON, recorded with the results) and, i
 multi-process run, checks that every process loaded the same one: processes on hosts that share
 no cache folder stop with an error that says so, rather than train on different ids.
 
+Beside each file, ``<kind>-<key>.json.sha256`` holds its sha256, written by the first process to
+load it (from the bytes published, so racing processes write the same). A file that no longer
+matches it (damaged in place, cut short) is named, deleted and trained again; a file without one
+(cached before tokenizers carried checksums) is loaded as it is, and gets one.
+
 The cache folder is ``config.data.cache_dir`` (the reproduction puts it in its work dir), or
 ``$XDG_CACHE_HOME/tasc-jax/tokenizers`` (``~/.cache/...``) when that is empty.
 """
@@ -24,6 +29,7 @@ import tempfile
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NamedTuple
 
+from absl import logging
 import jax
 from jax.experimental import multihost_utils
 import numpy as np
@@ -82,7 +88,7 @@ def shared(kind: str, settings: Mapping[str, Any], text_hash: str,
 
   Raises:
     ValueError: the cached file cannot be read as a tokenizer (it names the file to delete), or
-      its sha256 is not ``expected_sha256``.
+      its sha256 is not ``expected_sha256``. (A file that fails its checksum is trained again.)
     RuntimeError: in a multi-process run, processes loaded different tokenizers.
   """
   key = hashlib.sha256(json.dumps(
@@ -90,16 +96,20 @@ def shared(kind: str, settings: Mapping[str, Any], text_hash: str,
        "tokenizers": tokenizers.__version__}, sort_keys=True).encode()).hexdigest()[:24]
   directory = cache_dir(folder)
   path = directory / f"{kind}-{key}.json"
-  if not path.exists():
+  checksum = path.with_name(path.name + ".sha256")
+  data = _cached(path, checksum)
+  if data is None:
     directory.mkdir(parents=True, exist_ok=True)
     publish_once(path, train().to_str().encode("utf-8"))
-  data = path.read_bytes()
+    data = path.read_bytes()
   try:
     tokenizer = tokenizers.Tokenizer.from_str(data.decode("utf-8"))
   except Exception as e:  # pylint: disable=broad-except  # the library raises bare Exceptions
     raise ValueError(f"tokenizer: the cached file {path} cannot be read as a tokenizer "
                      f"({type(e).__name__}: {e}); delete it and it is trained again") from None
   digest = hashlib.sha256(data).hexdigest()
+  if not checksum.exists():
+    publish_once(checksum, digest.encode())
   if expected_sha256 and digest != expected_sha256:
     # Another training of the same text gives other ids (see the module docstring): a run that
     # pins its tokenizer must not silently get another one.
@@ -110,6 +120,25 @@ def shared(kind: str, settings: Mapping[str, Any], text_hash: str,
         "--config.data.tokenizer_sha256='' to accept this one")
   check_same_on_every_process(digest, f"the {kind} tokenizer ({path})")
   return Shared(tokenizer, digest, str(path))
+
+
+def _cached(path: pathlib.Path, checksum: pathlib.Path) -> bytes | None:
+  """The bytes of the cached tokenizer ``path``, or None when there is none, or when it does not
+  match its ``checksum`` file (then both are deleted, with a notice, to be trained again)."""
+  if not path.exists():
+    return None
+  data = path.read_bytes()
+  try:
+    recorded = checksum.read_text().strip()
+  except FileNotFoundError:
+    return data  # cached before tokenizers carried checksums
+  if hashlib.sha256(data).hexdigest() == recorded:
+    return data
+  logging.warning("tokenizer: the cached file %s does not match the sha256 recorded in %s "
+                  "(damaged after it was written); training it again", path, checksum)
+  path.unlink(missing_ok=True)  # another process may have deleted them first
+  checksum.unlink(missing_ok=True)
+  return None
 
 
 def publish_once(path: pathlib.Path, data: bytes) -> None:

@@ -6,14 +6,18 @@ and return logits; :class:`BertMLM` takes token ids, an attention mask and the m
 :class:`DecoderLM` takes token ids and returns next-token logits at every position.
 Normalisation is per device (batch norm over the device's own batch, or layer norm); see
 :mod:`experiments.models.resnet` for how the trainer keeps batch-norm statistics identical.
+Each model declares what its fields allow next to them (:mod:`experiments.models.fields`), and
+:func:`check_model` refuses what they do not before anything is built or traced.
 """
 
+from collections.abc import Collection
 from collections.abc import Mapping
 import dataclasses
 from typing import Any
 
 import flax.linen as nn
 
+from experiments.models import fields as fields_lib
 from experiments.models.bert import BertMLM
 from experiments.models.decoder import DecoderLM
 from experiments.models.resnet import CifarResNet
@@ -37,20 +41,21 @@ MODELS = {
 }
 
 
-def build_model(model_config: Mapping[str, Any], **from_data: Any) -> nn.Module:
-  """Builds the module named by ``model_config["name"]``.
+def check_model(model_config: Mapping[str, Any], from_data: Collection[str] = ()) -> type:
+  """Refuses a model config that cannot build a model, before anything is built or traced.
 
   Args:
     model_config: ``name`` plus the module's fields (e.g. ``{"name": "cifar_resnet",
       "depth": 20}``).
-    **from_data: fields the dataset decides (``num_classes`` or ``vocab_size``); they may not be
-      set in ``model_config``.
+    from_data: the names of the fields the dataset decides (``num_classes`` or ``vocab_size``);
+      they may not be set in ``model_config``.
 
   Returns:
-    The flax module.
+    The module's class.
 
   Raises:
-    ValueError: unknown model name, or a field the module does not have or that the dataset sets.
+    ValueError: unknown model name, a field the module does not have or that the dataset sets,
+      or a value the field does not allow (:func:`experiments.models.fields.check`).
   """
   fields = dict(model_config)
   name = fields.pop("name", None)
@@ -69,4 +74,23 @@ def build_model(model_config: Mapping[str, Any], **from_data: Any) -> nn.Module:
   if unknown:
     raise ValueError(f"model {name!r} cannot take {sorted(unknown)} from the dataset; pick a model "
                      f"that fits the task (fields: {sorted(allowed)})")
+  fields_lib.check(cls, name, fields)
+  return cls
+
+
+def build_model(model_config: Mapping[str, Any], **from_data: Any) -> nn.Module:
+  """Builds the module named by ``model_config["name"]``, checked by :func:`check_model`.
+
+  Args:
+    model_config: ``name`` plus the module's fields.
+    **from_data: fields the dataset decides (``num_classes`` or ``vocab_size``).
+
+  Returns:
+    The flax module.
+
+  Raises:
+    ValueError: what :func:`check_model` refuses.
+  """
+  cls = check_model(model_config, from_data)
+  fields = {k: v for k, v in dict(model_config).items() if k != "name"}
   return cls(**fields, **from_data)

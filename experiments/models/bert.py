@@ -13,6 +13,7 @@ Layer norm needs no cross-device statistics. The GELU is :func:`experiments.mode
 import flax.linen as nn
 import jax.numpy as jnp
 
+from experiments.models import fields
 from experiments.models import layers
 
 _init = nn.initializers.truncated_normal(0.02)
@@ -70,23 +71,17 @@ class BertMLM(nn.Module):
     type_vocab_size: number of token types (2).
     dropout: dropout rate on embeddings, attention probabilities and block outputs (0.1).
     compute_dtype: ``"float32"`` or ``"bfloat16"``, the dtype of the matrix products (mixed
-      precision: :func:`experiments.models.layers.matmul_dtype`).
+      precision: :mod:`experiments.models.layers`).
   """
   vocab_size: int
-  hidden: int = 768
-  num_layers: int = 12
-  num_heads: int = 12
-  intermediate: int = 3072
-  max_length: int = 512
-  type_vocab_size: int = 2
-  dropout: float = 0.1
-  compute_dtype: str = "float32"
-
-  def __post_init__(self):
-    layers.check_sizes(self, "bert", ("vocab_size", "hidden", "num_layers", "num_heads",
-                                      "intermediate", "max_length"))
-    layers.matmul_dtype(self, "bert")
-    super().__post_init__()
+  hidden: int = fields.integer(768)
+  num_layers: int = fields.integer(12)
+  num_heads: int = fields.integer(12, divides="hidden")
+  intermediate: int = fields.integer(3072)
+  max_length: int = fields.integer(512)
+  type_vocab_size: int = fields.integer(2)
+  dropout: float = fields.rate(0.1)
+  compute_dtype: str = fields.choice("float32", layers.COMPUTE_DTYPES)
 
   @nn.compact
   def __call__(self, input_ids, attention_mask, masked_positions, train: bool = False):
@@ -104,7 +99,7 @@ class BertMLM(nn.Module):
     if input_ids.shape[1] > self.max_length:
       raise ValueError(f"bert: sequence length {input_ids.shape[1]} exceeds "
                        f"max_length={self.max_length}")
-    dtype = layers.matmul_dtype(self, "bert")
+    dtype = jnp.dtype(self.compute_dtype)
     x, word = BertEncoder(self.vocab_size, self.hidden, self.num_layers, self.num_heads,
                           self.intermediate, self.max_length, self.type_vocab_size, self.dropout,
                           dtype, name="encoder")(input_ids, attention_mask, train)

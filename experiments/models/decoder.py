@@ -16,6 +16,7 @@ import math
 import flax.linen as nn
 import jax.numpy as jnp
 
+from experiments.models import fields
 from experiments.models import layers
 
 _init = nn.initializers.normal(0.02)
@@ -33,22 +34,16 @@ class DecoderLM(nn.Module):
     max_length: positions with an embedding (the longest sequence the model takes).
     dropout: dropout rate on embeddings, attention probabilities and block outputs (0: none).
     compute_dtype: ``"float32"`` or ``"bfloat16"``, the dtype of the matrix products (mixed
-      precision: :func:`experiments.models.layers.matmul_dtype`).
+      precision: :mod:`experiments.models.layers`).
   """
   vocab_size: int
-  hidden: int = 128
-  num_layers: int = 4
-  num_heads: int = 4
-  mlp_ratio: int = 4
-  max_length: int = 256
-  dropout: float = 0.0
-  compute_dtype: str = "float32"
-
-  def __post_init__(self):
-    layers.check_sizes(self, "decoder_lm", ("vocab_size", "hidden", "num_layers", "num_heads",
-                                            "mlp_ratio", "max_length"))
-    layers.matmul_dtype(self, "decoder_lm")
-    super().__post_init__()
+  hidden: int = fields.integer(128)
+  num_layers: int = fields.integer(4)
+  num_heads: int = fields.integer(4, divides="hidden")
+  mlp_ratio: int = fields.integer(4)
+  max_length: int = fields.integer(256)
+  dropout: float = fields.rate(0.0)
+  compute_dtype: str = fields.choice("float32", layers.COMPUTE_DTYPES)
 
   @nn.compact
   def __call__(self, tokens, train: bool = False):
@@ -71,7 +66,7 @@ class DecoderLM(nn.Module):
     x = nn.Dropout(self.dropout, deterministic=not train)(x)
     mask = nn.make_causal_mask(tokens)
     residual_init = nn.initializers.normal(0.02 / math.sqrt(2 * self.num_layers))
-    dtype = layers.matmul_dtype(self, "decoder_lm")
+    dtype = jnp.dtype(self.compute_dtype)
     for i in range(self.num_layers):
       y = nn.LayerNorm(name=f"layer_{i}_attention_norm")(x)
       y = nn.MultiHeadDotProductAttention(

@@ -1,8 +1,6 @@
 """Pieces shared by the transformer models.
 
-``check_sizes``: the validation of a transformer's sizes and dropout rate, before it is built.
-
-``matmul_dtype``: a transformer's ``compute_dtype``, checked. Mixed precision as GPUs train
+``COMPUTE_DTYPES``: what a transformer's ``compute_dtype`` allows. Mixed precision as GPUs train
 transformers: the parameters, the optimizer's state and the gradients (so the exchange) stay
 float32; only the matrix products (projections, attention scores, the MLP, the logits) run in
 ``"bfloat16"``, with float32 accumulation where XLA offers it, and the residual stream, layer
@@ -40,27 +38,5 @@ def gelu(x: jax.Array) -> jax.Array:
   return 0.5 * x * _erfc(-x * sqrt_half)
 
 
+# The dtypes of a transformer's matrix products (parameters and gradients stay float32 either way).
 COMPUTE_DTYPES = ("float32", "bfloat16")
-
-
-def matmul_dtype(model, name: str) -> jnp.dtype:
-  """The dtype of ``model``'s matrix products (its ``compute_dtype``), refused by ``name`` when
-  it is not one of :data:`COMPUTE_DTYPES`."""
-  if model.compute_dtype not in COMPUTE_DTYPES:
-    raise ValueError(f"{name}: compute_dtype={model.compute_dtype!r} must be one of "
-                     f"{COMPUTE_DTYPES} (parameters and gradients stay float32 either way)")
-  return jnp.dtype(model.compute_dtype)
-
-
-def check_sizes(model, name: str, int_fields: tuple[str, ...]) -> None:
-  """Refuses a transformer ``model`` whose ``int_fields`` are not positive ints, whose
-  ``num_heads`` does not divide its ``hidden``, or whose ``dropout`` is outside [0, 1); the
-  message starts with the model's ``name``."""
-  for field in int_fields:
-    value = getattr(model, field)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-      raise ValueError(f"{name}: {field}={value!r} must be a positive int")
-  if model.hidden % model.num_heads:
-    raise ValueError(f"{name}: num_heads={model.num_heads} must divide hidden={model.hidden}")
-  if not 0.0 <= model.dropout < 1.0:
-    raise ValueError(f"{name}: dropout={model.dropout!r} must be in [0, 1)")

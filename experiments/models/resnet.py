@@ -18,9 +18,13 @@ linear; the training step therefore communicates gradients only.
 """
 
 import functools
+from typing import Any
 
 import flax.linen as nn
 import jax.numpy as jnp
+
+from compressors import checks
+from experiments.models import fields
 
 _conv_init = nn.initializers.variance_scaling(2.0, "fan_out", "normal")
 Conv = functools.partial(nn.Conv, use_bias=False, kernel_init=_conv_init)
@@ -32,9 +36,12 @@ def batch_norm(train: bool, zero_init: bool = False) -> nn.BatchNorm:
                       scale_init=nn.initializers.zeros if zero_init else nn.initializers.ones)
 
 
-def _check_depth(model: str, depth: int, allowed: str, ok: bool) -> None:
-  if not ok:
-    raise ValueError(f"{model}: depth={depth!r} is not allowed; {allowed}")
+def _depth(default: int, offset: int) -> Any:
+  """A depth field allowing ``6n + offset`` with n >= 1 (three stages of n two-layer blocks)."""
+  return fields.declare(default, rule=checks.Rule(int, low=6 + offset, condition=(
+      lambda d: (d - offset) % 6 == 0,
+      f"6n + {offset} with n >= 1 ({', '.join(str(6 * n + offset) for n in (1, 2, 3, 4, 5))}, "
+      "...)")))
 
 
 class _BasicBlock(nn.Module):
@@ -70,13 +77,8 @@ class CifarResNet(nn.Module):
     width: channels of the first stage (16 in the paper); later stages double it.
   """
   num_classes: int
-  depth: int = 20
-  width: int = 16
-
-  def __post_init__(self):
-    _check_depth("cifar_resnet", self.depth, "use 6n + 2 with n >= 1 (8, 20, 32, 44, 56, 110)",
-                 isinstance(self.depth, int) and self.depth >= 8 and (self.depth - 2) % 6 == 0)
-    super().__post_init__()
+  depth: int = _depth(20, 2)
+  width: int = fields.integer(16)
 
   @nn.compact
   def __call__(self, x, train: bool = False):
@@ -121,16 +123,9 @@ class WideResNet(nn.Module):
     dropout: dropout rate inside each block (0.3 in the paper's best CIFAR runs; 0 by default).
   """
   num_classes: int
-  depth: int = 28
-  widen_factor: int = 10
-  dropout: float = 0.0
-
-  def __post_init__(self):
-    _check_depth("wide_resnet", self.depth, "use 6n + 4 with n >= 1 (10, 16, 22, 28, 40)",
-                 isinstance(self.depth, int) and self.depth >= 10 and (self.depth - 4) % 6 == 0)
-    if not 0.0 <= self.dropout < 1.0:
-      raise ValueError(f"wide_resnet: dropout={self.dropout!r} must be in [0, 1)")
-    super().__post_init__()
+  depth: int = _depth(28, 4)
+  widen_factor: int = fields.integer(10)
+  dropout: float = fields.rate(0.0)
 
   @nn.compact
   def __call__(self, x, train: bool = False):
@@ -173,13 +168,8 @@ class ImageNetResNet(nn.Module):
     width: channels of the stem and first stage (64 in the paper).
   """
   num_classes: int
-  depth: int = 50
-  width: int = 64
-
-  def __post_init__(self):
-    _check_depth("imagenet_resnet", self.depth, f"allowed: {sorted(_IMAGENET_STAGES)}",
-                 self.depth in _IMAGENET_STAGES)
-    super().__post_init__()
+  depth: int = fields.choice(50, _IMAGENET_STAGES)
+  width: int = fields.integer(64)
 
   @nn.compact
   def __call__(self, x, train: bool = False):

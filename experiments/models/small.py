@@ -6,9 +6,12 @@ the gradients needs communicating.
 """
 
 from collections.abc import Sequence
+import math
 
 import flax.linen as nn
 import jax.numpy as jnp
+
+from experiments.models import fields
 
 _POOLS = {"flatten": lambda x: x.reshape(x.shape[0], -1),
           "mean": lambda x: jnp.mean(x, axis=1),
@@ -28,16 +31,11 @@ class CNN1D(nn.Module):
     hidden: width of the dense layer before the classifier (0 for none).
   """
   num_classes: int
-  channels: Sequence[int] = (32, 32, 32)
-  kernel_size: int = 5
-  stride: int = 2
-  pool: str = "flatten"
-  hidden: int = 0
-
-  def __post_init__(self):
-    if self.pool not in _POOLS:
-      raise ValueError(f"cnn1d: pool={self.pool!r} is not allowed; allowed: {sorted(_POOLS)}")
-    super().__post_init__()
+  channels: Sequence[int] = fields.integers((32, 32, 32))
+  kernel_size: int = fields.integer(5)
+  stride: int = fields.integer(2)
+  pool: str = fields.choice("flatten", _POOLS)
+  hidden: int = fields.integer(0, minimum=0)
 
   @nn.compact
   def __call__(self, x, train: bool = False):
@@ -61,7 +59,7 @@ class MLP(nn.Module):
     hidden: widths of the hidden layers.
   """
   num_classes: int
-  hidden: Sequence[int] = (256, 256)
+  hidden: Sequence[int] = fields.integers((256, 256))
 
   @nn.compact
   def __call__(self, x, train: bool = False):
@@ -81,14 +79,21 @@ class CNN2D(nn.Module):
     hidden: width of the dense layer before the classifier.
   """
   num_classes: int
-  channels: Sequence[int] = (32, 64)
-  hidden: int = 128
+  channels: Sequence[int] = fields.integers((32, 64))
+  hidden: int = fields.integer(128)
 
   @nn.compact
   def __call__(self, x, train: bool = False):
     del train
     if x.ndim == 3:  # [batch, height, width] -> one input channel
       x = x[..., None]
+    # Each convolution's 2x2 pooling halves the image: one too many leaves no pixel, and JAX's
+    # error for that (a division by zero) names no field.
+    pools = int(math.log2(min(x.shape[1:3])))
+    if len(self.channels) > pools:
+      raise ValueError(f"config.model.channels={tuple(self.channels)} is not allowed for model "
+                       f"'cnn2d' on {x.shape[1]}x{x.shape[2]} images; allowed: at most {pools} "
+                       "convolutions (each halves the image)")
     for width in self.channels:
       x = nn.relu(nn.Conv(width, (3, 3), padding="SAME")(x))
       x = nn.max_pool(x, (2, 2), strides=(2, 2))

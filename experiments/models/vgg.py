@@ -8,6 +8,7 @@ classifier on the 512 features left at 1x1. VGG-16 has 14,728,266 parameters, VG
 
 import flax.linen as nn
 
+from experiments.models import fields
 from experiments.models import resnet
 
 _LAYOUTS = {
@@ -25,18 +26,12 @@ class VGG(nn.Module):
   Attributes:
     num_classes: number of output logits.
     depth: one of 11, 13, 16, 19.
-    width_divisor: divides every layer's width (1 for the paper's model; larger for tiny tests).
+    width_divisor: divides every layer's width (1 for the paper's model; larger for tiny tests;
+      at most 64, the narrowest layer's width, which it would leave with no channel).
   """
   num_classes: int
-  depth: int = 19
-  width_divisor: int = 1
-
-  def __post_init__(self):
-    if self.depth not in _LAYOUTS:
-      raise ValueError(f"vgg: depth={self.depth!r} is not allowed; allowed: {sorted(_LAYOUTS)}")
-    if not isinstance(self.width_divisor, int) or self.width_divisor < 1:
-      raise ValueError(f"vgg: width_divisor={self.width_divisor!r} must be a positive int")
-    super().__post_init__()
+  depth: int = fields.choice(19, _LAYOUTS)
+  width_divisor: int = fields.integer(1, maximum=64)
 
   @nn.compact
   def __call__(self, x, train: bool = False):

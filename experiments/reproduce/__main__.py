@@ -31,13 +31,17 @@ each target is a module of this package (:mod:`experiments.reproduce.t1` and the
 above), the runs' machinery is :mod:`experiments.reproduce.common` and the outputs'
 :mod:`experiments.reproduce.report`.
 Bad input (a ``--data_dir`` without CIFAR-10, ...) is one line on stderr without a traceback
-(``--verbose`` or ``TASC_JAX_VERBOSE=1`` shows it), exit status 1.
+(``--verbose`` or ``TASC_JAX_VERBOSE=1`` shows it), exit status 1, before anything runs or is
+written; so is ``--report_only`` where ``--workdir`` holds no runs of a target (a mistyped
+``--workdir`` would otherwise rewrite the published pages as empty tables). A target that ran
+nothing (``t1_cifar10`` without ``--data_dir``, ``f3`` without root) leaves its page as it was,
+with a warning; where it has none yet, it writes one that says why.
 Training runs go ``--jobs`` at a time (default 2), each in a process of its own; how long the
 targets took is in ``README.md``'s Results. ``--tier=gpu`` (25M+ parameters, 8 and 32
-simulated workers per GPU) needs a GPU.
+simulated workers per GPU) needs a GPU, and is refused where JAX finds none, as
+``python -m experiments.bench --platform=gpu`` is.
 """
 
-import argparse
 import dataclasses
 import logging
 import os
@@ -53,6 +57,7 @@ import ml_collections
 from experiments import cli
 from experiments import distributed
 from experiments import provenance
+from experiments.bench import common as bench_common
 from experiments.reproduce import common
 from experiments.reproduce import f1
 from experiments.reproduce import f2
@@ -80,15 +85,22 @@ class Target:
     title: one line for the index.
     produce: ``(options) -> Report``: runs what is missing (unless ``report_only``) and builds
       the report from the run directories.
+    run_folders: ``(options) -> folders``: where the run directories its report is built from
+      are (``report_only`` needs a run in one of them).
   """
   name: str
   title: str
   produce: Callable[[common.Options], report_lib.Report]
+  run_folders: Callable[[common.Options], Sequence[str]]
+
+  def has_runs(self, options: common.Options) -> bool:
+    """Whether a run directory its report is built from exists under ``options.workdir``."""
+    return any(report_lib.holds_runs(folder) for folder in self.run_folders(options))
 
 
 # The order of ``all``: cheap targets first; F4 after T1, whose runs it plots; F5 after T1-LM.
 TARGETS = {t.name: t for t in (
-    Target(name, module.TITLE, module.produce) for name, module in (
+    Target(name, module.TITLE, module.produce, module.run_folders) for name, module in (
         ("f2", f2), ("t1", t1), ("f4", f4), ("t1_cifar10", t1_cifar10), ("t2", t2), ("f1", f1),
         ("f3", f3), ("t1_lm", t1_lm), ("f4_lm", f4_lm), ("f5", f5)))}
 
@@ -133,6 +145,39 @@ def resolve_targets(spec: str) -> list[str]:
   return list(dict.fromkeys(names))
 
 
+def check_inputs(names: Sequence[str], options: common.Options) -> None:
+  """Refuses, before anything runs or is written, what would rewrite published pages from nothing
+  or train where it cannot.
+
+  Args:
+    names: the targets (:func:`resolve_targets`).
+    options: the command line's options.
+
+  Raises:
+    ValueError: with ``report_only``, targets whose run folders under ``workdir`` hold no run (a
+      mistyped ``--workdir`` would rewrite their pages as empty tables), naming each; for
+      ``t1_cifar10``, a ``--data_dir`` that does not hold CIFAR-10; for a language-model target
+      that would train at ``--tier=gpu``, a machine where JAX finds no GPU (the check of
+      ``python -m experiments.bench --platform=gpu``).
+  """
+  if options.report_only:
+    empty = [name for name in names if not TARGETS[name].has_runs(options)]
+    if empty:
+      where = ", ".join(f"{name} (in {' or '.join(TARGETS[name].run_folders(options))})"
+                        for name in empty)
+      have = [name for name in names if name not in empty]
+      raise ValueError(f"--report_only: --workdir={options.workdir!r} holds no runs of {where}; "
+                       "nothing was written: pass the --workdir that holds them, or leave those "
+                       "targets out of --target"
+                       + (f" (it holds runs of {', '.join(have)})" if have else ""))
+  if "t1_cifar10" in names and options.data_dir and not t1_cifar10.available(options.data_dir):
+    raise ValueError(f"t1_cifar10: {t1_cifar10.unavailable(options.data_dir)}")
+  if (options.tier == "gpu" and not options.report_only and any(n in LM_TARGETS for n in names)
+      and bench_common.resolve_platform("auto") != "gpu"):
+    raise ValueError("--tier=gpu: JAX finds no GPU here; allowed here: --tier=cpu, or --tier=gpu "
+                     "--report_only (which trains nothing)")
+
+
 def write_index(out: str, prov: report_lib.Provenance) -> Path:
   """``out/README.md``: every target, its files (where written) and its one-line title."""
   lines = ["# Paper figures", "",
@@ -163,8 +208,13 @@ def write_index(out: str, prov: report_lib.Provenance) -> Path:
 
 
 def parse_args(argv: Sequence[str] | None = None) -> tuple[list[str], common.Options]:
-  """The targets and options of a command line (``--help`` lists them)."""
-  parser = argparse.ArgumentParser(prog="python -m experiments.reproduce",
+  """The targets and options of a command line (``--help`` lists them).
+
+  Raises:
+    ValueError: an argument that is not allowed (:class:`experiments.cli.ArgumentParser`: one
+      line and exit status 1 from :func:`main`).
+  """
+  parser = cli.ArgumentParser(prog="python -m experiments.reproduce",
                                    description=__doc__.split("\n\n", 1)[0])
   parser.add_argument("--target", required=True, help=f"all, or of: {', '.join(TARGETS)}")
   parser.add_argument("--workdir", default=common.Options.workdir,
@@ -197,7 +247,9 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[list[str], common.Opt
 def main(argv: Sequence[str] | None = None) -> list[Path]:
   """Runs and reports the targets named on the command line; returns the files written."""
   argv = sys.argv[1:] if argv is None else list(argv)
-  names, options = parse_args(argv)
+  with cli.errors_in_one_line("experiments.reproduce", show_traceback=cli.verbose(argv)):
+    names, options = parse_args(argv)
+    check_inputs(names, options)
   # The training runs need NUM_DEVICES simulated CPU devices, set before JAX's first computation.
   distributed.expose_cpu_devices(_device_config())
   # The language-model runs compile the same evaluation and dense-bytes programs, and each seed
@@ -219,6 +271,13 @@ def main(argv: Sequence[str] | None = None) -> list[Path]:
       start = time.monotonic()
       LOG.info("%s ...", name)
       report = TARGETS[name].produce(options)
+      page = os.path.join(options.out, report.name + ".md")
+      if not TARGETS[name].has_runs(options) and os.path.exists(page):
+        # Skipped by design (no CIFAR-10 here, no root for F3) or every run failed to start: a
+        # page of nothing would replace one written from runs, perhaps on another machine.
+        LOG.warning("%s: no runs under --workdir=%s; %s is left as it was", name,
+                    options.workdir, page)
+        continue
       written += report_lib.write_report(report, prov, options.out)
       written.append(write_index(options.out, prov))
       LOG.info("%s done in %.0f s", name, time.monotonic() - start)

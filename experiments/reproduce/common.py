@@ -122,13 +122,9 @@ def run_sweep_config(sweep, workdir: str, *, jobs: int = 1,
   if jobs == 1:
     failures = {}
     for name, config in configs.items():
-      try:
-        rows = sweep_lib.run_sweep({name: config}, workdir)
-        if rows and rows[0].get("error"):  # bad input, which run_sweep records, not raises
-          failures[name] = rows[0]["error"][:300]
-      except Exception as e:  # pylint: disable=broad-except  # recorded, the sweep goes on
-        logging.exception("reproduce: run %s failed", name)
-        failures[name] = f"{type(e).__name__}: {e}".splitlines()[0][:300]
+      rows = sweep_lib.run_sweep({name: config}, workdir)
+      if rows and rows[0].get("error"):  # run_sweep records a run's failure, whatever it was
+        failures[name] = rows[0]["error"][:300]
   else:
     pending = [run for run in sweep.runs if not finished(run["name"])]
     failures = _run_children(pending, sweep.get("overrides", {}), workdir, jobs)

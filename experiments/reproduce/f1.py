@@ -23,10 +23,15 @@ from experiments.reproduce.report import Report
 TITLE = "F1: wire bytes per device vs workers, 2 to 256 (compile only)"
 
 
+def run_folders(options: common.Options) -> list[str]:
+  """The folder of F1's runs, one per worker count."""
+  return [os.path.join(options.workdir, "f1")]
+
+
 def produce(options: common.Options) -> Report:
   """Compiles the worker counts not measured yet (unless ``report_only``); the figure."""
   settings = f1_config.get_config(options.config_arg())
-  workdir = os.path.join(options.workdir, "f1")
+  [workdir] = run_folders(options)
   if not options.report_only:
     measure(settings, workdir)
   return report(settings, workdir, full=options.full)

@@ -30,10 +30,15 @@ TITLE = ("F2: modelled communication time (VGG-19 speed-up, ResNet-50 scaling, s
          "all-reduce)")
 
 
+def run_folders(options: common.Options) -> list[str]:
+  """F2's run directory."""
+  return [os.path.join(options.workdir, "f2")]
+
+
 def produce(options: common.Options) -> Report:
   """Prices every case (unless ``report_only``); the figure."""
   settings = f2_config.get_config(options.config_arg())
-  workdir = os.path.join(options.workdir, "f2")
+  [workdir] = run_folders(options)
   if not options.report_only:
     price(settings, workdir)
   return report(settings, workdir, full=options.full)

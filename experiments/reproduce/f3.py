@@ -31,11 +31,16 @@ from experiments.reproduce.report import Report
 TITLE = "F3: measured communication time over a rate-limited loopback"
 
 
+def run_folders(options: common.Options) -> list[str]:
+  """The folder of F3's runs. Full settings time a larger gradient under the same run names:
+  their own folder."""
+  return [os.path.join(options.workdir, "f3_full" if options.full else "f3")]
+
+
 def produce(options: common.Options) -> Report:
   """Measures the settings not measured yet (unless ``report_only``); the figure."""
   settings = f3_config.get_config(options.config_arg())
-  # Full settings time a larger gradient under the same run names: their own folder.
-  workdir = os.path.join(options.workdir, "f3_full" if options.full else "f3")
+  [workdir] = run_folders(options)
   skipped = None
   if not options.report_only:
     skipped = measure(settings, workdir)

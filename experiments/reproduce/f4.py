@@ -18,6 +18,9 @@ from experiments.reproduce.report import Report
 TITLE = "F4: Hessian-aware vs magnitude block selection, loss curves"
 
 
+run_folders = t1.run_folders  # F4 plots T1's runs
+
+
 def produce(options: common.Options) -> Report:
   """Runs F4's subset of T1's sweep (unless ``report_only``); the curves and their table."""
   workdir = t1.runs_dir(options)

@@ -56,6 +56,9 @@ DERIVATIONS = [
 ]
 
 
+run_folders = t1_lm.run_folders  # F4-LM's runs are in T1-LM's folder
+
+
 def produce(options: common.Options) -> Report:
   """Runs F4-LM's runs (unless ``report_only``); its table, sections, claim and figure."""
   t1_lm.run_subset(options, "f4")

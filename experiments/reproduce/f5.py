@@ -59,6 +59,9 @@ WORKERS = (8, 32)
 HEADLINE_LINK, HEADLINE_WORKERS = "1 Gbit/s", 8
 
 
+run_folders = t1_lm.run_folders  # F5 plots T1-LM's runs
+
+
 def produce(options: common.Options) -> Report:
   """Runs T1-LM's runs if missing (unless ``report_only``); the curves and speed-ups."""
   t1_lm.run_subset(options, "t1")

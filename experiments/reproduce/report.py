@@ -255,6 +255,15 @@ def read_run(run_dir: str | os.PathLike) -> Run | None:
   return Run(run_dir, config, results, logs.read_metrics(run_dir))
 
 
+def holds_runs(folder: str | os.PathLike) -> bool:
+  """Whether ``folder`` is a run directory or holds one (a ``config.json`` in it or in a folder
+  directly under it): what a target's report can be built from."""
+  if os.path.exists(os.path.join(folder, CONFIG_FILE)):
+    return True
+  return os.path.isdir(folder) and any(
+      os.path.exists(os.path.join(folder, name, CONFIG_FILE)) for name in os.listdir(folder))
+
+
 def write_run(run_dir: str | os.PathLike, config: dict, records: Sequence[dict],
               results: dict) -> None:
   """Leaves a run directory as the runner does, for results computed outside it (models,

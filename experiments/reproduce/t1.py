@@ -33,6 +33,11 @@ def runs_dir(options: common.Options) -> str:
   return os.path.join(options.workdir, "t1_mnist1d_full" if options.full else "t1_mnist1d")
 
 
+def run_folders(options: common.Options) -> list[str]:
+  """The folders of the runs the table is built from (F4's too)."""
+  return [runs_dir(options)]
+
+
 def produce(options: common.Options) -> Report:
   """Runs T1's sweep and the TASC settings investigation (unless ``report_only``); the table."""
   workdir = runs_dir(options)

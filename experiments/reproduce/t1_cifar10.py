@@ -1,8 +1,10 @@
 """T1 on CIFAR-10 ResNet-20: the MNIST-1D table's rows (:mod:`experiments.reproduce.t1`) on
 ``configs/cifar10_resnet20.py``, through the sweep ``configs/paper/t1_cifar10.py``.
 
-Nothing is downloaded: the target runs only when ``--data_dir`` holds CIFAR-10's python batches,
-and otherwise writes a report that says why it was skipped.
+Nothing is downloaded: the target runs only when ``--data_dir`` holds CIFAR-10's python batches.
+Without ``--data_dir`` its report says why it was skipped (a page already written is kept rather
+than replaced by one of nothing); a ``--data_dir`` that does not hold them is refused before
+anything runs (:func:`experiments.reproduce.__main__.check_inputs`).
 """
 
 import os
@@ -16,9 +18,14 @@ from experiments.reproduce.report import Report
 TITLE = "T1 on CIFAR-10 ResNet-20 (needs --data_dir)"
 
 
+def run_folders(options: common.Options) -> list[str]:
+  """The folder of the sweep's runs."""
+  return [os.path.join(options.workdir, "t1_cifar10")]
+
+
 def produce(options: common.Options) -> Report:
   """Runs the sweep when ``--data_dir`` holds CIFAR-10 (unless ``report_only``); the table."""
-  workdir = os.path.join(options.workdir, "t1_cifar10")
+  [workdir] = run_folders(options)
   ready = available(options.data_dir)
   if ready and not options.report_only:
     arg = ",".join(filter(None, [options.config_arg(), f"seeds={options.seeds}"]))
@@ -27,9 +34,7 @@ def produce(options: common.Options) -> Report:
     common.run_sweep_config(sweep, workdir, jobs=options.jobs)
   return report(
       workdir, seeds=options.seeds, full=options.full,
-      skipped=None if ready else (
-          f"--data_dir={options.data_dir!r} does not hold CIFAR-10's python batches "
-          "(data_batch_1 ... test_batch); pass --data_dir=/path/to/cifar-10-batches-py"))
+      skipped=None if ready else unavailable(options.data_dir))
 
 
 def report(workdir: str, *, seeds: int, full: bool, skipped: str | None) -> Report:
@@ -58,6 +63,13 @@ def report(workdir: str, *, seeds: int, full: bool, skipped: str | None) -> Repo
           "row's compression settings; quick settings train 5 epochs (far from converged), "
           "full 160.", *t1.notes()],
       plot=t1.plot_accuracy_vs_compression(rows, "T1: CIFAR-10 ResNet-20") if have else None)
+
+
+def unavailable(data_dir: str) -> str:
+  """Why ``data_dir`` cannot be trained on: the report's note, and the command line's refusal of
+  a ``--data_dir`` given."""
+  return (f"--data_dir={data_dir!r} does not hold CIFAR-10's python batches "
+          "(data_batch_1 ... test_batch); pass --data_dir=/path/to/cifar-10-batches-py")
 
 
 def available(data_dir: str) -> bool:

@@ -38,6 +38,11 @@ def runs_dir(options: common.Options) -> str:
   return os.path.join(options.workdir, f"lm_{options.tier}")
 
 
+def run_folders(options: common.Options) -> list[str]:
+  """The folders of the runs the table is built from (F4-LM's and F5's too)."""
+  return [runs_dir(options)]
+
+
 def run_subset(options: common.Options, subset: str) -> None:
   """Runs ``subset`` (``t1`` or ``f4``) of the tier's sweep, unless ``report_only``: for T1-LM
   the tuning phase (every row at every rate scale, one seed), then the headline rows' other

@@ -45,6 +45,11 @@ def runs_dirs(workdir: str, full: bool) -> tuple[str, str]:
   return os.path.join(workdir, "t2_mnist1d" + suffix), os.path.join(workdir, "t2_bert" + suffix)
 
 
+def run_folders(options: common.Options) -> list[str]:
+  """The folders of the runs the table is built from."""
+  return list(runs_dirs(options.workdir, options.full))
+
+
 def run_mnist1d(workdir: str, *, full: bool, jobs: int = 1,
                 smoke: bool = False) -> dict[str, str]:
   """T2's MNIST-1D runs, the sweep ``configs/paper/t2_mnist1d.py``, ``jobs`` at a time.
