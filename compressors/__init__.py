@@ -9,19 +9,31 @@ and calls ``tx.update`` inside ``jax.shard_map``/``jax.pmap`` over ``"data"``
 (:func:`data_parallel` writes that step: the per-worker gradient, the state's layout, the lockstep
 skip of non-finite steps). Naming: a factory named after a method returns a :class:`Compressor`
 (``topk``, ``dgc``, ``powersgd``, ``dense``, ...); :func:`compress` turns any compressor into the
-transformation, with error feedback. Beyond per-step exchanges: :func:`local_updates` (DiLoCo:
+transformation, with error feedback. Beyond per-step methods: :func:`local_updates` (DiLoCo:
 each worker's own optimizer for ``H`` steps, then the pseudo-gradient through any exchange and
 an outer step), and the methods that are their own optimizer, :func:`demo` (DeMo) and
 :func:`onebit_adam` (1-bit Adam). Every method, with its settings and its cost-model entry, is in
-:mod:`compressors.registry`.
+:mod:`compressors.registry` (TASC's once ``tasc`` is imported).
+
+One word, one meaning: an *exchange* is the collective step that gives every worker the mean of
+the workers' buffers. ``Compressor.exchange`` says how its payloads meet in it (``"psum"``,
+``"all_gather"``, ``"two_phase"``), :func:`compressors.protocol.exchange` runs it,
+``local_updates``' ``exchange`` is the transformation that runs it on the pseudo-gradient (the
+per-step method a local-update method's ``exchange`` setting names), and
+``config.compression.exchanged`` says what goes into it (each worker's gradient, or its
+optimizer's update). A method's *family* is ``"per_step"`` (chained with the run's optimizer),
+``"optimizer"`` or ``"local"``.
 
 Layout, one concern a place:
 
 * this package: the compressor protocol (:mod:`compressors.protocol`), the transformation
-  (``compress``), the methods, the registry, the equal-bytes solver;
-* :mod:`compressors.parallel`: the data-parallel harness (the step, where workers run, the
-  state's per-worker layout, the non-finite skip, the replica check, the bytes of a compiled
-  program);
+  (``compress``), the methods, the method table (:mod:`compressors.method_table`) and its
+  assembly (:mod:`compressors.registry`), what a method declares to the harness
+  (:mod:`compressors.method_protocol`: its step kinds, its per-worker parameters), the
+  equal-bytes solver;
+* :mod:`compressors.parallel`: the data-parallel harness, which knows no method (the step,
+  where workers run, the state's per-worker layout, the non-finite skip, the replica check,
+  evaluation, the bytes of a compiled program);
 * :mod:`compressors.network`: the network model (the workers' axes, the all-reduce schedules,
   their cost model, the integer-programming planner).
 
@@ -36,7 +48,6 @@ from compressors import registry
 from compressors._compress import CompressState
 from compressors._compress import compress
 from compressors.parallel.data_parallel import DataParallel
-from compressors.parallel.data_parallel import StepKind
 from compressors.parallel.data_parallel import TrainState
 from compressors.parallel.data_parallel import data_parallel
 from compressors._dense import cast
@@ -45,11 +56,14 @@ from compressors._demo import DemoState
 from compressors._demo import demo
 from compressors._dgc import dgc
 from compressors._local import LocalUpdatesState
-from compressors._local import apply_local_updates
 from compressors._local import local_update_kinds
 from compressors._local import local_updates
 from compressors._local import nesterov_outer
-from compressors._local import synchronised_params
+from compressors.method_protocol import StepInputs
+from compressors.method_protocol import StepKind
+from compressors.method_protocol import SynchronisingState
+from compressors.method_protocol import apply_local_updates
+from compressors.method_protocol import synchronised_params
 from compressors._intq import quantize
 from compressors.parallel.drift import replicas_agree
 from compressors._momentum import MomentumCorrectionState
@@ -93,14 +107,14 @@ _PLANNER = ("Bucket", "Plan", "plan")
 __all__ = (
     "Aggregate", "AxisName", "Bucket", "CompressState", "Compressor", "Context", "DataParallel",
     "DemoState", "Link", "LocalUpdatesState", "MomentumCorrectionState", "OnebitAdamState", "Plan",
-    "ResidualAggregate", "SkipNonFiniteState", "StepKind", "Topology", "TrainState", "WireBytes",
-    "Workers", "add_device_axis", "all_reduce", "apply_local_updates", "cast", "collective_cost",
-    "compress", "data_parallel", "demo", "dense", "density_warmup", "dgc", "drop_device_axis",
-    "efsignsgd", "local_update_kinds", "local_updates", "momentum_correction", "nesterov_outer",
-    "onebit", "onebit_adam", "plan", "powersgd", "qsgd", "quantize", "randomk", "registry",
-    "replicas_agree", "signsgd", "skip_nonfinite", "state_specs", "synchronised_params", "terngrad",
-    "threshold", "topk", "uniform_subset", "warmup_boundaries", "warmup_densities", "warmup_kinds",
-    "wire_bytes"
+    "ResidualAggregate", "SkipNonFiniteState", "StepInputs", "StepKind", "SynchronisingState",
+    "Topology", "TrainState", "WireBytes", "Workers", "add_device_axis", "all_reduce",
+    "apply_local_updates", "cast", "collective_cost", "compress", "data_parallel", "demo", "dense",
+    "density_warmup", "dgc", "drop_device_axis", "efsignsgd", "local_update_kinds",
+    "local_updates", "momentum_correction", "nesterov_outer", "onebit", "onebit_adam", "plan",
+    "powersgd", "qsgd", "quantize", "randomk", "registry", "replicas_agree", "signsgd",
+    "skip_nonfinite", "state_specs", "synchronised_params", "terngrad", "threshold", "topk",
+    "uniform_subset", "warmup_boundaries", "warmup_densities", "warmup_kinds", "wire_bytes"
 )
 
 

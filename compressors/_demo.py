@@ -54,7 +54,7 @@ import numpy as np
 import optax
 
 from compressors import checks
-from compressors import registry
+from compressors import method_table
 from compressors.network import axes
 from compressors.network import topology as topology_lib
 
@@ -381,7 +381,7 @@ def _optimizer(settings: DemoSettings, learning_rate: optax.ScalarOrSchedule, *,
               chunk=settings.chunk, topk=settings.topk, weight_decay=settings.weight_decay)
 
 
-METHODS = (registry.Method(
+METHODS = (method_table.Method(
     name="demo", summary="DeMo: per-worker momentum, its top-k DCT coefficients per tile "
     "all-gathered, sign step (Peng, Quesnelle & Kingma 2024)", settings=DemoSettings,
     cost=cost, optimizer=_optimizer, error_feedback=False, budget="topk"),)

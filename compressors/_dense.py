@@ -16,7 +16,7 @@ import jax.numpy as jnp
 
 from compressors import checks
 from compressors import protocol
-from compressors import registry
+from compressors import method_table
 from compressors.network import topology as topology_lib
 
 _CASTS = {"float16": jnp.float16, "bfloat16": jnp.bfloat16}
@@ -65,17 +65,17 @@ def cast(dtype, *, exchange: str | None = None) -> protocol.Compressor:
 
 
 METHODS = (
-    registry.Method(
+    method_table.Method(
         name="dense",
         summary="no compression: one float32 all-reduce of the gradient (the baseline)",
-        settings=registry.NoSettings, compressor=lambda s: dense(), error_feedback=False,
+        settings=method_table.NoSettings, compressor=lambda s: dense(), error_feedback=False,
         cost=lambda s, shapes, topology, schedule: topology_lib.all_reduce_cost(
-            schedule, topology, registry.num_elements(shapes))),
-    *(registry.Method(
+            schedule, topology, method_table.num_elements(shapes))),
+    *(method_table.Method(
         name=name, summary=f"the gradient sent as {dtype}, divided by the workers first",
-        settings=registry.NoSettings, compressor=lambda s, dtype=dtype: cast(dtype),
+        settings=method_table.NoSettings, compressor=lambda s, dtype=dtype: cast(dtype),
         error_feedback=False,
         cost=lambda s, shapes, topology, schedule: topology_lib.all_reduce_cost(
-            schedule, topology, registry.num_elements(shapes), itemsize=2))
+            schedule, topology, method_table.num_elements(shapes), itemsize=2))
       for name, dtype in (("fp16", "float16"), ("bf16", "bfloat16"))),
 )

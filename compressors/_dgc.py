@@ -32,7 +32,7 @@ The whole method::
 and with the warm-up, as the runner builds it (``method="dgc"``)::
 
   registry.transformation("dgc", DGCSettings(density=0.001, clip_norm=5.0), axis_name="data",
-                          common=registry.Common(density_warmup_steps=1560))
+                          common=method_table.Common(density_warmup_steps=1560))
 """
 
 import dataclasses
@@ -40,7 +40,7 @@ import dataclasses
 from compressors import checks
 from compressors import protocol
 from compressors import _sparse as sparse
-from compressors import registry
+from compressors import method_table
 
 
 def dgc(density: float, *, sample_fraction: float = 0.01) -> protocol.Compressor:
@@ -84,7 +84,7 @@ class DGCSettings:
     checks.check_settings(self, "dgc")
 
 
-METHODS = (registry.Method(
+METHODS = (method_table.Method(
     name="dgc", summary="Deep Gradient Compression: momentum correction around a sampled "
     "threshold (Lin et al. 2018); its warm-up is density_warmup_steps", settings=DGCSettings,
     compressor=lambda s: dgc(s.density, sample_fraction=s.sample_fraction),

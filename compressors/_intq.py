@@ -50,7 +50,7 @@ import numpy as np
 from compressors import checks
 from compressors import protocol
 from compressors import _packing as packing
-from compressors import registry
+from compressors import method_table
 from compressors.network import topology as topology_lib
 
 BITS = (8, 4)
@@ -158,7 +158,7 @@ def _cost(bits: int):
   within each chunk of the two-phase exchange, whose owners decode ``4 * chunk`` bytes)."""
   def cost(s: QuantizeSettings, shapes, topology, schedule) -> topology_lib.Cost:
     del schedule
-    n = registry.num_elements(shapes)
+    n = method_table.num_elements(shapes)
     if s.exchange == "all_gather":
       return topology_lib.all_gather_cost(topology, payload_bytes(n, bits, s.bucket))
     chunk = -(-n // topology.num_devices)
@@ -167,7 +167,7 @@ def _cost(bits: int):
 
 
 METHODS = tuple(
-    registry.Method(
+    method_table.Method(
         name=f"int{bits}", summary=f"int{bits} codes with a float32 scale per bucket, two-phase "
         f"exchange, error feedback ({paper})", settings=QuantizeSettings,
         compressor=lambda s, bits=bits: quantize(bits, bucket=s.bucket, rounding=s.rounding,

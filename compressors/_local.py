@@ -21,7 +21,9 @@ between synchronisations).
 
 After a synchronising step every worker must hold the synchronised parameters bit for bit;
 ``params + (theta_sync - params)`` is not ``theta_sync`` in floating point, so apply the updates
-with :func:`apply_local_updates` (``data_parallel`` does), which lands exactly on them.
+with :func:`compressors.apply_local_updates` (``data_parallel`` does), which lands exactly on
+them: :class:`LocalUpdatesState` says how (:class:`compressors.method_protocol.SynchronisingState`),
+so that the harness knows no method.
 """
 
 import dataclasses
@@ -34,8 +36,9 @@ import jax.numpy as jnp
 import optax
 
 from compressors import checks
-from compressors import registry
-from compressors.parallel.step_kinds import StepKind
+from compressors import method_table
+from compressors.method_protocol import StepInputs
+from compressors.method_protocol import StepKind
 
 
 class LocalUpdatesState(NamedTuple):
@@ -55,6 +58,17 @@ class LocalUpdatesState(NamedTuple):
   inner: Any
   outer: Any
   exchange: Any
+
+  def land(self, params: chex.ArrayTree, applied: chex.ArrayTree) -> chex.ArrayTree:
+    """``applied``, or after a synchronising step :attr:`anchor` itself, bit for bit
+    (``params + (anchor - params)`` is not ``anchor`` in floating point)."""
+    del params  # applied already holds them moved; a synchronisation replaces them
+    return jax.tree.map(lambda a, p: jnp.where(self.synchronised, a, p).astype(p.dtype),
+                        self.anchor, applied)
+
+  def model_params(self) -> chex.ArrayTree:
+    """The synchronised parameters (the model a run evaluates)."""
+    return self.anchor
 
 
 def nesterov_outer(learning_rate: float = 0.7,
@@ -84,7 +98,7 @@ def local_updates(inner: optax.GradientTransformation,
     optimizer's update and moves nothing; with ``synchronise=True`` it exchanges the
     pseudo-gradient (``extra_args`` go to the exchange, e.g. TASC's curvature), takes the outer
     step and returns what moves this worker onto the new synchronised parameters (apply it with
-    :func:`apply_local_updates`).
+    :func:`compressors.apply_local_updates`).
   """
   outer = nesterov_outer() if outer is None else outer
   exchange = optax.with_extra_args_support(exchange)
@@ -115,44 +129,15 @@ def local_updates(inner: optax.GradientTransformation,
   return optax.GradientTransformationExtraArgs(init, update)
 
 
-def _local_states(state: chex.ArrayTree) -> list[LocalUpdatesState]:
-  return [s for s in jax.tree.leaves(state, is_leaf=lambda x: isinstance(x, LocalUpdatesState))
-          if isinstance(s, LocalUpdatesState)]
-
-
-def apply_local_updates(params: chex.ArrayTree, updates: chex.ArrayTree,
-                        state: chex.ArrayTree) -> chex.ArrayTree:
-  """``optax.apply_updates(params, updates)``, except after a synchronising step of the
-  :func:`local_updates` inside ``state`` (the state after the step): then the synchronised
-  parameters themselves, bit for bit on every worker. Without such a state, plain
-  ``optax.apply_updates``."""
-  applied = optax.apply_updates(params, updates)
-  found = _local_states(state)
-  if not found:
-    return applied
-  if len(found) > 1:
-    raise ValueError(f"apply_local_updates: the state holds {len(found)} local_updates states; "
-                     "one local-update transformation per chain")
-  (local,) = found
-  return jax.tree.map(lambda a, p: jnp.where(local.synchronised, a, p).astype(p.dtype),
-                      local.anchor, applied)
-
-
-def synchronised_params(state: chex.ArrayTree) -> chex.ArrayTree | None:
-  """The synchronised parameters of the :func:`local_updates` inside ``state`` (the model a run
-  with local updates evaluates), or None if there is none."""
-  found = _local_states(state)
-  return found[0].anchor if len(found) == 1 else None
-
-
-def local_update_kinds(every: int, exchange_inputs: Any = None) -> tuple[StepKind, ...]:
+def local_update_kinds(every: int,
+                       exchange_inputs: StepInputs | None = None) -> tuple[StepKind, ...]:
   """The step kinds of local updates synchronising every ``every`` steps: ``"local"`` (no
   collective), and ``"sync"`` at steps ``every - 1, 2 every - 1, ...`` (after ``every`` local
   gradients; every step when ``every`` is 1).
 
   Args:
     every: ``H``, steps between synchronisations.
-    exchange_inputs: the exchange's per-step inputs (a ``registry.StepInputs``, e.g.
+    exchange_inputs: the exchange's per-step inputs (a ``StepInputs``, e.g.
       ``registry.step_inputs("tasc")``: its curvature, every ``N`` steps), or None. They are
       made at the synchronisations every ``lcm(every, N)`` steps (the first synchronisation
       among them), as ``"sync_with_inputs"``, or at every synchronisation when ``N`` divides
@@ -230,13 +215,17 @@ def _build(s: DilocoSettings, inner, exchange, *,
   return local_updates(inner, exchange, nesterov_outer(s.outer_learning_rate, s.outer_momentum))
 
 
+_LOCAL_HOOKS = dict(local=_build, carrier=lambda s: s.exchange, sends_every=lambda s: s.every,
+                   kinds=lambda s, carrier_inputs: local_update_kinds(s.every, carrier_inputs),
+                   error_feedback=False)
+
 METHODS = (
-    registry.Method(
+    method_table.Method(
         name="diloco", summary="local updates, the pseudo-gradient exchanged every H steps by "
         "any method and an outer Nesterov step (DiLoCo, Douillard et al. 2023)",
-        settings=DilocoSettings, local=_build, error_feedback=False),
-    registry.Method(
+        settings=DilocoSettings, **_LOCAL_HOOKS),
+    method_table.Method(
         name="sparseloco", summary="DiLoCo with an error-fed top-k pseudo-gradient whose decayed "
         "error buffer replaces outer momentum (SparseLoCo, 2025)",
-        settings=SparselocoSettings, local=_build, error_feedback=False),
+        settings=SparselocoSettings, **_LOCAL_HOOKS),
 )

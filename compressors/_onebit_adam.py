@@ -57,10 +57,10 @@ import optax
 from compressors import _compress
 from compressors import _sign
 from compressors import checks
-from compressors import registry
+from compressors import method_table
 from compressors.network import axes
 from compressors.network import topology as topology_lib
-from compressors.parallel.step_kinds import StepKind
+from compressors.method_protocol import StepKind
 
 
 class OnebitAdamState(NamedTuple):
@@ -261,10 +261,10 @@ def _cost(settings: OnebitAdamSettings, shapes, topology: topology_lib.Topology,
   """A compressed step's exchange: packed signs and one float32 scale per chunk, two-phase (a
   warm-up step is a dense all-reduce of the gradient)."""
   del settings, schedule
-  return topology_lib.onebit_cost(topology, registry.num_elements(shapes), scale_bytes=4)
+  return topology_lib.onebit_cost(topology, method_table.num_elements(shapes), scale_bytes=4)
 
 
-METHODS = (registry.Method(
+METHODS = (method_table.Method(
     name="onebit_adam", summary="1-bit Adam: dense Adam warm-up, then frozen variance and "
     "1-bit compressed momentum with error feedback (Tang et al. 2021)",
     settings=OnebitAdamSettings, cost=_cost, kinds=kinds, error_feedback=True,

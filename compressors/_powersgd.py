@@ -43,7 +43,7 @@ import jax.numpy as jnp
 
 from compressors import checks
 from compressors import protocol
-from compressors import registry
+from compressors import method_table
 from compressors.network import topology as topology_lib
 
 
@@ -210,7 +210,7 @@ def _cost(s: PowerSGDSettings, shapes, topology, schedule) -> topology_lib.Cost:
   return topology_lib.total(parts)
 
 
-METHODS = (registry.Method(
+METHODS = (method_table.Method(
     name="powersgd", summary="rank-r approximation by one power iteration, per matrix leaf "
     "(Vogels et al. 2019)", settings=PowerSGDSettings, fuse=False, budget="rank",
     compressor=lambda s: powersgd(s.rank, start_step=s.start_step,

@@ -30,7 +30,7 @@ import jax.numpy as jnp
 from compressors import checks
 from compressors import protocol
 from compressors import _packing as packing
-from compressors import registry
+from compressors import method_table
 from compressors.network import topology as topology_lib
 
 NORMS = ("l2", "max")
@@ -140,7 +140,7 @@ class QSGDSettings:
 def _cost(s: QSGDSettings, shapes, topology, schedule) -> topology_lib.Cost:
   """Codes of ``code_width`` bits and one float32 scale per bucket, through the exchange."""
   del schedule
-  n, width = registry.num_elements(shapes), code_width(s.levels)
+  n, width = method_table.num_elements(shapes), code_width(s.levels)
   if s.exchange == "all_gather":
     buckets = -(-n // (s.bucket_size or n))
     return topology_lib.all_gather_cost(topology, -(-n * width // 8) + 4 * buckets)
@@ -149,7 +149,7 @@ def _cost(s: QSGDSettings, shapes, topology, schedule) -> topology_lib.Cost:
   return topology_lib.two_phase_cost(topology, -(-chunk * width // 8) + 4 * buckets, 4 * chunk)
 
 
-METHODS = (registry.Method(
+METHODS = (method_table.Method(
     name="qsgd", summary="unbiased stochastic quantisation to s levels per bucket norm "
     "(Alistarh et al. 2017)", settings=QSGDSettings, error_feedback=False,
     compressor=lambda s: qsgd(s.levels, norm=s.norm, bucket_size=s.bucket_size,

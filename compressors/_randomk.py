@@ -16,7 +16,7 @@ import jax.numpy as jnp
 from compressors import checks
 from compressors import protocol
 from compressors import _sparse as sparse
-from compressors import registry
+from compressors import method_table
 from compressors.network import topology as topology_lib
 
 # Draws beyond their mean that sampling by rejection makes (see _draws_for): the chance that
@@ -122,9 +122,9 @@ class RandomkSettings:
     checks.check_settings(self, "randomk")
 
 
-METHODS = (registry.Method(
+METHODS = (method_table.Method(
     name="randomk", summary="k entries at indices shared by all workers, all-reduced (Stich et "
     "al. 2018)", settings=RandomkSettings,
     compressor=lambda s: randomk(s.density, rescale=s.rescale), budget="density",
     cost=lambda s, shapes, topology, schedule: topology_lib.all_reduce_cost(
-        schedule, topology, max(1, round(s.density * registry.num_elements(shapes))))),)
+        schedule, topology, max(1, round(s.density * method_table.num_elements(shapes))))),)

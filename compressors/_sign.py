@@ -33,7 +33,7 @@ import jax.numpy as jnp
 from compressors import checks
 from compressors import protocol
 from compressors import _packing as packing
-from compressors import registry
+from compressors import method_table
 from compressors.network import topology as topology_lib
 
 ONEBIT_SCALES = ("rms", "seide")
@@ -170,7 +170,7 @@ def _sign_cost(scale_bytes: int):
   """The cost entry of packed signs with ``scale_bytes`` of magnitudes per buffer (chunk)."""
   def cost(s, shapes, topology, schedule) -> topology_lib.Cost:
     del schedule
-    n = registry.num_elements(shapes)
+    n = method_table.num_elements(shapes)
     if s.exchange == "all_gather":
       return topology_lib.all_gather_cost(topology, -(-n // 8) + scale_bytes)
     return topology_lib.onebit_cost(topology, n, scale_bytes=scale_bytes)
@@ -178,15 +178,15 @@ def _sign_cost(scale_bytes: int):
 
 
 METHODS = (
-    registry.Method(
+    method_table.Method(
         name="signsgd", summary="signs with majority vote (Bernstein et al. 2018)",
         settings=SignSettings, error_feedback=False,
         compressor=lambda s: signsgd(exchange=s.exchange), cost=_sign_cost(0)),
-    registry.Method(
+    method_table.Method(
         name="efsignsgd", summary="scaled signs with error feedback (Karimireddy et al. 2019)",
         settings=SignSettings, compressor=lambda s: efsignsgd(exchange=s.exchange),
         cost=_sign_cost(4)),
-    registry.Method(
+    method_table.Method(
         name="onebit", summary="1-bit SGD / 1-bit Adam's compressor with error feedback (Seide "
         "et al. 2014; Tang et al. 2021)", settings=OnebitSettings,
         compressor=lambda s: onebit(scale=s.scale, exchange=s.exchange),

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from compressors import protocol
-from compressors import registry
+from compressors import method_table
 from compressors.network import topology as topology_lib
 
 
@@ -186,5 +186,5 @@ def all_gather_compressor(name: str, encode, **fields) -> protocol.Compressor:
 def payload_cost(density: float, shapes, topology) -> topology_lib.Cost:
   """The cost entry of an all-gather of every worker's (value, index) list of capacity
   ``round(density * d)`` and its count, for gradients of ``shapes`` fused into one buffer."""
-  capacity = max(1, round(density * registry.num_elements(shapes)))
+  capacity = max(1, round(density * method_table.num_elements(shapes)))
   return topology_lib.all_gather_cost(topology, capacity * 8 + 4)

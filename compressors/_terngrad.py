@@ -30,7 +30,7 @@ import jax.numpy as jnp
 from compressors import checks
 from compressors import protocol
 from compressors import _packing as packing
-from compressors import registry
+from compressors import method_table
 from compressors.network import topology as topology_lib
 
 EXCHANGES = ("psum", "two_phase", "all_gather")
@@ -111,7 +111,7 @@ class TernGradSettings:
 
 
 def _cost(s: TernGradSettings, shapes, topology, schedule) -> topology_lib.Cost:
-  n, p = registry.num_elements(shapes), topology.num_devices
+  n, p = method_table.num_elements(shapes), topology.num_devices
   if s.exchange == "psum":  # the shared scale's pmax, then the integer codes summed
     return topology_lib.total([
         topology_lib.all_reduce_cost(schedule, topology, 1),
@@ -121,7 +121,7 @@ def _cost(s: TernGradSettings, shapes, topology, schedule) -> topology_lib.Cost:
   return topology_lib.onebit_cost(topology, n, bits=CODE_BITS)
 
 
-METHODS = (registry.Method(
+METHODS = (method_table.Method(
     name="terngrad", summary="ternary codes with a shared scale, summed as integers (Wen et al. "
     "2017)", settings=TernGradSettings, error_feedback=False,
     compressor=lambda s: terngrad(exchange=s.exchange), cost=_cost),)

@@ -15,7 +15,7 @@ import numbers
 from compressors import checks
 from compressors import protocol
 from compressors import _sparse as sparse
-from compressors import registry
+from compressors import method_table
 
 
 def threshold(value: float, *, max_density: float = 0.01) -> protocol.Compressor:
@@ -55,7 +55,7 @@ class ThresholdSettings:
     checks.check_settings(self, "threshold")
 
 
-METHODS = (registry.Method(
+METHODS = (method_table.Method(
     name="threshold", summary="entries above a fixed magnitude, at a fixed capacity (Strom "
     "2015)", settings=ThresholdSettings,
     compressor=lambda s: threshold(s.value, max_density=s.max_density), budget="max_density",

@@ -22,7 +22,7 @@ import jax
 from compressors import checks
 from compressors import protocol
 from compressors import _sparse as sparse
-from compressors import registry
+from compressors import method_table
 from compressors.network import topology as topology_lib
 
 SELECTIONS = ("auto", "exact", "sampled")
@@ -73,11 +73,11 @@ class TopkSettings:
     checks.check_settings(self, "topk")
 
 
-METHODS = (registry.Method(
+METHODS = (method_table.Method(
     name="topk", summary="magnitude top-k, values and indices all-gathered (Aji & Heafield "
     "2017; Stich et al. 2018); exact, or a corrected sampled threshold on accelerators",
     settings=TopkSettings,
     compressor=lambda s: topk(s.density, selection=s.selection,
                               sample_fraction=s.sample_fraction), budget="density",
     cost=lambda s, shapes, topology, schedule: topology_lib.topk_allgather_cost(
-        topology, max(1, round(s.density * registry.num_elements(shapes))))),)
+        topology, max(1, round(s.density * method_table.num_elements(shapes))))),)

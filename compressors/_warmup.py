@@ -33,8 +33,8 @@ import jax.numpy as jnp
 import optax
 
 from compressors import checks
-from compressors.parallel import step_kinds
-from compressors.parallel.step_kinds import StepKind
+from compressors import method_protocol
+from compressors.method_protocol import StepKind
 
 _CALLER = "density warm-up"
 
@@ -99,7 +99,7 @@ def warmup_kinds(kinds: Sequence[StepKind], steps: int, stages: int) -> tuple[St
   ``"<kind>@j"``; after ``steps`` the kinds run as they are.
 
   Args:
-    kinds: the method's step kinds (:func:`compressors.parallel.step_kinds.step_kinds`).
+    kinds: the method's step kinds (:func:`compressors.method_protocol.step_kinds`).
     steps: ``density_warmup_steps`` (0: off).
     stages: the number of stages, ``len(warmup_densities(...))`` (0: off).
 
@@ -109,8 +109,8 @@ def warmup_kinds(kinds: Sequence[StepKind], steps: int, stages: int) -> tuple[St
   boundaries = warmup_boundaries(steps, stages)
   if not boundaries:
     return tuple(kinds)
-  return step_kinds.in_stages(kinds, boundaries,
-                              [{"density_stage": j} for j in range(stages)] + [{}])
+  return method_protocol.in_stages(kinds, boundaries,
+                                   [{"density_stage": j} for j in range(stages)] + [{}])
 
 
 def density_warmup(build: Callable[[float], optax.GradientTransformation], final: float,

@@ -78,10 +78,8 @@ def method_bytes(method: str, shapes: Sequence[tuple[int, ...]], num_workers: in
   local-update method's exchange's bytes over its ``H`` (``every``)."""
   sent = registry.cost(method, shapes, topology(num_workers), settings,
                        exchange_settings=exchange_settings).bytes_sent
-  entry = registry.get(method)
-  if entry.family == "local":
-    return sent / (entry.settings() if settings is None else settings).every
-  return sent
+  every = registry.steps_per_exchange(method, settings)
+  return sent / every if every != 1 else sent
 
 
 def solve(method: str, shapes: Sequence[tuple[int, ...]], num_workers: int, ratio: float,
@@ -112,7 +110,7 @@ def solve(method: str, shapes: Sequence[tuple[int, ...]], num_workers: int, rati
   entry = registry.get(method)
   settings = entry.settings() if settings is None else settings
   shapes = [tuple(s) for s in shapes]
-  if entry.family == "local":
+  if entry.carrier is not None:
     return _solve_local(method, shapes, num_workers, ratio, settings, exchange_settings,
                         tolerance)
   dense = method_bytes("dense", shapes, num_workers)
@@ -139,11 +137,12 @@ def solve(method: str, shapes: Sequence[tuple[int, ...]], num_workers: int, rati
 def _solve_local(method, shapes, num_workers, ratio, settings, exchange_settings,
                  tolerance) -> Solution:
   """:func:`solve` for a local-update method (see the module docstring)."""
-  exchange = registry.get(settings.exchange)
+  carrier = registry.get(method).carrier(settings)
+  exchange = registry.get(carrier)
   exchange_settings = exchange.settings() if exchange_settings is None else exchange_settings
   dense = method_bytes("dense", shapes, num_workers)
   if exchange.budget is None:  # H meets the tier
-    once = method_bytes(settings.exchange, shapes, num_workers, exchange_settings)
+    once = method_bytes(carrier, shapes, num_workers, exchange_settings)
     settings = dataclasses.replace(settings, every=max(1, round(once * ratio / dense)))
     solved = Solution(method, settings, once / settings.every, dense, dense / ratio, True,
                       exchange_settings=exchange_settings)
@@ -152,7 +151,7 @@ def _solve_local(method, shapes, num_workers, ratio, settings, exchange_settings
       return Solution(method, settings, math.nan, dense, dense / ratio, False,
                       f"every={settings.every} alone is {settings.every}x, beyond {ratio:g}x; "
                       "lower it", exchange_settings)
-    inner = solve(settings.exchange, shapes, num_workers, ratio / settings.every,
+    inner = solve(carrier, shapes, num_workers, ratio / settings.every,
                   exchange_settings, tolerance=tolerance)
     solved = Solution(method, settings, inner.bytes / settings.every, dense, dense / ratio,
                       inner.feasible, inner.note, inner.settings)

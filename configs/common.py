@@ -58,6 +58,7 @@ import ml_collections
 
 from compressors import checks
 from compressors import registry
+import tasc  # registers the method "tasc": a config has a block per registered method
 
 # A process silent this long counts as dead and the job stops; jax.distributed's default (100 s)
 # leaves the survivors blocked in a collective for that long.

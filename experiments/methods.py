@@ -31,6 +31,7 @@ from compressors import registry
 from configs import common as config_common
 from experiments import models
 import optimizers
+import tasc  # registers the method "tasc" (compressors never imports tasc)
 
 AXIS_NAME = "data"
 
@@ -77,7 +78,7 @@ def exchange_settings(config) -> Any:
   """The settings of the exchange of a local-update ``config.method`` (the method its
   ``exchange`` setting names, from ``config.compression.<exchange>``); None for other methods."""
   method = check_method(config.method)
-  if method.family != "local":
+  if method.carrier is None:
     return None
   name = config.compression[config.method].exchange
   if not isinstance(name, str) or name not in registry.names():
@@ -154,7 +155,7 @@ def equal_bytes_settings(config) -> tuple[Any, equal_bytes.Solution | None]:
   own = settings(config)
   request = config.get("equal_bytes")
   method = registry.get(config.method)
-  if request is None or (method.budget is None and method.family != "local"):
+  if request is None or (method.budget is None and method.carrier is None):
     return own, None
   solution = equal_bytes.solve(config.method, parameter_shapes(config), request.workers,
                                request.ratio, own, exchange_settings=exchange_settings(config))
@@ -344,4 +345,4 @@ def make_chain(config, learning_rate: optax.ScalarOrSchedule,
 
 def per_worker_params(config) -> bool:
   """Whether ``config.method``'s parameters differ between workers between synchronisations."""
-  return check_method(config.method).family == "local"
+  return check_method(config.method).per_worker_params

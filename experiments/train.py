@@ -328,10 +328,7 @@ def _dense_bytes(config, model, task, learning_rate, workers, state, batch) -> f
     dense_config = ml_collections.ConfigDict(config.to_dict())
     dense_config.method = "dense"
     # What only a compressor with error feedback, or a sparsifier, takes; dense is neither.
-    dense_config.compression.momentum_correction = 0.0
-    dense_config.compression.clip_norm = None
-    dense_config.compression.error_decay = 1.0
-    dense_config.compression.density_warmup_steps = 0
+    dense_config.compression.update(compressors.registry.PLAIN_PER_STEP)
     dense_tx = methods.make_chain(dense_config, learning_rate, workers.axis_name)
     dense = _data_parallel(dense_config, model, task, dense_tx, workers, state, batch)
     opt_state = jax.eval_shape(dense.init, state.params)

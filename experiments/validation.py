@@ -108,7 +108,7 @@ def check_compresses(config, shapes, num_workers: int) -> None:
   entry = registry.get(config.method)
   # A budget is what makes a method's bytes smaller than dense's; a method without one (dense,
   # fp16) sends fixed bytes, and local updates and own optimizers are priced by their steps.
-  if entry.family != "exchange" or entry.budget is None or num_workers < 2:
+  if not entry.per_step or entry.budget is None or num_workers < 2:
     return
   settings = methods.settings(config)
   sent = equal_bytes.method_bytes(config.method, shapes, num_workers, settings)
@@ -134,7 +134,7 @@ def unused_settings(config) -> list[str]:
   optimizer block and keep rows off their tier on purpose (``experiments.methods.equal_bytes_tier``
   records the tier met in ``results.json``), and smoke runs are shorter than any warm-up."""
   lines = []
-  own_optimizer = registry.get(config.method).family == "optimizer"
+  own_optimizer = registry.get(config.method).optimizer is not None
   o, s = config.optimizer, config.schedule
   unused = _set_but_unused(o, common.base().optimizer, ("learning_rate",) if own_optimizer else
                            ("name", "learning_rate", *methods.OPTIMIZERS[o.name]))

@@ -98,8 +98,17 @@ def one_pass_kernels(block_size: int) -> dict[str, Callable[..., tuple[jax.Array
 
 
 def one_pass_available(block_size: int) -> bool:
-  """Whether :func:`residual_and_energies` makes one pass on the default backend at
-  ``block_size`` (float32 buffers it owns, in a context where the kernel traces)."""
+  """Whether TASC's compression takes the block energies in the pass that writes ``g + e``.
+
+  Args:
+    block_size: ``B``, TASC's block size.
+
+  Returns:
+    True when :func:`residual_and_energies` makes one pass on the default backend at
+    ``block_size`` (float32 buffers it owns, in a context where the kernel traces); False where
+    XLA's passes run instead: another default backend than the CPU, a kernel that could not be
+    built, or ``TASC_ONE_PASS=0``.
+  """
   return bool(one_pass_kernels(block_size))
 
 

@@ -60,9 +60,10 @@ The weight multiplies (saliency) or divides (Newton) the energy; the floor ``eps
 keeps the division bounded where the curvature vanishes.
 """
 
+import contextlib
 import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import jax
 import jax.numpy as jnp
@@ -152,6 +153,28 @@ def _block_sums_of_rows(x: jax.Array, *, block_size: int,
   if size > whole * block_size:
     sums = jnp.concatenate([sums, jnp.sum(row_sums[whole * per_block:], keepdims=True)])
   return sums
+
+
+@contextlib.contextmanager
+def cpu_block_sums_everywhere() -> Iterator[None]:
+  """Within it, :func:`block_sums` traces the CPU's windowed form for every backend.
+
+  That is how TASC compiled for GPUs before :func:`block_sums` had a GPU form: the memory-traffic
+  model of B1 compiles TASC both ways to show the pass the GPU form saves. It changes how
+  programs traced inside it compute (not what they compute, up to float rounding), for every
+  thread, so use it for compiling to compare, never around training.
+
+  Yields:
+    None; on leaving, :func:`block_sums` takes each backend's own form again.
+  """
+  # block_sums looks the GPU form up by this name each time it traces.
+  global _block_sums_of_rows  # pylint: disable=global-statement
+  gpu_form = _block_sums_of_rows
+  _block_sums_of_rows = _block_sums_windowed
+  try:
+    yield
+  finally:
+    _block_sums_of_rows = gpu_form
 
 
 def _with_tail(sums: jax.Array, x: jax.Array, block_size: int,

@@ -44,7 +44,7 @@ import compressors
 from compressors.network import axes
 from compressors import checks
 from compressors import equal_bytes
-from compressors import registry
+from compressors import method_table
 from compressors.network import topology as topology_lib
 from tasc import _compressor as compressor_lib
 from tasc import _hessian as hessian
@@ -217,7 +217,7 @@ def _check_curvature(curvature: chex.ArrayTree, updates: chex.ArrayTree, sensiti
                       "it must be floating-point")
 
 
-def _curvature_refresh(s: settings_lib.TascSettings) -> registry.StepInputs | None:
+def _curvature_refresh(s: settings_lib.TascSettings) -> method_table.StepInputs | None:
   """Each worker's own Hutchinson estimate, from its batch: TASC sums the block scores over the
   workers anyway, so the refresh moves no bytes."""
   s = settings_lib.checked(s)
@@ -227,7 +227,7 @@ def _curvature_refresh(s: settings_lib.TascSettings) -> registry.StepInputs | No
   def make(loss_fn, params, batch, key, axis_name):
     return {"curvature": hessian.hutchinson_diagonal(loss_fn, params, key, s.num_probes, batch,
                                                      axis_name=axis_name, average=False)}
-  return registry.StepInputs(every=s.hessian_every, make=make)
+  return method_table.StepInputs(every=s.hessian_every, make=make)
 
 
 def _cost(s: settings_lib.TascSettings, shapes, topology, schedule) -> topology_lib.Cost:
@@ -237,7 +237,7 @@ def _cost(s: settings_lib.TascSettings, shapes, topology, schedule) -> topology_
   s = settings_lib.checked(s)
   wire = wire_formats.FORMATS[s.wire_dtype]
   leaf_sizes = [math.prod(shape) for shape in shapes] if s.min_blocks_per_leaf else None
-  plan = plan_lib.buffer_plan(s, registry.num_elements(shapes), leaf_sizes)
+  plan = plan_lib.buffer_plan(s, method_table.num_elements(shapes), leaf_sizes)
   payload = max(1, plan.capacity) * plan.block_size
   reduce = lambda n, itemsize=wire.itemsize: topology_lib.all_reduce_cost(schedule, topology, n,
                                                                           itemsize)
@@ -260,7 +260,7 @@ def _budget(s: settings_lib.TascSettings, shapes, cost,
   least, if that fits."""
   if s.block_size is not None:
     return equal_bytes.fit_field(s, "density", cost, target)
-  size = registry.num_elements(shapes)
+  size = method_table.num_elements(shapes)
   fitting = []  # (bytes of the scores and one block, block size)
   for block in BUDGET_BLOCK_SIZES:
     blocks = scores.num_blocks(size, block)
@@ -280,7 +280,7 @@ def _budget(s: settings_lib.TascSettings, shapes, cost,
                                cost, target)
 
 
-METHODS = (registry.Method(
+METHODS = (method_table.Method(
     name="tasc", summary="TASC: Hessian-aware block scores, one block support shared by all "
     "workers, the blocks all-reduced", settings=settings_lib.TascSettings,
     transformation=tasc_compress,

@@ -89,7 +89,7 @@ def training_step(name: str, settings, mesh, *, axis="data", per_device: int = 1
   local-update method's inner one) on the regression of :func:`_regression_batch`, with the
   method's step kinds."""
   settings = _settings(name, settings)
-  if _family(name) == "exchange":
+  if _family(name) == "per_step":
     tx = optax.chain(registry.transformation(name, settings, axis_name=axis,
                                              common=registry.Common()), optax.sgd(LEARNING_RATE))
   else:
@@ -151,7 +151,7 @@ def check_nothing_lost_after_the_optimizer(name: str, settings=None, steps: int 
   the runner's ``exchanged="update"``): the input is that worker's Adam update, computed here by
   ``optax.adam`` on its gradients alone (its moments per worker); a method that is its own
   optimizer or updates locally refuses the placement."""
-  if _family(name) != "exchange":
+  if _family(name) != "per_step":
     with pytest.raises(ValueError, match="exchanged='update'"):
       registry.training(name, _settings(name, settings), optimizer=optax.sgd(LEARNING_RATE),
                         learning_rate=LEARNING_RATE, axis_name="data",
@@ -246,7 +246,7 @@ def _counting_compilations(events: list):
 def check_pmap_equals_shard_map(name: str, settings=None, steps: int = 2) -> None:
   """The same updates under ``pmap`` and ``shard_map`` give the same bits (a method with step
   kinds of its own: the same training steps, each kind run)."""
-  if _family(name) != "exchange":
+  if _family(name) != "per_step":
     return _pmap_equals_shard_map_steps(name, settings)
   tx = transformation(name, settings)
   sm_state, sm_update = harness.shard_map_update(tx, harness.mesh(), PARAMS)
@@ -302,10 +302,10 @@ def check_bytes_within_cost_model(name: str, settings=None) -> None:
   method with step kinds of its own: its last kind's, less the non-finite guard's flag; a
   local-update method's local steps: the flag alone)."""
   topology = compressors.Topology.flat(N, compressors.Link(alpha=1e-6, bandwidth=1e9))
-  settings = _settings(name, settings) if _family(name) != "exchange" else settings
+  settings = _settings(name, settings) if _family(name) != "per_step" else settings
   modelled = registry.cost(name, [x.shape for x in jax.tree.leaves(PARAMS)], topology,
                            settings).bytes_sent
-  if _family(name) == "exchange":
+  if _family(name) == "per_step":
     measured = harness.update_bytes(transformation(name, settings), PARAMS,
                                     harness.mesh()).total
   else:
@@ -331,7 +331,7 @@ def check_simulated_workers_match_devices(name: str, settings=None, steps: int =
   (each read from its compiled program), and parameters equal to the rounding of reassociated
   sums (float32's, or that of the narrower type a payload is all-reduced in)."""
   batch = _regression_batch()
-  steps = steps if _family(name) == "exchange" else max(steps, 8)  # every kind runs
+  steps = steps if _family(name) == "per_step" else max(steps, 8)  # every kind runs
   runs = {}
   for devices, per_device in ((N, 1), (2, N // 2), (1, N)):
     axis = "data" if per_device == 1 else ("data", "worker")

@@ -27,6 +27,7 @@ from experiments.bench import compression as bench_compression
 from experiments.bench import gpu_traffic
 from experiments.bench import links as bench_links
 from experiments.bench import step as bench_step
+import tasc
 
 
 @pytest.mark.parametrize("text,elements", [
@@ -49,7 +50,7 @@ def test_unknown_method_is_named():
 
 def test_methods_come_from_the_registry():
   assert bench_common.all_methods() == tuple(
-      n for n in registry.names() if registry.get(n).family == "exchange")
+      n for n in registry.names() if registry.get(n).family == "per_step")
   assert {"dense", "topk", "tasc"} <= set(bench_common.all_methods())
   assert not {"diloco", "demo", "onebit_adam"} & set(bench_common.all_methods())
   assert {"dense", "tasc", "fp16", "threshold"} <= set(bench_common.all_methods())
@@ -263,6 +264,23 @@ def test_traffic_model_of_the_floor_and_the_pass_bound():
   assert floor == 3 * 4 * size
   bound = _traffic(bench_compression.tasc_pass_bound, (0, 1), x, x)
   assert bound == pytest.approx(4 / 3 * floor, rel=1e-3)
+
+
+def test_windowed_variant_lowers_tasc_block_sums_as_the_cpu_does_and_only_inside():
+  """The model's "windowed block sums" variant (``tasc.cpu_block_sums_everywhere``): lowered for
+  CUDA inside it, TASC's block energies are the CPU's windowed sum; outside it, before and
+  after, the GPU form's plain reduction. A fresh function each time, as the model builds each
+  program afresh, so that no trace is reused."""
+  x = jax.ShapeDtypeStruct((1 << 16,), jnp.float32)
+
+  def lowered_for_cuda() -> str:
+    energies = jax.jit(lambda v: tasc.block_scores(v, block_size=256))
+    return energies.trace(x).lower(lowering_platforms=("cuda",)).as_text()
+
+  assert "reduce_window" not in lowered_for_cuda()
+  with tasc.cpu_block_sums_everywhere():
+    assert "reduce_window" in lowered_for_cuda()
+  assert "reduce_window" not in lowered_for_cuda()
 
 
 def test_traffic_model_charges_an_in_place_update_its_windows_only():

@@ -110,3 +110,184 @@ def test_named_paths_are_found_expanded_and_trimmed():
                                "benchmarks/results/gpu/"}
   assert not (ROOT / "tasc/made_up.py").exists()
   assert named_paths("`tasc/made_up.py`") == {"tasc/made_up.py"}
+
+
+def foreign_private_imports(path: pathlib.Path) -> list[str]:
+  """``"file:line module"`` of each module of another top-level package that ``path`` imports
+  whose dotted name has a private part (``tasc._fused``, ``from tasc import _scores``)."""
+  name = path.relative_to(ROOT).as_posix()
+  own = name.split("/")[0]
+  found = []
+  for node in ast.walk(ast.parse(path.read_text())):
+    if isinstance(node, ast.Import):
+      modules = [alias.name for alias in node.names]
+    elif isinstance(node, ast.ImportFrom) and node.level == 0:
+      modules = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+    else:
+      continue
+    found += [f"{name}:{node.lineno} {module}" for module in modules
+              if module.split(".")[0] in PACKAGES and module.split(".")[0] != own
+              and any(part.startswith("_") and not part.startswith("__")
+                      for part in module.split("."))]
+  return found
+
+
+def test_no_module_imports_another_packages_private_module():
+  """A package's private modules are its own: other packages reach them through its public
+  names. Tests are left out, as they test the private modules themselves."""
+  found = [hit for path in python_files() if not path.is_relative_to(ROOT / "tests")
+           for hit in foreign_private_imports(path)]
+  assert not found, "\n".join(found)
+
+
+def test_readme_says_what_it_is_first_and_leaves_migration_notes_to_the_changelog():
+  """A newcomer reads what the project is on the README's first screen; how to move from an
+  older layout is history, kept in CHANGELOG.md."""
+  readme = (ROOT / "README.md").read_text().splitlines()
+  headings = [line for line in readme if line.startswith("#")]
+  assert "## What it is" in readme[:30], headings[:5]
+  assert not [h for h in headings if "migrat" in h.lower()], headings
+  assert "### Migrating from the previous layout" in (ROOT / "CHANGELOG.md").read_text()
+
+
+def heading_anchors(page: pathlib.Path) -> set[str]:
+  """The anchors GitHub gives the Markdown headings of ``page``: ``"## The API, by example"`` ->
+  ``"the-api-by-example"``."""
+  return {re.sub(r"[^\w\- ]", "", line.lstrip("#").strip().lower()).replace(" ", "-")
+          for line in page.read_text().splitlines() if line.startswith("#")}
+
+
+def test_relative_links_of_the_pages_resolve():
+  """Every relative link of the README, the changelog and the results pages names a file that
+  exists, and after a ``#`` one of its headings."""
+  broken = []
+  for source, text in [*pages(), ("CHANGELOG.md", (ROOT / "CHANGELOG.md").read_text())]:
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+      if re.match(r"[a-z]+:", target):  # a web address
+        continue
+      path, _, anchor = target.partition("#")
+      linked = (ROOT / source).parent / path if path else ROOT / source
+      if not linked.exists() or (anchor and anchor not in heading_anchors(linked)):
+        broken.append(f"{source}: {target}")
+  assert not broken, "\n".join(broken)
+
+
+def _module_name(path: pathlib.Path) -> str:
+  parts = list(path.relative_to(ROOT).with_suffix("").parts)
+  return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imported_modules(path: pathlib.Path, known: set[str]) -> dict[str, int]:
+  """Project module -> the line where ``path`` imports it, at any depth (a function's import
+  too): ``from a import b`` imports ``a.b`` when that is a module, else ``a``."""
+  found = {}
+  for node in ast.walk(ast.parse(path.read_text())):
+    if isinstance(node, ast.Import):
+      modules = [alias.name for alias in node.names]
+    elif isinstance(node, ast.ImportFrom) and node.level == 0:
+      modules = [f"{node.module}.{alias.name}" if f"{node.module}.{alias.name}" in known
+                 else node.module for alias in node.names]
+    else:
+      continue
+    found.update({m: node.lineno for m in modules if m in known})
+  return found
+
+
+def import_graph() -> dict[str, dict[str, int]]:
+  """Module -> the project modules it imports (and where), for every module but the tests."""
+  paths = {_module_name(p): p for p in python_files() if not p.is_relative_to(ROOT / "tests")}
+  return {name: _imported_modules(path, set(paths)) for name, path in paths.items()}
+
+
+def import_circles(graph: dict[str, dict[str, int]]) -> list[list[str]]:
+  """The circles of ``graph``: each strongly connected set of two or more modules (Tarjan)."""
+  index, low, stack, on_stack, circles = {}, {}, [], set(), []
+
+  def visit(node):
+    index[node] = low[node] = len(index)
+    stack.append(node)
+    on_stack.add(node)
+    for nxt in graph.get(node, {}):
+      if nxt not in index:
+        visit(nxt)
+        low[node] = min(low[node], low[nxt])
+      elif nxt in on_stack:
+        low[node] = min(low[node], index[nxt])
+    if low[node] == index[node]:
+      members = []
+      while not members or members[-1] != node:
+        members.append(stack.pop())
+        on_stack.discard(members[-1])
+      if len(members) > 1:
+        circles.append(sorted(members))
+
+  for node in sorted(graph):
+    if node not in index:
+      visit(node)
+  return circles
+
+
+def test_no_import_circle():
+  """No two modules import each other, directly or around a loop, at any depth (an import
+  inside a function only hides a circle). A package's ``__init__`` counts as its own module:
+  it re-exports its modules' names, and a module importing a sibling does not run it again."""
+  assert not import_circles(import_graph())
+
+
+def test_the_circle_check_finds_a_circle():
+  assert import_circles({"a": {"b": 1}, "b": {"c": 1}, "c": {"a": 1}, "d": {"a": 1}}) == [
+      ["a", "b", "c"]]
+
+
+# The one import inside a function in compressors/: the planner's names, imported on first use so
+# that ``import compressors`` does not load scipy (load time, not a circle).
+_LAZY_IMPORTS = {("compressors/__init__.py", "compressors.network")}
+
+
+def test_no_import_inside_a_function_in_compressors():
+  """A project import inside a function in compressors/ would hide a circle (third-party ones,
+  as JAX's internals the network model reads, are not this test's)."""
+  found = []
+  for path in sorted((ROOT / "compressors").rglob("*.py")):
+    name = path.relative_to(ROOT).as_posix()
+    for node in ast.walk(ast.parse(path.read_text())):
+      if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        continue
+      for inner in ast.walk(node):
+        if isinstance(inner, (ast.Import, ast.ImportFrom)):
+          module = inner.module if isinstance(inner, ast.ImportFrom) else inner.names[0].name
+          if module.split(".")[0] in PACKAGES and (name, module) not in _LAZY_IMPORTS:
+            found.append(f"{name}:{inner.lineno} {module}")
+  assert not found, "\n".join(found)
+
+
+def test_the_harness_imports_no_method_module():
+  """``compressors/parallel`` knows no method: of the project it imports only the network
+  model, itself and the method protocol (which the methods import too)."""
+  allowed = ("compressors.network", "compressors.parallel", "compressors.method_protocol")
+  graph = import_graph()
+  found = [f"{name} imports {module}" for name, imported in graph.items()
+           if name.startswith("compressors.parallel") for module in imported
+           if not module.startswith(allowed)]
+  assert not found, "\n".join(found)
+
+
+# ``method.family == ...`` (or the other way round): a method's family, not an argument's.
+_FAMILY_COMPARISON = re.compile(r"\.family\b\s*(==|!=)|(==|!=)\s*[\w\[\]().]*\.family\b")
+
+
+def test_at_most_three_family_comparisons_each_with_its_reason():
+  """A family needs of the assembly what its method's hooks supply; what compares a method's
+  family is rare and says why in a comment on the line or the line above."""
+  found = []
+  for path in python_files():
+    if path.is_relative_to(ROOT / "tests"):
+      continue
+    lines = path.read_text().splitlines()
+    for number, line in enumerate(lines, 1):
+      code = line.split("#")[0]
+      if _FAMILY_COMPARISON.search(code):
+        commented = "#" in line or lines[number - 2].strip().startswith("#")
+        found.append((f"{path.relative_to(ROOT)}:{number}", commented))
+  assert len(found) <= 3, found
+  assert all(commented for _, commented in found), found

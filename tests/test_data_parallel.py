@@ -102,7 +102,7 @@ def test_per_step_inputs_make_the_curvature_state_per_worker():
   inputs = registry.step_inputs("tasc", tasc.TascSettings(hessian_every=2, num_probes=1))
   tx = optax.chain(tasc.tasc_compress(axis_name="data", density=0.1, block_size=64),
                    optax.sgd(0.05))
-  dp = compressors.data_parallel(_loss, tx, harness.mesh(), params, batch, step_inputs=inputs)
+  dp = compressors.data_parallel(_loss, tx, harness.mesh(), params, batch, kinds=inputs)
   curvature = dp.specs.inner[0].buffers.compressor.curvature
   assert curvature == P("data")  # each worker's own estimate
   state = dp.init(params)

@@ -1,13 +1,14 @@
 """Every registered method through the same checks (tests/method_checks.py).
 
 The parameters come from the registry when this file is collected, so a method added to the
-registry (``compressors.registry.register``, as every method module does) is tested here with
-no test code of its own.
+registry (``compressors.registry.register``; the built-ins, TASC's with ``import tasc``) is
+tested here with no test code of its own.
 """
 
 import pytest
 
 from compressors import registry
+import tasc  # registers the method "tasc"
 from tests import method_checks
 
 

@@ -146,44 +146,70 @@ def test_the_trainer_and_configs_name_no_method():
       "tasc", **config.compression.tasc.to_dict())
 
 
-def test_a_fresh_process_knows_every_builtin_without_importing_a_method_module():
-  """Registration is no import side effect: the registry alone lists TASC, and importing it
-  does not import the wrapper that runs compressors into the method modules' dependencies."""
+def test_tasc_joins_the_table_when_imported_and_compressors_never_imports_it():
+  """No hidden import: the registry lists compressors' own built-ins and does not import tasc;
+  importing tasc registers TASC's method, and then every built-in is listed in the order of
+  ``BUILTIN`` (which also says that each built-in module adds exactly its methods)."""
   script = ("import sys\n"
             "from compressors import registry\n"
             "assert 'tasc' not in sys.modules, 'importing the registry imported tasc'\n"
-            "assert registry.names() == tuple(name for name, _ in registry.BUILTIN)\n"
-            "assert 'tasc' in registry.names()\n"
+            "assert 'tasc' not in registry.names()\n"
+            "import tasc\n"
+            "assert registry.names() == registry.BUILTIN, registry.names()\n"
             "assert registry.get('tasc').name == 'tasc'\n")
   subprocess.run([sys.executable, "-c", script], check=True, cwd=_ROOT, timeout=300)
 
 
+def _method_modules() -> dict[str, str]:
+  """Module name -> path of every module that declares built-in ``METHODS``."""
+  found = {}
+  for package in ("compressors", "tasc"):
+    for name in sorted(os.listdir(os.path.join(_ROOT, package))):
+      path = os.path.join(_ROOT, package, name)
+      if name.endswith(".py"):
+        with open(path) as f:
+          if "\nMETHODS = " in f.read():
+            found[f"{package}.{name[:-3]}"] = path
+  return found
+
+
 def test_method_modules_declare_and_do_not_register_or_import_the_wrapper():
-  """Each built-in module declares its ``METHODS`` (read by the registry); none calls
-  ``register``, no module of a per-step exchange imports ``_compress``/``_momentum`` (a method
-  that is its own optimizer, as 1-bit Adam, runs a compressor through the wrapper, a layer
-  above it), and the registry imports neither at module level."""
-  exchanges = {module for name, module in registry.BUILTIN
-               if registry.get(name).family == "exchange"}
-  for module_name in dict.fromkeys(module for _, module in registry.BUILTIN) | {
-      "compressors.registry": None}:
-    path = os.path.join(_ROOT, *module_name.split(".")) + ".py"
+  """Each built-in module declares its ``METHODS`` (added by the registry, or by tasc's
+  package); none calls ``register``, no module of a per-step method imports
+  ``_compress``/``_momentum`` (a method that is its own optimizer, as 1-bit Adam, runs a
+  compressor through the wrapper, a layer above it), and the table imports neither."""
+  modules = _method_modules()
+  assert {m.name for name in modules
+          for m in __import__(name, fromlist=["METHODS"]).METHODS} == set(registry.BUILTIN)
+  per_step = {name for name in modules
+              if all(m.per_step for m in __import__(name, fromlist=["METHODS"]).METHODS)}
+  for module_name, path in {**modules, "compressors.method_table": os.path.join(
+      _ROOT, "compressors", "method_table.py")}.items():
     with open(path) as f:
       tree = ast.parse(f.read())
     imported = {alias.name for node in tree.body if isinstance(node, ast.ImportFrom)
                 for alias in node.names}
-    if module_name in exchanges | {"compressors.registry"}:
+    if module_name in per_step | {"compressors.method_table"}:
       assert not imported & {"_compress", "_momentum"}, module_name
     calls = [node for node in ast.walk(tree) if isinstance(node, ast.Call)
              and isinstance(node.func, ast.Attribute) and node.func.attr == "register"]
     assert not calls, f"{module_name} calls register; declare METHODS instead"
 
 
-def test_a_module_whose_methods_disagree_with_the_builtin_table_is_named(monkeypatch):
-  monkeypatch.setattr(registry, "_METHODS", {})
-  monkeypatch.setattr(registry, "_builtins_loaded", False)
-  monkeypatch.setattr(registry, "BUILTIN", registry.BUILTIN + (("sign2", "compressors._sign"),))
-  with pytest.raises(RuntimeError, match=r"compressors._sign.METHODS declares \['efsignsgd', "
-                                         r"'onebit', 'signsgd'\], but registry.BUILTIN lists "
-                                         r"\['efsignsgd', 'onebit', 'sign2', 'signsgd'\]"):
-    registry.names()
+def test_old_names_warn_or_say_the_new_one():
+  with pytest.warns(DeprecationWarning, match='names\\(family="per_step"\\)'):
+    assert registry.names("exchange") == registry.names("per_step")
+  from compressors.parallel import step_kinds  # pylint: disable=import-outside-toplevel
+  with pytest.raises(AttributeError, match="now compressors.method_protocol.in_stages"):
+    step_kinds.in_stages  # pylint: disable=pointless-statement
+
+
+def test_a_local_update_method_names_its_carrier():
+  """What the assembly needs of a local-update family is a hook of its record: its carrier
+  (the per-step method that exchanges its pseudo-gradient) prices it and makes its inputs."""
+  diloco = registry.get("diloco")
+  assert diloco.carrier(diloco.settings(exchange="tasc")) == "tasc"
+  assert registry.steps_per_exchange("diloco", diloco.settings(every=7)) == 7
+  assert registry.steps_per_exchange("topk") == 1
+  with pytest.raises(ValueError, match="a local-update method \\(local=\\) needs carrier="):
+    registry.Method(name="x", summary="", settings=diloco.settings, local=lambda *a, **k: None)

@@ -14,6 +14,7 @@ from jax.sharding import PartitionSpec as P
 import compressors
 import tasc
 from tasc import _plan as plan_lib
+from compressors import method_protocol
 from compressors.parallel import step_kinds
 from tests import harness
 
@@ -67,14 +68,14 @@ def test_bad_settings_are_refused(call, error, words):
 
 
 def test_kinds_run_each_stage_then_the_method_s_own():
-  kinds = compressors.warmup_kinds(step_kinds.step_kinds(), steps=6, stages=3)
+  kinds = compressors.warmup_kinds(method_protocol.step_kinds(), steps=6, stages=3)
   assert [step_kinds.kind_at(kinds, s) for s in range(8)] == [
       "step@0", "step@0", "step@1", "step@1", "step@2", "step@2", "step", "step"]
   assert {k.name: k.update_kwargs() for k in kinds} == {
       "step@0": {"density_stage": 0}, "step@1": {"density_stage": 1},
       "step@2": {"density_stage": 2}, "step": {}}
-  assert compressors.warmup_kinds(step_kinds.step_kinds(), steps=0, stages=3) == (
-      step_kinds.step_kinds())
+  assert compressors.warmup_kinds(method_protocol.step_kinds(), steps=0, stages=3) == (
+      method_protocol.step_kinds())
 
 
 def _stage_steps(tx, mesh):
@@ -195,7 +196,7 @@ def test_data_parallel_runs_the_stages_as_step_kinds():
   batch = (x, x @ jax.random.normal(jax.random.PRNGKey(1), (64, 16)))
   params = {"w": jnp.zeros((64, 16)), "b": jnp.zeros((16,))}
   loss = lambda p, b: jnp.mean((b[0] @ p["w"] + p["b"] - b[1]) ** 2)
-  kinds = compressors.warmup_kinds(step_kinds.step_kinds(), steps=4, stages=len(densities))
+  kinds = compressors.warmup_kinds(method_protocol.step_kinds(), steps=4, stages=len(densities))
   dp = compressors.data_parallel(loss, tx, mesh, params, batch, kinds=kinds)
   expected = ["step@0", "step@0", "step@1", "step@1", "step", "step"]
   assert [dp.kind_at(s) for s in range(6)] == expected

@@ -29,8 +29,13 @@ its curvature every ``N`` steps (an input of its update the other steps lack), a
 method synchronises every ``H``. Each :class:`StepKind` names one program and how often it runs
 (at the steps that are multiples of its ``every``; where several divide a step, the one of the
 largest ``every``); each is compiled once, and its bytes are read from its own compiled program
-(:meth:`DataParallel.wire_bytes`). A run's bytes are the sum over the steps it ran of each
-step's kind's bytes (:meth:`DataParallel.bytes_per_step`).
+(:meth:`DataParallel.wire_bytes`, :mod:`compressors.parallel.step_bytes`). A run's bytes are
+the sum over the steps it ran of each step's kind's bytes (:meth:`DataParallel.bytes_per_step`).
+A method declares its kinds, or only its per-step inputs, through ``kinds=``.
+
+Per-worker parameters (local updates, ``per_worker_params=True``): the step knows no method; the
+transformation's state says how its updates land on each worker's parameters and which are the
+model (:class:`compressors.method_protocol.SynchronisingState`).
 
 Model state and randomness (the runner's models). With ``model_state`` the loss is
 ``loss_fn(params, batch, model_state, rng) -> (loss, (aux, new_model_state))``: ``model_state``
@@ -40,6 +45,7 @@ step is then :meth:`DataParallel.train_step` on a :class:`TrainState`.
 """
 
 import functools
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -50,33 +56,21 @@ import optax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from compressors import _local
+from compressors import method_protocol
+from compressors.method_protocol import StepInputs
+from compressors.method_protocol import StepKind
 from compressors.network import axes
 from compressors.parallel import drift
+from compressors.parallel import evaluation
 from compressors.parallel import hlo_bytes
 from compressors.parallel import nonfinite
 from compressors.parallel import per_worker
+from compressors.parallel import step_bytes
 from compressors.parallel import step_kinds as kinds_lib
-from compressors.parallel.step_kinds import StepKind
 from compressors.parallel.step_kinds import kind_at
 from compressors.parallel.step_kinds import kind_counts
-from compressors.parallel.step_kinds import step_kinds
 from compressors.parallel import workers as workers_lib
-
-
-class TrainState(NamedTuple):
-  """The state of a data-parallel run.
-
-  Attributes:
-    step: ``int32[]``, replicated: steps taken.
-    params: the parameters, replicated.
-    model_state: the model's own state with one row per worker (e.g. batch statistics), or ``()``.
-    opt_state: the transformation's state, laid out by :attr:`DataParallel.specs`.
-  """
-  step: jax.Array
-  params: chex.ArrayTree
-  model_state: chex.ArrayTree
-  opt_state: chex.ArrayTree
+from compressors.parallel.train_state import TrainState
 
 
 class DataParallel(NamedTuple):
@@ -136,7 +130,7 @@ class DataParallel(NamedTuple):
     (``compressors.synchronised_params``)."""
     if not self.per_worker_params:
       return state.params
-    return _local.synchronised_params(state.opt_state)
+    return method_protocol.synchronised_params(state.opt_state)
 
   def kind_at(self, step: int) -> str:
     """The name of the kind that runs at ``step``."""
@@ -155,60 +149,30 @@ class DataParallel(NamedTuple):
   def wire_bytes(self, params: chex.ArrayTree, state: chex.ArrayTree, batch: chex.ArrayTree, *,
                  kind: str | None = None,
                  model_state: chex.ArrayTree = ()) -> hlo_bytes.WireBytes:
-    """Bytes one worker sends in a step of ``kind`` (None: the every-step kind), read from its
-    compiled program (compiled, never run): with several workers per device, from the program of
-    one worker per device. ``params``, ``state``, ``batch`` and ``model_state`` may be abstract
-    (shapes, dtypes)."""
-    kind = kind or kinds_lib.steady(tuple(self.kinds.values()))
-    if self.workers is not None and self.workers.per_device > 1:
-      one_each = self.equivalent()
-      shapes = lambda tree, specs: _abstract(tree, one_each.mesh, specs)
-      return one_each.wire_bytes(shapes(params, one_each.params_spec),
-                                 shapes(state, one_each.specs),
-                                 shapes(batch, one_each.workers.spec), kind=kind,
-                                 model_state=shapes(model_state, one_each.workers.spec))
-    # The steps' own lower (not a jit around them): a wrapped step still compiles the real one.
-    if self.train_step is None:  # pmap
-      return hlo_bytes.wire_bytes(self.step, params, state, batch, kind=kind)
-    state = TrainState(_abstract(jnp.zeros((), jnp.int32), self.mesh, P()),
-                       _abstract(params, self.mesh, self.params_spec),
-                       _abstract(model_state, self.mesh, self.workers.spec),
-                       _abstract(state, self.mesh, self.specs))
-    batch = _abstract(batch, self.mesh, self.workers.spec)
-    return hlo_bytes.wire_bytes(self.train_step, state, batch, kind=kind, mesh=self.mesh)
+    """:func:`compressors.parallel.step_bytes.wire_bytes` of this step."""
+    return step_bytes.wire_bytes(self, params, state, batch, kind=kind, model_state=model_state)
 
   def bytes_per_step(self, per_kind: dict[str, float], start: int, stop: int) -> float:
-    """Mean bytes per step over the steps ``start, ..., stop - 1``, each step charged the bytes
-    of its kind (``per_kind``: :meth:`wire_bytes` totals by kind name; a kind that runs at none
-    of these steps may be missing)."""
-    counts = self.kind_counts(start, stop)
-    return sum(per_kind[k] * n for k, n in counts.items() if n) / max(1, stop - start)
+    """:func:`compressors.parallel.step_bytes.bytes_per_step` of this step."""
+    return step_bytes.bytes_per_step(self, per_kind, start, stop)
 
   def nonfinite_flag_bytes(self) -> float:
-    """Bytes per worker of the non-finite skip's flag, a part of every step (compiled alone, for
-    one worker per device: it does not depend on the gradient)."""
-    layout = (self.equivalent() if self.workers.per_device > 1 else self).workers
-    guard = nonfinite.skip_nonfinite(optax.identity(), axis_name=layout.axis_name)
-    flag_only = jax.shard_map(lambda g: guard.update(g[0], guard.init(g[0]))[1].skipped[None],
-                              mesh=layout.mesh, in_specs=layout.spec, out_specs=layout.spec)
-    return hlo_bytes.wire_bytes(flag_only,
-                                jax.ShapeDtypeStruct((layout.count,), jnp.float32)).total
+    """:func:`compressors.parallel.step_bytes.nonfinite_flag_bytes` of this step."""
+    return step_bytes.nonfinite_flag_bytes(self)
 
   def replica_check_bytes(self, params: chex.ArrayTree) -> float:
-    """Bytes per worker of one replica check (:attr:`replicas_agree`), compiled for one worker
-    per device; ``params`` may be abstract."""
-    one_each = self.equivalent() if self.workers.per_device > 1 else self
-    return hlo_bytes.wire_bytes(one_each.replicas_agree,
-                                _abstract(params, one_each.mesh, one_each.params_spec)).total
+    """:func:`compressors.parallel.step_bytes.replica_check_bytes` of this step."""
+    return step_bytes.replica_check_bytes(self, params)
 
 
 def data_parallel(loss_fn: Callable[..., Any], tx: optax.GradientTransformation,
                   mesh: jax.sharding.Mesh | None, params: chex.ArrayTree, batch: chex.ArrayTree, *,
                   axis_name: axes.AxisName = "data", workers_per_device: int = 1,
-                  has_aux: bool = False, step_inputs: Any = None,
-                  kinds: Sequence[StepKind] | None = None, model_state: chex.ArrayTree = None,
+                  has_aux: bool = False, kinds: Sequence[StepKind] | StepInputs | None = None,
+                  model_state: chex.ArrayTree = None,
                   rng: jax.Array | None = None, skip_nonfinite: bool = True,
-                  donate: bool = False, per_worker_params: bool = False) -> DataParallel:
+                  donate: bool = False, per_worker_params: bool = False,
+                  **deprecated) -> DataParallel:
   """A data-parallel step of ``tx`` over the workers of ``axis_name`` (see the module docstring).
 
   Args:
@@ -228,10 +192,10 @@ def data_parallel(loss_fn: Callable[..., Any], tx: optax.GradientTransformation,
     workers_per_device: workers simulated on each device (``jax.vmap``), each with its own
       share of the batch and its own state, as if each were a device.
     has_aux: ``loss_fn`` returns ``(loss, aux)``.
-    step_inputs: the per-step inputs of the method, a
-      :class:`compressors.registry.StepInputs` (e.g. ``registry.step_inputs("tasc")``): the
-      kinds ``"step"`` and ``"with_inputs"`` (:func:`step_kinds`).
-    kinds: the step kinds, in place of ``step_inputs``'s.
+    kinds: the programs the method runs at different steps: its step kinds
+      (:class:`compressors.StepKind`, e.g. ``registry.step_kinds("diloco")``), or just its
+      per-step inputs (a :class:`compressors.StepInputs`, e.g. ``registry.step_inputs("tasc")``:
+      the kinds ``"step"`` and ``"with_inputs"``); None: one kind, every step.
     model_state: the model's state with one row per worker (or its ``ShapeDtypeStruct``s), for
       :attr:`DataParallel.train_step` (needs a mesh).
     rng: the key the losses' randomness (``rng``) and the per-step inputs' keys derive from.
@@ -243,6 +207,7 @@ def data_parallel(loss_fn: Callable[..., Any], tx: optax.GradientTransformation,
       one row per worker (:meth:`DataParallel.worker_params` lays replicated ones out so), each
       worker differentiates at its own, and updates are applied with
       ``compressors.apply_local_updates`` (bit-identical rows after a synchronising step).
+    **deprecated: ``step_inputs=``, now ``kinds=`` (a DeprecationWarning for one release).
 
   Returns:
     A :class:`DataParallel`.
@@ -253,7 +218,15 @@ def data_parallel(loss_fn: Callable[..., Any], tx: optax.GradientTransformation,
       not fit the mesh, a leaf of ``batch`` does not split evenly over the workers, or
       ``model_state`` without a mesh, before anything compiles.
   """
-  kinds = kinds_lib.checked(kinds if kinds is not None else step_kinds(step_inputs))
+  if "step_inputs" in deprecated:
+    warnings.warn("data_parallel(step_inputs=...) is now data_parallel(kinds=...), which takes "
+                  "the StepInputs too", DeprecationWarning, stacklevel=2)
+    kinds = deprecated.pop("step_inputs")
+  if deprecated:
+    raise TypeError(f"data_parallel() got unexpected keyword arguments {sorted(deprecated)}")
+  if kinds is None or isinstance(kinds, StepInputs):
+    kinds = method_protocol.step_kinds(kinds)
+  kinds = kinds_lib.checked(kinds)
   if mesh is None:
     if workers_per_device != 1:
       raise ValueError(f"workers_per_device={workers_per_device!r} needs a mesh (shard_map); "
@@ -279,9 +252,9 @@ def data_parallel(loss_fn: Callable[..., Any], tx: optax.GradientTransformation,
                        skip_nonfinite, (lambda p: p) if per_worker_params else layout.own_copy)
   model_state = () if model_state is None else model_state
   # Shapes and dtypes, laid out as the step takes them (a mesh of explicit axes checks that).
-  params = _abstract(params, mesh, P())
-  batch = _abstract(batch, mesh, layout.spec)
-  model_state = _abstract(model_state, mesh, layout.spec)
+  params = step_bytes.abstract(params, mesh, P())
+  batch = step_bytes.abstract(batch, mesh, layout.spec)
+  model_state = step_bytes.abstract(model_state, mesh, layout.spec)
   specs = layout.layout(_state_specs(worker, kinds, layout, params, model_state, batch,
                                      per_worker_params))
   programs = _Programs(worker, layout, specs, kinds,
@@ -291,7 +264,8 @@ def data_parallel(loss_fn: Callable[..., Any], tx: optax.GradientTransformation,
       kinds={k.name: k for k in kinds}, specs=specs, mesh=mesh, workers=layout,
       equivalent=functools.cache(lambda: one_each(mesh=layout.equivalent_mesh()))
       if layout.per_device > 1 else None,
-      reduce=programs.reduce, replicas_agree=programs.replicas_agree(),
+      reduce=functools.partial(evaluation.reduce_over_workers, layout),
+      replicas_agree=drift.replicas_agree_program(layout, per_worker_params),
       worker_params=programs.worker_params(), per_worker_params=per_worker_params)
 
 
@@ -340,12 +314,6 @@ def _state_specs(worker, kinds, layout, params, model_state, batch,
     found = specs if found is None else jax.tree.map(
         lambda a, b: a if a != P() else b, found, specs, is_leaf=lambda x: isinstance(x, P))
   return found
-
-
-def _worker_rows(batch: chex.ArrayTree, per_device: int) -> chex.ArrayTree:
-  """One device's share of the batch -> one share per worker along a new leading axis (one
-  worker: the leading axis of size one :meth:`Workers.each` indexes away)."""
-  return jax.tree.map(lambda x: x.reshape((per_device, -1) + x.shape[1:]), batch)
 
 
 class _WorkerStep(NamedTuple):
@@ -400,7 +368,8 @@ class _WorkerStep(NamedTuple):
                                      model_state, new_model_state)
     if self.has_aux or self.stateful:
       metrics["aux"] = aux
-    return _local.apply_local_updates(params, updates, state), new_model_state, state, metrics
+    return (method_protocol.apply_local_updates(params, updates, state), new_model_state, state,
+            metrics)
 
   def gathered(self, metrics):
     """A worker's metrics as :attr:`DataParallel.step` reports them: the mean loss, every
@@ -427,9 +396,7 @@ class _Programs(NamedTuple):
     return None if self.params_spec == P() else 0
 
   def shard_map(self, fn, in_specs, out_specs):
-    # Simulated workers are untyped: shard_map's replication types know only mesh axes.
-    return jax.shard_map(fn, mesh=self.layout.mesh, in_specs=in_specs, out_specs=out_specs,
-                         check_vma=self.layout.per_device == 1)
+    return self.layout.shard_map(fn, in_specs, out_specs)
 
   def init(self):
     state_axes = workers_lib.per_worker_axes(self.specs)
@@ -454,7 +421,7 @@ class _Programs(NamedTuple):
                             (self.params_axis, 0, state_axes, 0))
     params, model_state, opt_state, metrics = each(
         state.step, state.params, state.model_state, state.opt_state,
-        _worker_rows(batch, self.layout.per_device))
+        self.layout.rows(batch))
     return TrainState(state.step + 1, params, model_state, opt_state), metrics
 
   def train_step(self):
@@ -511,30 +478,6 @@ class _Programs(NamedTuple):
         params, state, batch, kind=program[kind])
     return step
 
-  def reduce(self, fn: Callable[..., Any]) -> Callable[..., Any]:
-    layout = self.layout
-    axis = layout.axis_name
-
-    def worker(params, model_state, batch):
-      model_state = jax.tree.map(lambda x: jax.lax.pmean(x, axis), model_state)
-      return jax.lax.psum(fn(params, model_state, batch), axis)
-
-    def body(params, model_state, batch):
-      each = layout.each(worker, (None, 0, 0), None)
-      return each(params, model_state, _worker_rows(batch, layout.per_device))
-    return jax.jit(self.shard_map(body, in_specs=(P(), layout.spec, layout.spec),
-                                  out_specs=P()))
-
-  def replicas_agree(self):
-    layout = self.layout
-    if self.params_axis is None:
-      return jax.jit(jax.shard_map(lambda params: drift.replicas_agree(params, layout.device_axes),
-                                   mesh=layout.mesh, in_specs=P(), out_specs=P()))
-    # Per-worker parameters: every worker's row against every other's (a checksum per leaf).
-    each = layout.each(lambda params: drift.replicas_agree(params, layout.axis_name), 0, 0)
-    rows = self.shard_map(each, in_specs=layout.spec, out_specs=layout.spec)
-    return jax.jit(lambda params: jnp.all(rows(params)))
-
 
 def _on_pmap(worker: _WorkerStep, kinds: tuple[StepKind, ...], axis_name, donate: bool,
              per_worker_params: bool) -> DataParallel:
@@ -572,12 +515,3 @@ def _on_pmap(worker: _WorkerStep, kinds: tuple[StepKind, ...], axis_name, donate
   return DataParallel(init=init, step=step, train_step=None, kinds=by_name, specs=None,
                       mesh=None, worker_params=copies if per_worker_params else lambda p: p,
                       per_worker_params=per_worker_params)
-
-
-def _abstract(tree: chex.ArrayTree, mesh: jax.sharding.Mesh,
-              specs: chex.ArrayTree) -> chex.ArrayTree:
-  """Shapes and dtypes of ``tree``, sharded on ``mesh`` by ``specs`` (a spec or a tree)."""
-  specs = jax.tree.broadcast(specs, tree, is_leaf=lambda s: isinstance(s, P))
-  return jax.tree.map(lambda x, spec: jax.ShapeDtypeStruct(
-      jax.numpy.shape(x), jax.numpy.result_type(x), sharding=NamedSharding(mesh, spec)),
-      tree, specs, is_leaf=lambda s: isinstance(s, P))

@@ -6,12 +6,14 @@ device differs. Bits, not values: -0.0 and 0.0, or two NaN payloads, count as di
 they would diverge later.
 """
 
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
 
 from compressors.network import axes
+from compressors.parallel import workers as workers_lib
 
 
 def checksum(tree: Any) -> jax.Array:
@@ -37,6 +39,20 @@ def replicas_agree(tree: Any, axis_name: axes.AxisName) -> jax.Array:
   if axes.replication_checked(names) and not axes.is_varying(words, names):
     words = jax.lax.pcast(words, names, to="varying")
   return jnp.all(jax.lax.pmax(words, names) == jax.lax.pmin(words, names))
+
+
+def replicas_agree_program(layout: workers_lib.Workers,
+                           per_worker_params: bool) -> Callable[[Any], jax.Array]:
+  """The jitted replica check of a data-parallel step on ``layout``: ``params -> bool[]``, the
+  parameters bit-identical on every device (replicated parameters), or every worker's row the
+  same (per-worker parameters, as after a synchronising step)."""
+  if not per_worker_params:
+    return jax.jit(jax.shard_map(lambda params: replicas_agree(params, layout.device_axes),
+                                 mesh=layout.mesh, in_specs=P(), out_specs=P()))
+  # Per-worker parameters: every worker's row against every other's (a checksum per leaf).
+  each = layout.each(lambda params: replicas_agree(params, layout.axis_name), 0, 0)
+  rows = layout.shard_map(each, in_specs=layout.spec, out_specs=layout.spec)
+  return jax.jit(lambda params: jnp.all(rows(params)))
 
 
 def _as_uint32(x: jax.Array) -> jax.Array:

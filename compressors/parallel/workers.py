@@ -160,6 +160,18 @@ class Workers(NamedTuple):
                           is_leaf=_is_none)
     return one_worker
 
+  def shard_map(self, fn: Callable[..., Any], in_specs: Any, out_specs: Any) -> Callable[..., Any]:
+    """``jax.shard_map`` of ``fn`` over :attr:`mesh` (simulated workers are untyped:
+    ``shard_map``'s replication types know only mesh axes, so they are checked with one worker
+    per device only)."""
+    return jax.shard_map(fn, mesh=self.mesh, in_specs=in_specs, out_specs=out_specs,
+                         check_vma=self.per_device == 1)
+
+  def rows(self, batch: chex.ArrayTree) -> chex.ArrayTree:
+    """One device's share of ``batch`` -> one share per worker along a new leading axis (one
+    worker: the leading axis of size one :meth:`each` indexes away)."""
+    return jax.tree.map(lambda x: x.reshape((self.per_device, -1) + x.shape[1:]), batch)
+
 
 def per_worker_axes(specs: chex.ArrayTree) -> chex.ArrayTree:
   """``in_axes``/``out_axes`` for :meth:`Workers.each` from specs: 0 per worker, None

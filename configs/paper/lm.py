@@ -78,6 +78,7 @@ def scale_tuned_rate(c: ml_collections.ConfigDict, scale: float) -> None:
   """Multiplies the rate the tuning budget searches over by ``scale``: a local-update method's
   outer learning rate (its inner AdamW keeps the recipe's), every other method's AdamW (or own
   optimizer's) peak rate."""
+  # A family comparison: the sweep's rate is DiLoCo's outer one, a setting of that family alone.
   if registry.get(c.method).family == "local":
     c.compression[c.method].outer_learning_rate = (
         c.compression[c.method].outer_learning_rate * scale)
@@ -112,6 +113,7 @@ def get_config(arg=None):
   tasc_options = dict(score=args["score"], sensitivity=args["sensitivity"],
                       block_size=args["block"], support=args["support"])
   c.compression[args["method"]].update(method_block(args["method"], **tasc_options))
+  # A family comparison: the row's every and exchange are local-update settings alone.
   if registry.get(args["method"]).family == "local":
     block = c.compression[args["method"]]
     block.update({k: args[k] for k in ("exchange", "every") if args[k]})

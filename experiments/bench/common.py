@@ -63,7 +63,7 @@ def parse_size(text: str) -> int:
 def all_methods() -> tuple[str, ...]:
   """Every registered per-step exchange (:mod:`compressors.registry`): what the benchmarks time
   (a method that is its own optimizer or updates locally is not one exchange of a gradient)."""
-  return registry.names("exchange")
+  return registry.names("per_step")
 
 
 def check_methods(methods: Sequence[str], allowed: Sequence[str] | None = None) -> list[str]:

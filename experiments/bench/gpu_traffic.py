@@ -42,7 +42,7 @@ from jax.experimental import topologies
 from experiments import provenance
 from experiments.bench import common
 from experiments.bench import compression
-from tasc import _scores as scores
+import tasc
 
 # One H100 SXM (80 GB HBM3), as XLA's GpuTargetConfigProto describes a GPU: the figures XLA's
 # fusion and tiling decisions read (NVIDIA's published specifications of the part).
@@ -205,17 +205,6 @@ def _compiled(fn, donate, *args) -> str:
   return jax.jit(fn, donate_argnums=donate).lower(*args).compile().as_text()
 
 
-@contextlib.contextmanager
-def _windowed_block_sums():
-  """TASC as it was compiled for GPUs before block_sums had a GPU form: the CPU's windowed sum."""
-  rows = scores._block_sums_of_rows  # pylint: disable=protected-access
-  scores._block_sums_of_rows = scores._block_sums_windowed  # pylint: disable=protected-access
-  try:
-    yield
-  finally:
-    scores._block_sums_of_rows = rows  # pylint: disable=protected-access
-
-
 def _on_device(tree, device: jax.Device):
   sharding = jax.sharding.SingleDeviceSharding(device)
   return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), tree)
@@ -240,7 +229,7 @@ def model(methods: list[tuple[str, str | None]], sizes: list[int],
     floor = traffic(_compiled(lambda e, g: e + g, (0, 1), buffer, buffer))
     bound = _compiled(compression.tasc_pass_bound, (0, 1), buffer, buffer)
     for method, variant in methods:
-      with _windowed_block_sums() if variant else contextlib.nullcontext():
+      with tasc.cpu_block_sums_everywhere() if variant else contextlib.nullcontext():
         compiled = programs(method, size, device)
       if method == "tasc" and not variant:
         compiled["pass bound"] = bound

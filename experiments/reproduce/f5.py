@@ -93,7 +93,7 @@ def kind_seconds(config, link: topo.Link, workers: int) -> dict[str, float]:
     if "density_stage" in options:
       raise ValueError(f"F5: {config.method}'s density warm-up kind {kind.name!r} is not "
                        "priced (the language-model runs train without one)")
-    if method.family == "local":
+    if method.per_worker_params:  # local steps send nothing; a synchronisation, one exchange
       out[kind.name] = one if options.get("synchronise") else 0.0
     elif options.get("compressed") is False:
       out[kind.name] = registry.cost("dense", shapes, topology).time

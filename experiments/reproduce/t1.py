@@ -254,7 +254,7 @@ def report(workdir: str, *, seeds: int, full: bool, search_dir: str | None = Non
 def notes() -> tuple[str, ...]:
   """The notes T1 and its CIFAR-10 variant share (which methods default to error feedback: the
   registry's defaults)."""
-  error_feedback = [m for m in registry.names("exchange") if registry.get(m).error_feedback]
+  error_feedback = [m for m in registry.names("per_step") if registry.get(m).error_feedback]
   return (
       "Accuracy: final test accuracy, mean ± sample std over seeds 0..N-1 (seed sets "
       "initialisation, data order and the compressors' randomness).",
