@@ -54,14 +54,15 @@ from experiments import cli
 from experiments import logs
 
 
-def _manager(workdir: str, keep: int | None) -> ocp.CheckpointManager:
+def _manager(workdir: str) -> ocp.CheckpointManager:
+  # No max_to_keep: orbax prunes inside save, before the new checkpoint's checksums exist, and a
+  # run killed in between would keep no checkpoint it can verify (Checkpointer.save prunes).
   registry = type_handler_registry.create_type_handler_registry(
       (np.ndarray, ocp.type_handlers.NumpyHandler()),  # for load_params
       (jax.Array, jax_array_handlers.ArrayHandler(use_replica_parallel=False)))
   return ocp.CheckpointManager(
       os.path.abspath(os.path.join(workdir, "checkpoints")),
-      options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
-                                           enable_async_checkpointing=False),
+      options=ocp.CheckpointManagerOptions(create=True, enable_async_checkpointing=False),
       item_handlers=ocp.PyTreeCheckpointHandler(type_handler_registry=registry))
 
 
@@ -104,14 +105,16 @@ class Checkpointer:
     """
     self._workdir, self._keep, self._data = workdir, keep, dict(data or {})
     self._folder = os.path.join(workdir, "checkpoints")
-    self._manager = _manager(workdir, keep)
+    self._manager = _manager(workdir)
 
   def latest_step(self) -> int | None:
     """The last complete checkpoint's step, or None."""
     return self._manager.latest_step()
 
   def save(self, step: int, state: Any) -> None:
-    """Saves ``state`` as step ``step`` (every process must call it), then its checksums.
+    """Saves ``state`` as step ``step`` (every process must call it), then its checksums, then
+    removes all but the newest ``keep`` checkpoints: until the new one can be verified, the
+    older ones stay.
 
     Raises:
       DiskFull: the disk is full (or the quota spent); the step's partial files are removed,
@@ -132,6 +135,9 @@ class Checkpointer:
         if is_main:  # orbax's folder is shared by every process, and complete once save returns
           logs.write_json(os.path.join(folder, CHECKSUMS_FILE),
                           {"files": _file_checksums(folder), "data": self._data})
+        # Every process deletes together (orbax waits for all of them in delete).
+        for old in sorted(self._manager.all_steps())[:-self._keep]:
+          self._manager.delete(old)
     except Exception as e:  # pylint: disable=broad-except  # TensorStore's are ValueErrors
       if not _disk_full(e):
         raise
@@ -223,7 +229,7 @@ class Checkpointer:
     if not unreadable:
       return None
     folder = os.path.join(self._workdir, "checkpoints")
-    reasons = "; ".join(f"step {s}: {e}" for s, e in unreadable)
+    reasons = "; ".join(f"step {s}: {e or 'on another process'}" for s, e in unreadable)
     raise ValueError(
         f"none of the {len(unreadable)} checkpoints under {folder} can be read ({reasons}); "
         f"they are left in place. To start afresh, move {folder} elsewhere (or use another "
@@ -248,7 +254,7 @@ class Checkpointer:
     if jax.process_count() > 1:
       multihost_utils.sync_global_devices("unreadable checkpoints moved aside")
     self._manager.close()
-    self._manager = _manager(self._workdir, self._keep)
+    self._manager = _manager(self._workdir)
 
   def close(self) -> None:
     self._manager.close()
@@ -435,7 +441,7 @@ def load_state(workdir: str, step: int | None = None) -> dict[str, Any]:
 
 
 def _load(workdir, step, fields):
-  manager = _manager(workdir, keep=None)
+  manager = _manager(workdir)
   try:
     step = manager.latest_step() if step is None else step
     if step is None:

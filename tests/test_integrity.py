@@ -82,6 +82,28 @@ def test_a_checkpoint_without_its_checksums_counts_as_cut_short(tmp_path, caplog
           "short after its arrays were written); moved to") in caplog.text
 
 
+def test_a_run_killed_before_the_checksums_still_has_the_checkpoint_before(tmp_path, monkeypatch):
+  """With one checkpoint kept, the older one is removed only once the new one's checksums exist:
+  a run killed in between (here, while hashing) resumes from the older one."""
+  saver = checkpoint.Checkpointer(str(tmp_path), keep=1)
+  saver.save(1, STATE)
+
+  def killed(folder):
+    raise KeyboardInterrupt(f"killed while hashing {folder}")
+  monkeypatch.setattr(checkpoint, "_file_checksums", killed)
+  with pytest.raises(KeyboardInterrupt):
+    saver.save(2, STATE)
+  saver.close()
+  monkeypatch.undo()
+  assert sorted(os.listdir(tmp_path / "checkpoints")) == ["1", "2"]
+  saver = checkpoint.Checkpointer(str(tmp_path), keep=1)
+  step, state = saver.restore_latest(STATE)
+  saver.save(3, STATE)
+  saver.close()
+  assert step == 1 and np.array_equal(state["w"], STATE["w"])
+  assert sorted(os.listdir(tmp_path / "checkpoints")) == ["3"]
+
+
 def test_checkpoints_older_than_checksums_are_restored_unverified_with_a_notice(tmp_path, caplog):
   """A workdir of a version that wrote no checksums resumes; its first checkpoint with checksums
   is where checksums become required."""
