@@ -8,6 +8,7 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 import compressors
+from experiments.data import stdlib
 
 
 def regression_loss(params, batch):
@@ -112,3 +113,13 @@ def topk_reference(a: np.ndarray, k: int) -> np.ndarray:
     idx = np.argsort(-np.abs(row), kind="stable")[:k]
     sent[i, idx] = row[idx]
   return sent
+
+
+def cached_token_stream(folder):
+  """``(texts, tokenizer, stream, cached file)``: a small corpus encoded once, its token stream
+  cached in ``folder`` (for the tests that damage the cache)."""
+  texts = ["def f(x):\n  return x + 1\n", "class A:\n  pass\n"] * 20
+  shared = stdlib.build_tokenizer(texts, vocab_size=300, cache_dir=str(folder))
+  stream = stdlib.token_stream(shared, texts, folder)
+  [cached] = folder.glob("tokens-*.npy")
+  return texts, shared, stream, cached

@@ -38,6 +38,7 @@ from experiments import validation
 from experiments.data import fake
 from experiments.data import stdlib
 from tests import harness
+from tests.harness import cached_token_stream
 from tests.test_runner import fast_compiles  # noqa: F401  (an autouse fixture)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -386,10 +387,7 @@ def test_a_sweep_run_that_fails_when_it_starts_is_recorded_and_the_others_train(
 # ------------------------------------------------------------------------------ derived data
 
 def test_a_token_cache_cut_short_is_named_and_encoded_again(tmp_path, caplog):
-  texts = ["def f(x):\n  return x + 1\n", "class A:\n  pass\n"] * 20
-  shared = stdlib.build_tokenizer(texts, vocab_size=300, cache_dir=str(tmp_path))
-  stream = stdlib.token_stream(shared, texts, tmp_path)
-  [cached] = tmp_path.glob("tokens-*.npy")
+  texts, shared, stream, cached = cached_token_stream(tmp_path)
   whole = cached.read_bytes()
   cached.write_bytes(whole[:len(whole) - 8])
   np.testing.assert_array_equal(stdlib.token_stream(shared, texts, tmp_path), stream)

@@ -23,6 +23,7 @@ from experiments import validation
 from experiments.data import fake
 from experiments.data import stdlib
 from experiments.data import text
+from tests.harness import cached_token_stream
 from tests.test_stdlib_lm import _fake_stdlib
 
 SHARDS = data.ShardSpec(8, tuple(range(8)))
@@ -226,10 +227,7 @@ def test_image_files_are_part_of_the_data_identity(dataset, tmp_path):
 
 def test_a_zero_filled_token_stream_is_named_and_encoded_again(tmp_path, caplog):
   """Case 4 of issue 41: the header and the size intact, every token 0."""
-  texts = ["def f(x):\n  return x + 1\n", "class A:\n  pass\n"] * 20
-  shared = stdlib.build_tokenizer(texts, vocab_size=300, cache_dir=str(tmp_path))
-  stream = stdlib.token_stream(shared, texts, tmp_path)
-  [cached] = tmp_path.glob("tokens-*.npy")
+  texts, shared, stream, cached = cached_token_stream(tmp_path)
   whole = cached.read_bytes()
   np.testing.assert_array_equal(np.load(cached), stream)  # still an .npy file numpy reads
   header = len(whole) - 32 - stream.nbytes
