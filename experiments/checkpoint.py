@@ -14,7 +14,9 @@ only if every file still has its recorded sha256, so a file damaged in place (sa
 reads it) is caught as surely as one cut short. A checkpoint without ``checksums.json`` was cut
 short between the two writes, unless it is older than the first checkpoint the workdir wrote
 with checksums (``workdir/checksums_since.json``; a workdir of a version that wrote none), which
-is restored unverified with a notice.
+is restored unverified with a notice. A checkpoint cut short between the two writes is set aside
+in favour of an older verified one; when none can be read, it is restored unverified, with a
+notice, rather than lose the run: orbax finalised its arrays, only their record is missing.
 
 A checkpoint that cannot be read (a file cut short, damaged, or unlike its checksum) does not
 stop a resume while an older one can be read: :meth:`Checkpointer.restore_latest` restores the
@@ -68,6 +70,8 @@ def _manager(workdir: str) -> ocp.CheckpointManager:
 
 UNREADABLE_DIR = "unreadable_checkpoints"
 CHECKSUMS_FILE = "checksums.json"  # in each step's folder
+_NO_CHECKSUMS = f"no {CHECKSUMS_FILE}: cut short after its arrays were written"
+_ON_ANOTHER_PROCESS = "on another process"  # why a process refuses what another could not read
 # In the workdir: the first step written with checksums.
 CHECKSUMS_SINCE_FILE = "checksums_since.json"
 
@@ -205,7 +209,9 @@ class Checkpointer:
     Newer checkpoints that cannot be read, or whose files are not those their checksums
     describe (checked by process 0), are moved into ``workdir/unreadable_checkpoints/``, each
     reported in one line naming its folder. In a multi-process run a checkpoint counts as
-    readable only if every process read it.
+    readable only if every process read it. When none can be read, the newest one whose only
+    fault is a missing ``checksums.json`` (the run stopped between the two writes) is restored
+    unverified, with a notice.
 
     Raises:
       ValueError: no checkpoint can be read; they are left in place (a state that no longer
@@ -214,28 +220,50 @@ class Checkpointer:
     """
     unreadable = []
     for step in sorted(self._manager.all_steps(), reverse=True):
-      state, error = None, _damage(self._workdir, step) if jax.process_index() == 0 else None
-      # Every process restores, or none: a restore waits for every process.
-      if _on_every_process(error is None):
-        try:
-          with _quiet_storage():
-            state = self.restore(step, like)
-        except Exception as e:  # pylint: disable=broad-except  # orbax, TensorStore, json: any
-          error = _first_line(e)
-      if _on_every_process(error is None):
+      error = _damage(self._workdir, step) if jax.process_index() == 0 else None
+      state, error = self._try_restore(step, like, error)
+      if error is None:
         self._set_aside(unreadable, step)
         return step, state
       unreadable.append((step, error))
     if not unreadable:
       return None
+    # The last resort: the newest checkpoint whose only fault is its missing checksums (process 0
+    # checked them; a process that failed on its own has a reason of its own).
+    for i, (step, error) in enumerate(unreadable):
+      if not _on_every_process(error in (_NO_CHECKSUMS, _ON_ANOTHER_PROCESS)):
+        continue
+      state, reason = self._try_restore(step, like, None)
+      if reason is None:
+        logging.warning("checkpoint %s has no %s (stopped between writing its arrays and their "
+                        "checksums) and no checkpoint before it can be read; restoring it "
+                        "unverified", os.path.join(self._folder, str(step)), CHECKSUMS_FILE)
+        self._set_aside(unreadable[:i], step)
+        return step, state
+      unreadable[i] = (step, reason)
     folder = os.path.join(self._workdir, "checkpoints")
-    reasons = "; ".join(f"step {s}: {e or 'on another process'}" for s, e in unreadable)
+    reasons = "; ".join(f"step {s}: {e}" for s, e in unreadable)
     raise ValueError(
         f"none of the {len(unreadable)} checkpoints under {folder} can be read ({reasons}); "
         f"they are left in place. To start afresh, move {folder} elsewhere (or use another "
         "--workdir)")
 
-  def _set_aside(self, unreadable: list[tuple[int, str | None]], restored: int) -> None:
+  def _try_restore(self, step: int, like: Any, error: str | None) -> tuple[Any, str | None]:
+    """``(state, None)`` if step ``step`` reads on every process, else ``(None, why)``; ``error``
+    is why this process already refuses it. Every process restores, or none: a restore waits
+    for every process."""
+    if not _on_every_process(error is None):
+      return None, error or _ON_ANOTHER_PROCESS
+    try:
+      with _quiet_storage():
+        state = self.restore(step, like)
+    except Exception as e:  # pylint: disable=broad-except  # orbax, TensorStore, json: any
+      error = _first_line(e)
+    if _on_every_process(error is None):
+      return state, None
+    return None, error or _ON_ANOTHER_PROCESS
+
+  def _set_aside(self, unreadable: list[tuple[int, str]], restored: int) -> None:
     """Moves the ``unreadable`` checkpoints (newer than ``restored``) out of orbax's folder,
     so that they are neither restored nor pruned, and reopens the manager without them."""
     if not unreadable:
@@ -250,7 +278,7 @@ class Checkpointer:
       os.rename(folder, target)
       logging.warning("checkpoint %s cannot be read (%s); moved to %s; resuming from the "
                       "checkpoint of step %d", folder,
-                      error or "on another process", target, restored)
+                      error, target, restored)
     if jax.process_count() > 1:
       multihost_utils.sync_global_devices("unreadable checkpoints moved aside")
     self._manager.close()
@@ -271,7 +299,7 @@ def _damage(workdir: str, step: int) -> str | None:
       logging.warning("checkpoint %s was written before checkpoints carried checksums; "
                       "restoring it unverified", folder)
       return None
-    return f"no {CHECKSUMS_FILE}: cut short after its arrays were written"
+    return _NO_CHECKSUMS
   except (OSError, ValueError) as e:
     return _first_line(e)
   return None

@@ -83,6 +83,27 @@ def test_a_checkpoint_without_its_checksums_counts_as_cut_short(tmp_path, caplog
           "short after its arrays were written); moved to") in caplog.text
 
 
+def test_a_checkpoint_without_its_checksums_is_restored_unverified_when_it_is_the_only_one(
+    tmp_path, caplog):
+  """Killed between the arrays and the checksums of the first checkpoint (seen in CI's two-process
+  kill test): the run resumes from it, with a notice, rather than lose it. A damaged one with it
+  is still set aside."""
+  _saved(tmp_path, [1, 2]).close()
+  for step in (1, 2):
+    (tmp_path / "checkpoints" / str(step) / checkpoint.CHECKSUMS_FILE).unlink()
+  largest = max((tmp_path / "checkpoints" / "2").rglob("d/*"), key=lambda p: p.stat().st_size)
+  with open(largest, "r+b") as f:
+    f.truncate(10)
+  saver = checkpoint.Checkpointer(str(tmp_path), keep=3)
+  step, state = saver.restore_latest(STATE)
+  saver.close()
+  assert step == 1 and np.array_equal(state["w"], STATE["w"])
+  assert os.listdir(tmp_path / checkpoint.UNREADABLE_DIR) == ["2"]
+  assert (f"checkpoint {tmp_path / 'checkpoints' / '1'} has no checksums.json (stopped between "
+          "writing its arrays and their checksums) and no checkpoint before it can be read; "
+          "restoring it unverified") in caplog.text
+
+
 def test_a_run_killed_before_the_checksums_still_has_the_checkpoint_before(tmp_path, monkeypatch):
   """With one checkpoint kept, the older one is removed only once the new one's checksums exist:
   a run killed in between (here, while hashing) resumes from the older one."""
