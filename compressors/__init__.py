@@ -50,6 +50,7 @@ from compressors._compress import compress
 from compressors.parallel.data_parallel import DataParallel
 from compressors.parallel.data_parallel import TrainState
 from compressors.parallel.data_parallel import data_parallel
+from compressors._chunked_topk import chunk_topk
 from compressors._dense import cast
 from compressors._dense import dense
 from compressors._demo import DemoState
@@ -109,9 +110,10 @@ __all__ = (
     "DemoState", "Link", "LocalUpdatesState", "MomentumCorrectionState", "OnebitAdamState", "Plan",
     "ResidualAggregate", "SkipNonFiniteState", "StepInputs", "StepKind", "SynchronisingState",
     "Topology", "TrainState", "WireBytes", "Workers", "add_device_axis", "all_reduce",
-    "apply_local_updates", "cast", "collective_cost", "compress", "data_parallel", "demo", "dense",
-    "density_warmup", "dgc", "drop_device_axis", "efsignsgd", "local_update_kinds",
-    "local_updates", "momentum_correction", "nesterov_outer", "onebit", "onebit_adam", "plan",
+    "apply_local_updates", "cast", "chunk_topk", "collective_cost", "compress", "data_parallel",
+    "demo", "dense", "density_warmup", "dgc", "drop_device_axis", "efsignsgd",
+    "local_update_kinds", "local_updates", "momentum_correction", "nesterov_outer", "onebit",
+    "onebit_adam", "plan",
     "powersgd", "qsgd", "quantize", "randomk", "registry", "replicas_agree", "signsgd",
     "skip_nonfinite", "state_specs", "synchronised_params", "terngrad", "threshold", "topk",
     "uniform_subset", "warmup_boundaries", "warmup_densities", "warmup_kinds", "wire_bytes"

@@ -9,9 +9,10 @@ synchronised parameters with it as its gradient, and every worker restarts from 
 optimizers' states stay each worker's own. Here the pseudo-gradient goes through an *exchange*:
 any per-worker transformation that returns the mean over workers (``compressors.compress`` of any
 compressor with error feedback, ``tasc.tasc_compress`` with its shared support), so the family
-covers DiLoCo (dense float32), OpenDiLoCo (float16), INTELLECT-1 (int8), SparseLoCo (top-k with an
-error buffer decayed in place of outer momentum: ``compress(topk, error_decay=0.95)`` and an
-outer SGD of lr 1) and TASC on the pseudo-gradient.
+covers DiLoCo (dense float32), OpenDiLoCo (float16), INTELLECT-1 (int8), SparseLoCo (chunked
+top-k with 2-bit values and an error buffer decayed in place of outer momentum:
+``compress(chunk_topk, error_decay=0.95)`` and an outer SGD of lr 1) and TASC on the
+pseudo-gradient.
 
 Which step synchronises is static (the keyword ``synchronise`` of ``update``): a local step and a
 synchronising step are two programs, the local one with no collective at all, so each one's bytes
@@ -197,13 +198,17 @@ class DilocoSettings:
 
 @dataclasses.dataclass(frozen=True)
 class SparselocoSettings(DilocoSettings):
-  """``method="sparseloco"`` (SparseLoCo, arXiv 2508.15706): DiLoCo with a top-k exchange whose
-  error buffer, decayed by ``error_decay`` (0.95), replaces outer momentum: ``e <- beta e +
-  Delta; s = topk(e); e <- e - s; theta <- theta - lr mean(s)`` with outer lr 1. (SparseLoCo also
-  quantizes the kept values to 2 bits and takes top-k per chunk; here the exchange's own
-  compressor sends them, e.g. float32 top-k over the fused buffer.)"""
+  """``method="sparseloco"`` (SparseLoCo, Sarfi et al. 2025, arXiv 2508.15706): DiLoCo whose
+  pseudo-gradient goes through an error buffer decayed by ``error_decay`` (0.95) in place of
+  outer momentum: ``e <- beta e + Delta; s = Q2(chunked-top-k(e)); e <- e - s;
+  theta <- theta - lr mean(s)`` with outer lr 1 and no outer momentum. The default exchange,
+  ``chunk_topk`` (``compressors._chunked_topk``, its settings in
+  ``config.compression.chunk_topk``: chunks of 4096, 64 kept a chunk), is the paper's
+  transport: per-chunk top-k, values in 2 bits, 12-bit chunk-local indices. ``exchange="topk"``
+  sends float32 values and int32 indices over the fused buffer instead (about 4x the bytes at
+  equal density)."""
   every: int = checks.setting(30, _EVERY)
-  exchange: str = checks.setting("topk", _EXCHANGE)
+  exchange: str = checks.setting("chunk_topk", _EXCHANGE)
   outer_learning_rate: float = checks.setting(1.0, _OUTER_LEARNING_RATE)
   outer_momentum: float = checks.setting(0.0, _OUTER_MOMENTUM)
   error_decay: float = checks.setting(0.95, _ERROR_DECAY)
@@ -225,7 +230,7 @@ METHODS = (
         "any method and an outer Nesterov step (DiLoCo, Douillard et al. 2023)",
         settings=DilocoSettings, **_LOCAL_HOOKS),
     method_table.Method(
-        name="sparseloco", summary="DiLoCo with an error-fed top-k pseudo-gradient whose decayed "
-        "error buffer replaces outer momentum (SparseLoCo, 2025)",
+        name="sparseloco", summary="DiLoCo with an error-fed chunked top-k pseudo-gradient in 2 "
+        "bits whose decayed error buffer replaces outer momentum (SparseLoCo, 2025)",
         settings=SparselocoSettings, **_LOCAL_HOOKS),
 )

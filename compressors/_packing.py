@@ -1,4 +1,5 @@
-"""Sub-byte codes packed into ``uint8``: 8 signs, 4 two-bit or 2 four-bit codes per byte.
+"""Sub-byte codes packed into ``uint8``: 8 signs, 4 two-bit or 2 four-bit codes per byte, and
+codes of any width up to 32 bits as one bit stream (:func:`pack_wide`: 12-bit chunk indices).
 
 XLA has no sub-byte array type that travels on every backend, so codes narrower than a byte are
 packed before a collective and unpacked after it. Code ``j`` of a group of ``8 // bits`` sits at
@@ -59,6 +60,42 @@ def unpack(packed: jax.Array, bits: int, size: int) -> jax.Array:
   return ((packed[:, None] >> shifts) & mask).reshape(-1)[:size]
 
 
+def wide_packed_size(size: int, bits: int) -> int:
+  """Bytes holding ``size`` codes of ``bits`` bits each as one bit stream (:func:`pack_wide`)."""
+  _check_wide(bits)
+  return -(-size * bits // 8)
+
+
+def pack_wide(codes: jax.Array, bits: int) -> jax.Array:
+  """Packs unsigned codes ``0 <= codes < 2**bits`` of any width from 1 to 32 bits into one bit
+  stream of ``uint8``, with no padding between codes: two 12-bit indices in 3 bytes.
+
+  Code ``i`` occupies bits ``i * bits .. (i + 1) * bits - 1`` of the stream, its least significant
+  bit first, and bit ``j`` of the stream is bit ``j % 8`` of byte ``j // 8`` (as :func:`pack` lays
+  out one-bit codes, which it reuses). Widths 1, 2 and 4 give :func:`pack`'s bytes.
+
+  Args:
+    codes: a 1-D integer array; values must fit in ``bits`` bits (not checked: higher bits are
+      dropped).
+    bits: 1 to 32.
+
+  Returns:
+    ``uint8[wide_packed_size(codes.size, bits)]``; the tail of the last byte is zero.
+  """
+  _check_wide(bits)
+  # One bit plane per code bit: [size, bits] of 0/1, then one-bit packing of the flat stream.
+  planes = (codes.astype(jnp.uint32)[:, None] >> jnp.arange(bits, dtype=jnp.uint32)) & 1
+  return pack(planes.reshape(-1), 1)
+
+
+def unpack_wide(packed: jax.Array, bits: int, size: int) -> jax.Array:
+  """Inverse of :func:`pack_wide`: the first ``size`` codes of ``packed`` as ``uint32[size]``."""
+  _check_wide(bits)
+  planes = unpack(packed, 1, size * bits).reshape(size, bits).astype(jnp.uint32)
+  # The planes hold disjoint bits, so their sum is their bitwise or.
+  return jnp.sum(planes << jnp.arange(bits, dtype=jnp.uint32), axis=1, dtype=jnp.uint32)
+
+
 def pack_signs(x: jax.Array) -> jax.Array:
   """One bit per element of ``x``: 1 where ``x >= 0`` (so sign(0) is +1), 0 where negative."""
   return pack(x >= 0, 1)
@@ -73,6 +110,11 @@ def _check_width(bits: int) -> None:
   if bits not in PACKED_WIDTHS:
     raise ValueError(f"packing: bits={bits!r}; allowed: {PACKED_WIDTHS} (codes of other widths "
                      "travel in whole bytes; see slot_width)")
+
+
+def _check_wide(bits: int) -> None:
+  if isinstance(bits, bool) or not isinstance(bits, int) or not 1 <= bits <= 32:
+    raise ValueError(f"packing: bits={bits!r}; allowed: an int in [1, 32] (pack_wide)")
 
 
 NON_SUMMABLE_EXCHANGES = ("two_phase", "all_gather")

@@ -217,9 +217,9 @@ class NoSettings:
 # The built-in methods in the order :func:`names` lists them: the baselines, the sparsifiers,
 # the quantizers, low rank, the methods that are their own optimizer, TASC, local updates. Each is
 # added by the module that imports its implementation (compressors.registry; TASC's package).
-BUILTIN = ("dense", "fp16", "bf16", "int8", "int4", "topk", "randomk", "threshold", "dgc", "qsgd",
-           "terngrad", "signsgd", "efsignsgd", "onebit", "powersgd", "demo", "onebit_adam",
-           "tasc", "diloco", "sparseloco")
+BUILTIN = ("dense", "fp16", "bf16", "int8", "int4", "topk", "chunk_topk", "randomk", "threshold",
+           "dgc", "qsgd", "terngrad", "signsgd", "efsignsgd", "onebit", "powersgd", "demo",
+           "onebit_adam", "tasc", "diloco", "sparseloco")
 FAMILIES = ("per_step", "optimizer", "local")
 
 _METHODS: dict[str, Method] = {}

@@ -21,6 +21,7 @@ from typing import Any
 
 import optax
 
+from compressors import _chunked_topk
 from compressors import _compress
 from compressors import _dense
 from compressors import _demo
@@ -64,8 +65,8 @@ __all__ = (
 )
 
 # The built-in method modules compressors implements, in the order of their methods in BUILTIN.
-_BUILTIN_MODULES = (_dense, _intq, _topk, _randomk, _threshold, _dgc, _qsgd, _terngrad, _sign,
-                    _powersgd, _demo, _onebit_adam, _local)
+_BUILTIN_MODULES = (_dense, _intq, _topk, _chunked_topk, _randomk, _threshold, _dgc, _qsgd,
+                    _terngrad, _sign, _powersgd, _demo, _onebit_adam, _local)
 for _module in _BUILTIN_MODULES:
   for _method in _module.METHODS:
     register(_method)

@@ -67,8 +67,15 @@ def load_config(spec: str) -> ml_collections.ConfigDict:
   return cli.load_config(spec, "sweep: run config")
 
 
-def run_configs(sweep: ml_collections.ConfigDict) -> dict[str, ml_collections.ConfigDict]:
-  """The config of every run of ``sweep``, overrides applied, in the listed order."""
+def run_configs(sweep: ml_collections.ConfigDict, *,
+                one_device_count: bool = True) -> dict[str, ml_collections.ConfigDict]:
+  """The config of every run of ``sweep``, overrides applied, in the listed order.
+
+  Args:
+    sweep: the sweep config.
+    one_device_count: refuse runs of different ``num_devices`` (they train in this process,
+      whose devices are set once); False where each run trains in a process of its own.
+  """
   unknown = sorted(set(sweep) - {"runs", "overrides"})
   if unknown:
     raise ValueError(f"sweep config: unknown field {unknown[0]!r}; allowed: 'runs', 'overrides' "
@@ -90,8 +97,10 @@ def run_configs(sweep: ml_collections.ConfigDict) -> dict[str, ml_collections.Co
     methods.fill_equal_bytes(config)  # after the overrides, which may change the request
     configs[name] = config
   counts = {c.num_devices for c in configs.values()}
-  if len(counts) > 1:
-    raise ValueError(f"sweep config: all runs must use one num_devices, found {sorted(counts)}")
+  if one_device_count and len(counts) > 1:
+    raise ValueError(f"sweep config: all runs must use one num_devices, found {sorted(counts)} "
+                     "(the runs train in this process, whose devices are set once; "
+                     "experiments.reproduce trains each run in a process of its own)")
   return configs
 
 

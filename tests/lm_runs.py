@@ -6,6 +6,8 @@ import functools
 import json
 import os
 
+from configs.paper import f6_lm
+from configs.paper import f7_lm
 from configs.paper import lm
 from configs.paper import t1_lm as sweep_config
 from experiments import methods
@@ -30,6 +32,17 @@ def solved(arg: str) -> dict:
   return json.loads(_solved_dict(arg))
 
 
+def config_arg(label: str, scale: float, seed: int) -> str:
+  """The ``configs/paper/lm.py`` argument of a run of a T1-LM, F6-LM or F7-LM label (F7-LM's:
+  ``<row>_len<k>``)."""
+  if "_len" in label:
+    row, length = f7_lm.parse_label(label)
+    return config_arg(row, scale, seed) + f",steps_scale={length}"
+  if label in sweep_config.rows() or label in sweep_config.f4_rows():
+    return sweep_config.config_arg(label, "cpu", scale, seed, 8)
+  return f6_lm.config_arg(label, scale, seed)
+
+
 def fake_run(workdir, label, seed, *, scale=1.0, val_losses, train_loss=None, step_s=0.5,
              wire=1000.0, dense=1e5, bytes_by_kind=None, **args):
   """A finished run of row ``label`` at rate scale ``scale``: validation losses at steps 10, 20,
@@ -38,7 +51,7 @@ def fake_run(workdir, label, seed, *, scale=1.0, val_losses, train_loss=None, st
   for every kind of the row's method), charged as the runner charges them (``wire_bytes`` their
   mean over the steps run) against dense's ``dense``. ``args`` override the row's
   ``configs/paper/lm.py`` arguments."""
-  arg = sweep_config.config_arg(label, "cpu", scale, seed, 8)
+  arg = config_arg(label, scale, seed)
   if args:
     arg += "," + ",".join(f"{k}={v}" for k, v in args.items())
   config = solved(arg)
@@ -53,7 +66,7 @@ def fake_run(workdir, label, seed, *, scale=1.0, val_losses, train_loss=None, st
   reproduce_report.write_run(
       os.path.join(workdir, sweep_config.run_name(label, scale, seed)), config, records,
       {"test_loss": val_losses[-1], "test_bits_per_byte": val_losses[-1] / 2,
-       "wire_bytes": mean, "dense_bytes": dense, "compression_ratio": dense / mean,
+       "wire_bytes": mean, "dense_bytes": dense, "compression_ratio": dense / mean if mean else None,
        "bytes_by_kind": by_kind, "python_version": "3.11.7",
        "corpus_sha256": "c0ffee", "corpus_files": 734, "corpus_bytes": 12_000_000,
        "tokenizer_sha256": "beef", "step": steps[-1]})

@@ -74,7 +74,8 @@ def test_resolve_targets_rejects_bad_names(spec, message):
 def test_all_runs_f4_after_t1_whose_runs_it_plots():
   order = list(reproduce.TARGETS)
   assert order.index("f4") > order.index("t1")
-  assert set(order) == {"t1", "t1_cifar10", "f1", "f2", "f3", "t2", "f4", "t1_lm", "f4_lm", "f5"}
+  assert set(order) == {"t1", "t1_cifar10", "f1", "f2", "f3", "t2", "f4", "t1_lm", "f4_lm", "f5",
+                        "f6_lm", "f7_lm"}
 
 
 def test_parse_args():
@@ -146,7 +147,7 @@ def test_t1_sweep_covers_every_method_and_seed():
   sweep = t1_mnist1d.get_config("full=true")
   names = [r["name"] for r in sweep.runs]
   rows = t1_mnist1d.rows()
-  assert len(names) == len(set(names)) == 3 * len(rows) == 3 * (len(t1_mnist1d.ROWS) + 9) == 87
+  assert len(names) == len(set(names)) == 3 * len(rows) == 3 * (len(t1_mnist1d.ROWS) + 10) == 90
   assert names[:len(rows)] == [f"{m}_s0" for m in rows]  # seed-major
   quick = [r["name"] for r in t1_mnist1d.get_config("full=false").runs]
   assert quick == names  # the same runs; full settings only change their configs
@@ -229,8 +230,8 @@ def test_t1_rows_cover_every_registered_method_and_keep_their_own(tmp_path):
       "tasc_d0.001_hutchinson", "tasc_d0.001_fisher", "tasc_d0.001_none",
       "tasc_d0.016_hutchinson_f16"]
   assert {label: rows[label] for label in rows if label not in t1_mnist1d.ROWS} == {
-      m: {"method": m} for m in ("fp16", "bf16", "int8", "int4", "threshold", "demo",
-                                 "onebit_adam", "diloco", "sparseloco")}
+      m: {"method": m} for m in ("fp16", "bf16", "int8", "int4", "chunk_topk", "threshold",
+                                 "demo", "onebit_adam", "diloco", "sparseloco")}
   assert {settings["method"] for settings in rows.values()} == set(registry.names())
   plugin = registry.register(registry.Method(
       name="plugin_dense", summary="dense under another name (a plugin of this test)",
@@ -357,7 +358,8 @@ def test_t1_report_writes_markdown_csv_and_png(t1_dir, tmp_path):
   assert sorted(p.name for p in written) == ["t1.csv", "t1.md", "t1.png"]
   md = (out / "t1.md").read_text()
   for text in (PROV.command, PROV.commit, "configs/paper/t1_mnist1d.py", "270x-600x",
-               "Error feedback by default: int8, int4, topk, randomk, threshold, dgc, efsignsgd, "
+               "Error feedback by default: int8, int4, topk, chunk_topk, randomk, threshold, dgc, "
+               "efsignsgd, "
                "onebit, "
                "powersgd, tasc;",
                "136x", "93.27%", "92.00 ± 2.00 (n=3)", os.path.join(t1_dir, "dense_s2"),

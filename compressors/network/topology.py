@@ -291,6 +291,19 @@ def topk_allgather_cost(topology: Topology, k: int, itemsize: int = 4,
   return all_gather_cost(topology, k * (itemsize + index_itemsize))
 
 
+def chunked_topk_allgather_cost(topology: Topology, num_chunks: int, k: int, index_bits: int,
+                                value_bits: int = 2, chunk_bytes: int = 16) -> Cost:
+  """All-gather of every worker's chunked top-k payload (SparseLoCo's transport,
+  ``compressors._chunked_topk``): ``k`` values of ``value_bits`` bits and ``k`` chunk-local
+  indices of ``index_bits`` bits per chunk, each kind packed into one byte stream, plus
+  ``chunk_bytes`` of side information per chunk (its four float32 levels), as a ring of
+  ``p - 1`` steps."""
+  count = num_chunks * k
+  payload = (-(-count * value_bits // 8) + -(-count * index_bits // 8)
+             + num_chunks * chunk_bytes)
+  return all_gather_cost(topology, payload)
+
+
 def total(costs: Sequence[Cost]) -> Cost:
   """Collectives run one after another: their times and bytes add up."""
   return Cost(sum(c.time for c in costs), sum(c.bytes_sent for c in costs))

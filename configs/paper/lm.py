@@ -1,4 +1,4 @@
-"""One run of the language-model tables (T1-LM, F4-LM, F5) at an equal-bytes tier.
+"""One run of the language-model tables (T1-LM, F4-LM, F5, F6-LM, F7-LM) at an equal-bytes tier.
 
   python -m experiments.run --config=configs/paper/lm.py:tier=cpu,method=tasc,ratio=100 \
       --workdir=runs/paper/lm_cpu/tasc_100x_s0
@@ -15,9 +15,17 @@ Tiers (``tier``):
   tokens), 8 simulated CPU devices. 2,000 steps of the 1.07M-parameter ``tiny`` model did not fit
   a grid with a tuning budget on 2 cores; ``configs/paper/t1_lm.py`` sizes the grid.
 * ``gpu``: ``lm_stdlib``'s ``base`` model (29.5M parameters, vocabulary 8,192, bfloat16 matrix
-  products), sequences of 256, batch 64 (16,384 tokens a step), 1,000 steps (16.4M tokens, about
-  4 passes over the training tokens: at 65,536 tokens a step dense overfit after 5 passes),
-  ``workers`` (8 or 32) workers simulated on one GPU; sized for about 12 minutes of one GPU.
+  products), sequences of 256, batch 64 (16,384 tokens a step), 1,000 steps (16.4M tokens, 0.72
+  passes over the 22.9M training tokens of ``lm_stdlib``'s ``pypi`` corpus, the source of 15
+  pinned PyPI packages: the standard library's 4M, seen 4 times, overfit after about 700 steps),
+  ``workers`` (8 or 32) workers simulated on one GPU; sized for about 12 minutes of one GPU. Its
+  archives are fetched once (``python -m experiments.data.pypi_corpus --cache_dir=DIR``) and
+  carried to a machine without the network (``corpus_dir=DIR``).
+
+Solo (``solo=True``, dense only): one worker alone on its share of each step's batch (8 of the 64
+sequences), the same steps, recipe and tuning: the loss with no communication, against which
+the tables count a row's retention. Length (``steps_scale``, one of :data:`STEPS_SCALES`): the
+tier's steps times it, the same tokens a step, warm-up and decay stretched (F7-LM).
 
 Equal bytes (``ratio``): the config records the request (``config.equal_bytes``: ``ratio``,
 ``workers``); when the run starts, :func:`experiments.methods.fill_equal_bytes` gives a method
@@ -44,7 +52,9 @@ topk, randomk, dgc, powersgd, tasc, or any registered method), ``ratio`` (the ti
 ``block`` (tasc; 0: the solver's), ``support`` (tasc: global/previous), ``exchange`` and
 ``every`` (local updates; '' and 0: the method's defaults), ``exchanged`` (gradient/update),
 ``lr_scale`` (the tuning knob, a multiple of the method's own rate: the recipe's AdamW rate, or a
-local-update method's outer rate; 1: as configured), ``seed``, ``cache`` (the tokenizer's cache folder; '' for the default).
+local-update method's outer rate; 1: as configured), ``seed``, ``cache`` (the tokenizer's cache
+folder; '' for the default), ``solo``, ``steps_scale``, ``corpus_dir`` (the GPU tier's corpus
+cache folder, holding ``archives/``; '' for the default).
 """
 
 import ml_collections
@@ -56,12 +66,16 @@ from configs import lm_stdlib
 # tier -> (lm_stdlib tier, overrides of its sizes and length)
 TIERS = {
     "cpu": ("micro", dict(seq_len=64, batch_size=64, num_steps=1000, eval_every=100)),
-    "gpu": ("base", dict(seq_len=256, batch_size=64, num_steps=1000, eval_every=100)),
+    # The PyPI corpus (22.9M training tokens; the standard library's 4M, seen 4 times, overfit).
+    "gpu": ("base", dict(seq_len=256, batch_size=64, num_steps=1000, eval_every=100,
+                         corpus="pypi")),
 }
 # Settings every run of a method gets besides its budget.
 METHOD_SETTINGS = {
     "tasc": dict(wire_dtype="float16", hessian_every=10, num_probes=1),
 }
+# Run lengths of the horizon (F7-LM): multiples of the tier's steps, tokens a step unchanged.
+STEPS_SCALES = (1, 4, 16)
 ERROR_FEEDBACK = ("topk", "randomk")  # the issue's "top-k with error feedback"; DGC has its own
 
 
@@ -90,7 +104,8 @@ def get_config(arg=None):
   args = common.parse_args(arg, tier="cpu", method="dense", ratio=100.0, workers=8,
                            score="saliency", sensitivity="hutchinson", block=0,
                            support="global", exchange="", every=0, exchanged="gradient",
-                           lr_scale=1.0, seed=0, cache="")
+                           lr_scale=1.0, seed=0, cache="", solo=False, steps_scale=1,
+                           corpus_dir="")
   if args["tier"] not in TIERS:
     raise ValueError(f"configs/paper/lm.py: tier={args['tier']!r}; allowed: {sorted(TIERS)}")
   if args["method"] not in registry.names():
@@ -102,14 +117,29 @@ def get_config(arg=None):
     raise ValueError(f"configs/paper/lm.py: lr_scale={args['lr_scale']!r}; allowed: > 0")
   if args["workers"] < 2:
     raise ValueError(f"configs/paper/lm.py: workers={args['workers']}; allowed: >= 2")
+  if args["solo"] and args["method"] != "dense":
+    raise ValueError(f"configs/paper/lm.py: solo=True with method={args['method']!r}; allowed: "
+                     "method=dense (one worker alone communicates nothing)")
+  if args["steps_scale"] not in STEPS_SCALES:
+    raise ValueError(f"configs/paper/lm.py: steps_scale={args['steps_scale']!r}; allowed: one "
+                     f"of {STEPS_SCALES}")
   name, sizes = TIERS[args["tier"]]
-  c = lm_stdlib.get_config(f"{name},method={args['method']},steps={sizes['num_steps']},"
-                           f"workers={args['workers']},seed={args['seed']}"
+  # Solo: one of the run's workers training alone on its share of each step's batch, the loss a
+  # run reaches with no communication at all (retention's zero).
+  workers = 1 if args["solo"] else args["workers"]
+  num_steps = sizes["num_steps"] * args["steps_scale"]
+  c = lm_stdlib.get_config(f"{name},method={args['method']},steps={num_steps},"
+                           f"workers={workers},seed={args['seed']},"
+                           f"corpus={sizes.get('corpus', 'stdlib')}"
+                           + (f",corpus_dir={args['corpus_dir']}" if args["corpus_dir"] else "")
                            + (f",cache={args['cache']}" if args["cache"] else ""))
   c.data.seq_len = sizes["seq_len"]
-  c.batch_size = sizes["batch_size"]
-  c.eval_every = sizes["eval_every"]
-  c.checkpoint_every = c.num_steps // 2
+  c.batch_size = sizes["batch_size"] // args["workers"] if args["solo"] else sizes["batch_size"]
+  # A longer run evaluates as often relative to its length; its schedule stretches with it
+  # (lm_stdlib's warm-up and decay are fractions of num_steps).
+  c.eval_every = sizes["eval_every"] * args["steps_scale"]
+  # Every 500 steps at any length: a horizon run (16,000 steps) may span sessions.
+  c.checkpoint_every = sizes["num_steps"] // 2
   tasc_options = dict(score=args["score"], sensitivity=args["sensitivity"],
                       block_size=args["block"], support=args["support"])
   c.compression[args["method"]].update(method_block(args["method"], **tasc_options))

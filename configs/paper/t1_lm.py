@@ -54,8 +54,11 @@ CONFIG = "configs/paper/lm.py"
 HEADLINE = "100x"
 HEADLINE_TIERS = ("100x", "1000x")
 LR_SCALES = (0.5, 1.0, 2.0)
-FIXED = {"dense": dict(method="dense"), "fp16": dict(method="fp16"),
-         "onebit_adam": dict(method="onebit_adam")}
+# Solo: one worker alone on its share of each step's batch (configs/paper/lm.py), the loss with
+# no communication at all, from which retention is counted.
+FIXED = {"dense": dict(method="dense"), "solo": dict(method="dense", solo=True),
+         "fp16": dict(method="fp16"), "onebit_adam": dict(method="onebit_adam")}
+REFERENCES = ("dense", "solo")  # retention's two ends, three seeds each
 # Row stem -> configs/paper/lm.py arguments; each runs at every tier as <stem>_<tier>.
 TIERED = {
     "topk": dict(method="topk"),
@@ -120,10 +123,10 @@ WORKERS = {"cpu": (8,), "gpu": (8,), "full": (8, 32)}
 def family(label: str) -> str:
   """A row's family: ``exchange`` (per-step compression), ``optimizer`` (a method that is its own
   optimizer: DeMo, 1-bit Adam) or ``local`` (local updates: DiLoCo, SparseLoCo); dense's is
-  ``dense``."""
+  ``dense`` and solo's ``solo``."""
+  if label in REFERENCES:
+    return label
   method = {**rows(), **f4_rows()}[label]["method"]
-  if method == "dense":
-    return "dense"
   if method in ("demo", "onebit_adam"):
     return "optimizer"
   return "local" if method in ("diloco", "sparseloco") else "exchange"

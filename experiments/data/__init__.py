@@ -1,9 +1,11 @@
 """Dataset registry: ``config.dataset`` -> a :class:`pipeline.ShardedDataset`.
 
-Nothing is downloaded. MNIST-1D is generated and the digits are bundled with scikit-learn;
+A run downloads nothing. MNIST-1D is generated and the digits are bundled with scikit-learn;
 CIFAR, ImageNet and text are read from ``config.data_dir`` in their standard formats (see each
 module for the layout it expects); the language-modelling corpus ``stdlib_lm`` is this Python's
-own standard library (:mod:`.stdlib`). Every process loads only the rows of its own devices' shards.
+own standard library (:mod:`.stdlib`), or with ``config.data.corpus='pypi'`` the source of pinned
+packages whose archives ``python -m experiments.data.pypi_corpus`` fetched beforehand
+(:mod:`.pypi_corpus`). Every process loads only the rows of its own devices' shards.
 """
 
 from experiments.data import builtin

@@ -5,6 +5,10 @@ ships with every Python: its standard library (``sysconfig.get_paths()["stdlib"]
 of ``.py`` files outside the test folders on Python 3.11). It is read at run time, never copied
 into the repository.
 
+* Corpus (``config.data.corpus``): ``stdlib`` (the default: the standard library, or the folder
+  ``config.data_dir`` when set) or ``pypi``, the source of a pinned list of packages from PyPI,
+  extracted on first use from the archives in the cache folder ``config.data_dir``
+  (:mod:`experiments.data.pypi_corpus`); both are read, split and tokenized alike, as follows.
 * Files: every ``*.py`` under the folder (``config.data_dir`` when set), except those in folders
   named ``test``, ``tests`` or ``idle_test`` and in ``site-packages`` and ``__pycache__``; read
   as UTF-8 (undecodable bytes replaced). Each must be a regular file: a FIFO, which would block
@@ -47,9 +51,12 @@ import numpy as np
 from tokenizers import ByteLevelBPETokenizer
 
 from experiments.data import pipeline
+from experiments.data import pypi_corpus
 from experiments.data import tokenizer as tokenizer_lib
 
 END_OF_TEXT = "<|endoftext|>"
+# config.data.corpus: this Python's standard library, or the pinned packages of .pypi_corpus.
+CORPORA = ("stdlib", "pypi")
 EXCLUDED_FOLDERS = frozenset({"test", "tests", "idle_test", "site-packages", "__pycache__"})
 # 256 byte tokens and the end-of-text token come first; merges make the rest.
 MIN_VOCAB_SIZE = 257 + 1
@@ -147,7 +154,7 @@ def stdlib_lm(config, shards: pipeline.ShardSpec) -> pipeline.ShardedDataset:
   if isinstance(eval_sequences, bool) or not isinstance(eval_sequences, int) or eval_sequences < 0:
     raise ValueError(f"config.data.eval_sequences={eval_sequences!r} must be an int >= 0 "
                      "(0: every validation window)")
-  corpus = read_corpus(config.data_dir or None)
+  corpus = read_corpus(corpus_root(config))
   check_pinned(corpus, options)
   train_texts, eval_texts = corpus.split(eval_fraction)
   if not train_texts or not eval_texts:
@@ -187,17 +194,35 @@ def stdlib_lm(config, shards: pipeline.ShardSpec) -> pipeline.ShardedDataset:
       derived_metrics=lambda m: {"test_bits_per_byte": m["test_loss"] * nats_to_bits_per_byte})
 
 
+def corpus_root(config) -> str | None:
+  """The folder to read: with ``config.data.corpus='stdlib'`` (the default) ``config.data_dir``,
+  or this Python's standard library when that is ''; with ``'pypi'`` the pinned packages' source,
+  extracted on first use from the archives in the cache folder ``config.data_dir`` ('': its
+  default) by :func:`.pypi_corpus.extract`, without the network."""
+  name = config.data.get("corpus", "stdlib")
+  if name not in CORPORA:
+    raise ValueError(f"config.data.corpus={name!r}; allowed: {', '.join(CORPORA)}")
+  if name == "pypi":
+    return pypi_corpus.extract(config.data_dir or pypi_corpus.default_cache_dir())
+  return config.data_dir or None
+
+
 def check_pinned(corpus: Corpus, options) -> None:
   """Raises if the config pins another Python version or corpus than the one found."""
+  if options.get("corpus", "stdlib") == "pypi":
+    remedy = ("the pinned packages' source was changed after it was extracted, or the pinned list "
+              f"is another one. Delete {corpus.root} to extract it again from the archives")
+  else:
+    remedy = ("another Python's standard library gives another corpus. Run with the Python the "
+              "config was made with")
   for field, found in (("python_version", corpus.python_version),
                        ("corpus_sha256", corpus.sha256)):
     pinned = options.get(field, "")
     if pinned and pinned != found:
       raise ValueError(
           f"config.data.{field}={pinned!r}, but the corpus read from {corpus.root!r} (Python "
-          f"{corpus.python_version}) has {field} {found!r}: another Python's standard library "
-          "gives another corpus, and runs on different corpora are not comparable. Run with the "
-          f"Python the config was made with, or set --config.data.{field}='' to accept this one")
+          f"{corpus.python_version}) has {field} {found!r}, and runs on different corpora are "
+          f"not comparable: {remedy}, or set --config.data.{field}='' to accept this one")
 
 
 def build_tokenizer(texts, vocab_size: int, cache_dir: str | None,

@@ -65,6 +65,8 @@ from experiments.reproduce import f3
 from experiments.reproduce import f4
 from experiments.reproduce import f4_lm
 from experiments.reproduce import f5
+from experiments.reproduce import f6_lm
+from experiments.reproduce import f7_lm
 from experiments.reproduce import report as report_lib
 from experiments.reproduce import t1
 from experiments.reproduce import t1_cifar10
@@ -102,7 +104,8 @@ class Target:
 TARGETS = {t.name: t for t in (
     Target(name, module.TITLE, module.produce, module.run_folders) for name, module in (
         ("f2", f2), ("t1", t1), ("f4", f4), ("t1_cifar10", t1_cifar10), ("t2", t2), ("f1", f1),
-        ("f3", f3), ("t1_lm", t1_lm), ("f4_lm", f4_lm), ("f5", f5)))}
+        ("f3", f3), ("t1_lm", t1_lm), ("f4_lm", f4_lm), ("f5", f5), ("f6_lm", f6_lm),
+        ("f7_lm", f7_lm)))}
 
 
 # The folder of paper_figures that keeps the GPU tier's run directories (their config.json,
@@ -110,6 +113,8 @@ TARGETS = {t.name: t for t in (
 GPU_RUNS = "gpu_runs"
 # The targets whose size --tier sets.
 LM_TARGETS = ("t1_lm", "f4_lm", "f5")
+# The language-model targets of the CPU tier's model alone (their grids do not fit a GPU's loan).
+CPU_TIER_TARGETS = ("f6_lm", "f7_lm")
 # The published claims each target answers, for the index (its page has the claims in full).
 ANSWERS = {
     "f2": "TASC: 11x (2 x 8 GPUs) and 2.6x (1 x 8) communication speed-up over a dense ring",
@@ -123,6 +128,9 @@ ANSWERS = {
              "loss, language models included",
     "f4_lm": "Hessian-aware block scores beat magnitude (TASC; HAWQ-v2)",
     "f5": "compression pays on slow links, much less on fast ones (Agarwal et al. 2022)",
+    "f6_lm": "the project's goal: ≥ 95% of communication's benefit kept at ≥ 100x fewer bytes",
+    "f7_lm": "local-update methods need long runs (Charles et al. 2025: DiLoCo within 4% of "
+             "data parallel at 20 tokens per parameter)",
 }
 
 
@@ -170,6 +178,11 @@ def check_inputs(names: Sequence[str], options: common.Options) -> None:
                        "nothing was written: pass the --workdir that holds them, or leave those "
                        "targets out of --target"
                        + (f" (it holds runs of {', '.join(have)})" if have else ""))
+  cpu_only = [n for n in names if n in CPU_TIER_TARGETS]
+  if options.tier != "cpu" and cpu_only:
+    raise ValueError(f"--tier={options.tier}: {', '.join(cpu_only)} have the CPU tier's model "
+                     "only; allowed: --tier=cpu (which a GPU runs too), or leave them out of "
+                     "--target")
   if "t1_cifar10" in names and options.data_dir and not t1_cifar10.available(options.data_dir):
     raise ValueError(f"t1_cifar10: {t1_cifar10.unavailable(options.data_dir)}")
   if (options.tier == "gpu" and not options.report_only and any(n in LM_TARGETS for n in names)

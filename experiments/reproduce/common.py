@@ -84,8 +84,9 @@ def run_sweep_config(sweep, workdir: str, *, jobs: int = 1,
                      check_finished: bool = False) -> dict[str, str]:
   """Runs every unfinished run of a sweep config under ``workdir``, ``jobs`` at a time.
 
-  With ``jobs`` 1 the runs train one after another in this process; with more, each trains in a
-  child process of its own (:func:`_run_children`), ``jobs`` at once. Runs are deterministic, so
+  With ``jobs`` 1 the runs train one after another in this process (in a child process each
+  where their ``num_devices`` differ: solo beside 8 workers); with more, each trains in a child
+  process of its own (:func:`_run_children`), ``jobs`` at once. Runs are deterministic, so
   the results do not depend on ``jobs``. A run's XLA threads do not keep even 2 cores busy (a
   quick MNIST-1D run alone uses about 1.6 of them): 2 jobs finished pairs of T1 runs 1.1-1.3x
   sooner on 2 cores. A run that fails is logged and recorded in ``workdir/failures.json`` (its row
@@ -111,7 +112,8 @@ def run_sweep_config(sweep, workdir: str, *, jobs: int = 1,
   if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
     raise ValueError(f"run_sweep_config: jobs={jobs!r}; allowed: an int >= 1")
   sweep = _absolute_specs(sweep)
-  configs = sweep_lib.run_configs(sweep)  # every run's config is checked before any starts
+  # Every run's config is checked before any starts.
+  configs = sweep_lib.run_configs(sweep, one_device_count=False)
   os.makedirs(workdir, exist_ok=True)
   finished = lambda name: os.path.exists(os.path.join(workdir, name, report_lib.RESULTS_FILE))
   if check_finished:
@@ -119,7 +121,9 @@ def run_sweep_config(sweep, workdir: str, *, jobs: int = 1,
       run = report_lib.read_run(os.path.join(workdir, name))
       if run is not None and run.finished:
         validation.check_resume(config, run.path, run.results["step"])
-  if jobs == 1:
+  # Runs of different device counts (solo beside 8 workers) each train in a process of their
+  # own: a process's devices are set once.
+  if jobs == 1 and len({c.num_devices for c in configs.values()}) == 1:
     failures = {}
     for name, config in configs.items():
       rows = sweep_lib.run_sweep({name: config}, workdir)

@@ -25,6 +25,7 @@ from configs.paper import t1_lm as sweep_config
 from experiments.reproduce import common
 from experiments.reproduce import plots
 from experiments.reproduce import report as report_lib
+from experiments.reproduce import stats
 from experiments.reproduce import t1_lm
 from experiments.reproduce.report import Claim
 from experiments.reproduce.report import Report
@@ -114,7 +115,7 @@ def row_for(workdir: str, label: str, factors: tuple[str, int, str] | None, seed
          "seeds": len(runs), "val_loss": report_lib.format_mean_std(loss, 1, 3),
          "loss_mean": float(np.mean(loss)) if runs else None,
          "loss_std": report_lib.mean_std(loss)[1] if runs else None,
-         "loss_ci95": t1_lm.interval(loss) if len(runs) > 1 else None,
+         "loss_ci95": stats.interval(loss) if len(runs) > 1 else None,
          "seed_losses": [float(v) for v in loss], "status": status,
          "run_dirs": " ".join(report_lib.relative(r.path) for r in runs)}
   if runs:

@@ -25,12 +25,11 @@ from experiments import provenance
 from experiments.reproduce import common
 from experiments.reproduce import plots
 from experiments.reproduce import report as report_lib
+from experiments.reproduce import stats
 from experiments.reproduce.report import Claim
 from experiments.reproduce.report import Report
 
 TITLE = "T1-LM: validation loss at equal wire bytes, language model on the stdlib's source"
-# Seeds' spread: Student's t quantile for a two-sided 95% interval, by degrees of freedom.
-_T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306}
 
 
 def runs_dir(options: common.Options) -> str:
@@ -67,15 +66,6 @@ def produce(options: common.Options) -> Report:
   """Runs T1-LM's sweep (unless ``report_only``); its table, claims and figure."""
   run_subset(options, "t1")
   return report(runs_dir(options), tier=options.tier, seeds=options.seeds)
-
-
-def interval(values) -> float:
-  """Half-width of the 95% confidence interval of the mean of ``values`` (Student's t; NaN for
-  fewer than 2)."""
-  n = len(values)
-  if n < 2:
-    return math.nan
-  return _T95.get(n - 1, 1.96) * float(np.std(values, ddof=1)) / math.sqrt(n)
 
 
 def label_runs(workdir: str, label: str, scale: float, seeds: int) -> list[report_lib.Run]:
@@ -120,12 +110,12 @@ def chosen_scale(workdir: str, label: str, tier: str = "cpu") -> float | None:
 
 
 def headline_choice(workdir: str, tier: str) -> dict[str, float]:
-  """The headline rows and their chosen rate scales: dense and the best row of each family at
+  """The headline rows and their chosen rate scales: dense, solo and the best row of each family at
   each of :data:`HEADLINE_TIERS` (lowest training criterion at its chosen scale), among the
   tier's tuned rows whose tuning has finished."""
   tuned = {label: chosen_scale(workdir, label, tier) for label in sweep_config.tuning_rows(tier)}
   tuned = {label: scale for label, scale in tuned.items() if scale is not None}
-  out = {label: scale for label, scale in tuned.items() if label == "dense"}
+  out = {label: scale for label, scale in tuned.items() if label in sweep_config.REFERENCES}
   for tier_name in sweep_config.HEADLINE_TIERS:
     best = {}
     for label, scale in tuned.items():
@@ -175,10 +165,14 @@ def within_tier(row: dict) -> bool | None:
   return abs(row["compression_ratio"] / ratio - 1) <= 0.1
 
 
-def rows_for(workdir: str, labels, seeds: int, tier: str = "cpu") -> list[dict]:
+def rows_for(workdir: str, labels, seeds: int, tier: str = "cpu", *,
+             family=sweep_config.family, tier_of=sweep_config.tier_of) -> list[dict]:
   """One row per label: the tuning budget's training losses by rate scale, and at the chosen
-  scale the validation loss (nats per token, bits per byte) over its seeds, the total bytes of
-  the compiled steps, and the method's settings as its first run's config holds them."""
+  scale the validation loss (nats per token, bits per byte) over its seeds, its retention
+  against ``dense`` and ``solo`` (:func:`experiments.reproduce.stats.retention`; where both are
+  among the labels), the total bytes of the compiled steps, and the method's settings as its
+  first run's config holds them. ``family`` and ``tier_of`` name a label's family and tier (T1's
+  by default; F6-LM's and F7-LM's labels are their own)."""
   failures = common.read_failures(workdir)
   rows = []
   for label in labels:
@@ -190,14 +184,14 @@ def rows_for(workdir: str, labels, seeds: int, tier: str = "cpu") -> list[dict]:
     failed = [m for n, m in failures.items() if n.startswith(label + "_lr")]
     status = (f"{len(runs)} seed(s)" if runs else
               f"tuning: {len(tried)} of {len(sweep_config.LR_SCALES)} rate scales finished")
-    row = {"method": label, "tier": sweep_config.tier_of(label) or "fixed",
-           "family": sweep_config.family(label), "seeds": len(runs), "lr_scale": scale,
+    row = {"method": label, "tier": tier_of(label) or "fixed",
+           "family": family(label), "seeds": len(runs), "lr_scale": scale, "losses": loss,
            "tuning": " / ".join(f"{s:g}: {v:.3f}" + (" *" if s == scale else "")
                                 for s, v in tried.items()),
            "val_loss": report_lib.format_mean_std(loss, 1, 3),
            "loss_mean": report_lib.mean_std(loss)[0] if runs else None,
            "loss_std": report_lib.mean_std(loss)[1] if runs else None,
-           "loss_ci95": interval(loss) if len(runs) > 1 else None,
+           "loss_ci95": stats.interval(loss) if len(runs) > 1 else None,
            "bits_per_byte": float(np.mean(bpb)) if runs else None,
            "status": ("failed: " + failed[0]) if failed and not tried else status,
            "run_dirs": " ".join(report_lib.relative(r.path) for r in runs)}
@@ -205,17 +199,30 @@ def rows_for(workdir: str, labels, seeds: int, tier: str = "cpu") -> list[dict]:
       first = runs[0]
       row["wire_bytes"] = float(np.mean([r.results["wire_bytes"] for r in runs]))
       row["total_bytes"] = float(np.mean([total_bytes(r) for r in runs]))
-      row["compression_ratio"] = float(np.mean([r.results["compression_ratio"] for r in runs]))
+      ratios = [r.results["compression_ratio"] for r in runs]  # None: solo sends nothing
+      row["compression_ratio"] = None if None in ratios else float(np.mean(ratios))
       row["settings"] = settings_text(first.config)
       row["on_tier"] = within_tier(row)
       row["on_tier_text"] = {True: "yes", False: "no", None: "-"}[row["on_tier"]]
     rows.append(row)
   dense = next((r for r in rows if r["method"] == "dense" and r["seeds"]), None)
+  solo = next((r for r in rows if r["method"] == "solo" and r["seeds"]), None)
   for row in rows:
     if dense is not None and row["seeds"]:
       row["vs_dense"] = row["loss_mean"] - dense["loss_mean"]
       row["vs_dense_pct"] = 100 * row["vs_dense"] / dense["loss_mean"]
+    if dense is not None and solo is not None and row["seeds"]:
+      kept = stats.retention(row["losses"], solo["losses"], dense["losses"])
+      row["retention"] = kept.value
+      row["retention_ci95"] = kept.half_width
+      row["retention_text"] = retention_text(kept)
   return rows
+
+
+def retention_text(kept: stats.Retention) -> str:
+  """``0.62 ± 0.08 (n=3)``, or ``0.62 (n=1)`` without an interval."""
+  spread = "" if math.isnan(kept.half_width) else f" ± {kept.half_width:.2f}"
+  return f"{kept.value:.2f}{spread} (n={kept.seeds})"
 
 
 def settings_text(config: dict) -> str:
@@ -311,6 +318,7 @@ def recipe_note(tier: str) -> str:
 
 COLUMNS = [("method", "row"), ("family", "family"), ("val_loss", "val loss nats/token (mean ± std)"),
            ("loss_ci95", "95% CI ±"), ("vs_dense", "vs dense"), ("vs_dense_pct", "vs dense %"),
+           ("retention_text", "retention (95% CI)"),
            ("compression_ratio", "x fewer total bytes (HLO)"),
            ("total_bytes", "total bytes/worker"), ("on_tier_text", "on tier (±10%)"),
            ("tuning", "train loss by lr scale"), ("settings", "settings"), ("status", "status"),

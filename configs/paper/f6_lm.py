@@ -1,0 +1,126 @@
+"""F6-LM, the frontier: how much of communication's benefit each family keeps from 2x to 1000x
+fewer total bytes, runs of ``configs/paper/lm.py`` in T1-LM's folder (``<workdir>/lm_<tier>``).
+
+  python -m experiments.reproduce --target=f6_lm --tier=cpu
+
+Each family of :data:`FAMILIES` runs at each of its ratios (:data:`RATIOS` and, where the knee
+needs them, :data:`KNEE_RATIOS`; only where the method meets the ratio within 10%:
+``tests/test_reproduce_frontier.py`` checks every point against the solver) with the tuning budget
+T1-LM gives every row: the rate scale at each of ``configs.paper.t1_lm.LR_SCALES``, one seed,
+the lowest training loss kept; the points that decide a family's 90% crossing then run seeds 1
+and 2 (``chosen``). Beside them ``dense`` and ``solo`` (one worker alone on its share of each
+step's batch: the loss with no communication at all), three seeds each. A point's label is
+``<family>_<ratio>x``, the same run as T1-LM's row of that label (the same arguments:
+``tests/test_reproduce_frontier.py`` checks it), so the two targets share their runs.
+
+Arguments: ``tier`` (cpu; the GPU tier has no frontier), ``seeds`` (3), ``families`` (the
+families to run, joined by ``+``; '': all), ``chosen`` (``row@scale`` joined by ``+``: the points
+whose seeds 1 and 2 run), ``tuning`` (whether the tuning phase's runs are listed, 1/0).
+"""
+
+import ml_collections
+
+from configs import common
+from configs.paper import lm
+from configs.paper import t1_lm
+
+CONFIG = lm.__name__.replace(".", "/") + ".py"
+RATIOS = (2, 8, 30, 100, 1000)
+KNEE_RATIOS = (4, 16, 316)
+# Family -> (configs/paper/lm.py arguments, its ratios). The ratios are those the method meets
+# within 10% on the CPU tier (DeMo's 64-wide tiles stop at 100x: 316x would need under one
+# coefficient a tile; int8 DiLoCo sends a quarter of dense at its most frequent, so starts at 4x).
+FAMILIES = {
+    "topk": (dict(method="topk"), RATIOS),
+    "topk_update": (dict(method="topk", exchanged="update"), RATIOS),
+    "diloco": (dict(method="diloco"), RATIOS),
+    "diloco_int8": (dict(method="diloco", exchange="int8"), (4, 8, 30, 100, 1000)),
+    "demo": (dict(method="demo"), (2, 4, 8, 30, 100)),
+    # SparseLoCo as published (2-bit chunked top-k, error decay 0.95) at the paper's shortest
+    # round, H = 15: a round cannot send less than a full 2-bit top-k, so it starts at 16x.
+    "sparseloco_h15": (dict(method="sparseloco", every=15), (16, 30, 100, 316, 1000)),
+}
+# What each family is, for the figure's legend and the table.
+DESCRIPTIONS = {
+    "topk": "per-step top-k (error feedback) before one AdamW of the mean",
+    "topk_update": "per-step top-k (error feedback) after each worker's AdamW",
+    "diloco": "DiLoCo, float32 pseudo-gradient, H = the ratio",
+    "diloco_int8": "DiLoCo, int8 pseudo-gradient, H = a quarter of the ratio",
+    "demo": "DeMo (DCT tiles of 64, top coefficients all-gathered)",
+    "sparseloco_h15": "SparseLoCo as published (2-bit chunked top-k of the error-fed "
+                      "pseudo-gradient), H = 15",
+}
+REFERENCES = ("dense", "solo")
+
+
+def label(family: str, ratio: float) -> str:
+  return f"{family}_{ratio:g}x"
+
+
+def rows() -> dict[str, dict]:
+  """Label -> ``configs/paper/lm.py`` arguments of every point, and of dense and solo."""
+  table = {name: dict(t1_lm.FIXED[name]) for name in REFERENCES}
+  for family, (args, ratios) in FAMILIES.items():
+    table.update({label(family, r): dict(args, ratio=float(r)) for r in ratios})
+  return table
+
+
+def family_of(row: str) -> str:
+  """The family of a point's label (``dense`` and ``solo`` are their own)."""
+  if row in REFERENCES:
+    return row
+  return row.rsplit("_", 1)[0]
+
+
+def ratio_of(row: str) -> float | None:
+  """The ratio a point was asked for (None for dense and solo)."""
+  if row in REFERENCES:
+    return None
+  return float(row.rsplit("_", 1)[1].rstrip("x"))
+
+
+def grid(families: str = "", chosen: str = "", tuning: bool = True) -> list[tuple[str, float, int]]:
+  """``(row, rate scale, seeds)`` to run, in order: dense and solo first (their seeds decide every
+  retention), then family by family, ratio by ratio."""
+  names = list(FAMILIES) if not families else families.split("+")
+  for name in names:
+    if name not in FAMILIES:
+      raise ValueError(f"configs/paper/f6_lm.py: families={families!r}: {name!r}; allowed: "
+                       f"{sorted(FAMILIES)} joined by '+'")
+  table = rows()
+  runs = []
+  if tuning:
+    selected = list(REFERENCES) + [r for r in table if family_of(r) in names]
+    runs += [(row, scale, 1) for row in selected for scale in t1_lm.LR_SCALES]
+  for item in filter(None, chosen.split("+")):
+    row, _, scale = item.partition("@")
+    if row not in table:
+      raise ValueError(f"configs/paper/f6_lm.py: chosen={chosen!r}: {row!r} is not a point")
+    if float(scale) not in t1_lm.LR_SCALES:
+      raise ValueError(f"configs/paper/f6_lm.py: chosen={chosen!r}: scale {scale!r} of {row!r}; "
+                       f"allowed: one of {t1_lm.LR_SCALES}")
+    runs.append((row, float(scale), 3))
+  return runs
+
+
+def config_arg(row: str, scale: float, seed: int) -> str:
+  settings = {**rows()[row], "tier": "cpu", "lr_scale": scale, "seed": seed, "workers": 8}
+  return ",".join(f"{k}={v}" for k, v in settings.items())
+
+
+def get_config(arg=None):
+  args = common.parse_args(arg, tier="cpu", seeds=3, families="", chosen="", tuning=1)
+  if args["tier"] != "cpu":
+    raise ValueError(f"configs/paper/f6_lm.py: tier={args['tier']!r}; allowed: cpu")
+  if args["seeds"] < 1:
+    raise ValueError(f"configs/paper/f6_lm.py: seeds={args['seeds']}; allowed: >= 1")
+  runs = grid(args["families"], args["chosen"], bool(args["tuning"]))
+  names = {}  # seed-major: every point has a first seed before any has a third
+  for seed in range(args["seeds"]):
+    for row, scale, seeds in runs:
+      if seed < seeds:
+        names.setdefault(t1_lm.run_name(row, scale, seed), config_arg(row, scale, seed))
+  c = ml_collections.ConfigDict()
+  c.runs = [{"name": name, "config": f"{CONFIG}:{arg}"} for name, arg in names.items()]
+  c.overrides = {}
+  return c

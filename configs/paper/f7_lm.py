@@ -1,0 +1,80 @@
+"""F7-LM, the horizon: retention at 4x and 16x the CPU tier's steps, runs of
+``configs/paper/lm.py`` in T1-LM's folder.
+
+  python -m experiments.reproduce --target=f7_lm --tier=cpu
+
+The same tokens a step (64 sequences of 64) and the schedule stretched (``lm_stdlib``'s warm-up
+and cosine decay are fractions of the steps) for dense, solo and the rows the reproduction picks
+from F6-LM's 1,000-step points: the two with the lowest training loss at 30x and at 100x. Each
+runs at the rate scale its 1,000-step tuning chose: the horizon's budget holds no retuning (a run
+of 16,000 steps takes about 25 minutes of 2 CPU cores), which the page says. A run is
+``<row>_len<k>_lr<scale>_s<seed>``.
+
+Arguments: ``lengths`` (multiples of the tier's steps joined by ``+``: 4, 16), ``chosen``
+(``row@scale`` joined by ``+``: dense, solo and the picked rows at their scales), ``seeds`` (1).
+"""
+
+import ml_collections
+
+from configs import common
+from configs.paper import f6_lm
+from configs.paper import lm
+from configs.paper import t1_lm
+
+CONFIG = f6_lm.CONFIG
+LENGTHS = tuple(k for k in lm.STEPS_SCALES if k > 1)
+PICKED_RATIOS = (30.0, 100.0)  # F6-LM's ratios whose best two rows run longer
+PICKED_PER_RATIO = 2
+
+
+def all_rows() -> dict[str, dict]:
+  """Every 1,000-step row the horizon may lengthen: T1-LM's and F6-LM's (one run each where their
+  labels meet: ``tests/test_reproduce_frontier.py`` checks the arguments agree)."""
+  return {**t1_lm.rows(), **f6_lm.rows()}
+
+
+def label(row: str, length: int) -> str:
+  return f"{row}_len{length}"
+
+
+def parse_label(text: str) -> tuple[str, int]:
+  """``(row, length)`` of a horizon label."""
+  row, _, length = text.rpartition("_len")
+  return row, int(length)
+
+
+def get_config(arg=None):
+  args = common.parse_args(arg, lengths="4+16", chosen="", seeds=1)
+  lengths = []
+  for item in filter(None, str(args["lengths"]).split("+")):
+    if not item.isdigit() or int(item) not in LENGTHS:
+      raise ValueError(f"configs/paper/f7_lm.py: lengths={args['lengths']!r}: {item!r}; "
+                       f"allowed: {LENGTHS} joined by '+'")
+    lengths.append(int(item))
+  rows = all_rows()
+  chosen = {}
+  for item in filter(None, args["chosen"].split("+")):
+    row, _, scale = item.partition("@")
+    if row not in rows:
+      raise ValueError(f"configs/paper/f7_lm.py: chosen={args['chosen']!r}: {row!r} is not a "
+                       "row of T1-LM or F6-LM")
+    try:
+      value = float(scale)
+    except ValueError:
+      value = None
+    if value not in t1_lm.LR_SCALES:
+      raise ValueError(f"configs/paper/f7_lm.py: chosen={args['chosen']!r}: scale {scale!r} of "
+                       f"{row!r}; allowed: one of {t1_lm.LR_SCALES}")
+    chosen[row] = value
+  c = ml_collections.ConfigDict()
+  c.runs = []
+  for length in lengths:  # the shorter horizon first: all of it is worth more than half of both
+    for seed in range(args["seeds"]):
+      for row, scale in chosen.items():
+        settings = {**rows[row], "tier": "cpu", "lr_scale": scale, "seed": seed, "workers": 8,
+                    "steps_scale": length}
+        c.runs.append({"name": t1_lm.run_name(label(row, length), scale, seed),
+                       "config": f"{CONFIG}:" + ",".join(f"{k}={v}"
+                                                         for k, v in settings.items())})
+  c.overrides = {}
+  return c
