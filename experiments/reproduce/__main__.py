@@ -111,6 +111,8 @@ TARGETS = {t.name: t for t in (
 # The folder of paper_figures that keeps the GPU tier's run directories (their config.json,
 # metrics.jsonl, results.json and logs), copied from the GPU machine.
 GPU_RUNS = "gpu_runs"
+# The same for the CPU tier's frontier and horizon (F6-LM, F7-LM), whose grid spans sessions.
+CPU_RUNS = "cpu_runs"
 # The targets whose size --tier sets.
 LM_TARGETS = ("t1_lm", "f4_lm", "f5")
 # The language-model targets of the CPU tier's model alone (their grids do not fit a GPU's loan).
@@ -213,7 +215,13 @@ def write_index(out: str, prov: report_lib.Provenance) -> Path:
             "`python -m experiments.reproduce --target=t1 --report_only`. The GPU tier's run "
             f"directories are kept here, in `{GPU_RUNS}/` (a GPU is seldom at hand to run them "
             "again): `python -m experiments.reproduce --target=t1_lm,f5 --tier=gpu --report_only "
-            f"--workdir={provenance.PAPER_FIGURES}/{GPU_RUNS}` regenerates its pages.", ""]
+            f"--workdir={provenance.PAPER_FIGURES}/{GPU_RUNS}` regenerates its pages. The CPU "
+            "tier's frontier and horizon (F6-LM, F7-LM: more runs than one sitting of 2 cores "
+            f"trains) keep theirs in `{CPU_RUNS}/` the same way: `python -m experiments.reproduce "
+            f"--target=f6_lm,f7_lm --report_only --workdir={provenance.PAPER_FIGURES}/{CPU_RUNS}` "
+            f"regenerates their pages, and copying `{CPU_RUNS}/lm_cpu/*` into "
+            "`runs/paper/lm_cpu/` lets the grid go on from them (a finished run is not run "
+            "again).", ""]
   path = Path(out, INDEX)
   path.parent.mkdir(parents=True, exist_ok=True)
   path.write_text("\n".join(lines))
