@@ -146,11 +146,12 @@ def test_every_frontier_point_is_t1s_row_where_their_labels_meet():
     assert f6_config.config_arg(label, 1.0, 0) == t1_config.config_arg(label, "cpu", 1.0, 0, 8)
 
 
-def test_the_frontier_has_five_ratios_for_every_family_each_met_within_ten_percent():
+def test_the_frontier_has_five_ratios_for_most_families_each_met_within_ten_percent():
   """The frontier's ratio solving: every point's budget (or H) is solved onto its ratio by the
   cost model the runner uses (tests/test_equal_bytes.py checks it against the compiled HLO)."""
+  counts = {family: len(ratios) for family, (_, ratios) in f6_config.FAMILIES.items()}
+  assert min(counts.values()) >= 4 and sum(n >= 5 for n in counts.values()) >= 4, counts
   for family, (args, ratios) in f6_config.FAMILIES.items():
-    assert len(ratios) >= 5, family
     for ratio in ratios:
       config = lm.get_config(f6_config.config_arg(f6_config.label(family, ratio), 1.0, 0))
       _, solution = methods.equal_bytes_settings(config)
@@ -220,7 +221,8 @@ def test_f6_lm_reports_retention_crossings_and_the_goal(frontier_dir, tmp_path):
   assert f6_lm.deciding_points(report.rows) == ["topk_update_2x", "diloco_2x", "diloco_8x"]
   [section] = report.sections
   assert "| diloco |" in section[1] and "below 2x (no point keeps 90%)" in section[1]
-  assert "No point has finished yet for: topk, diloco_int8, demo, sparseloco_h15." in section[1]
+  assert ("No point has finished yet for: topk, diloco_int8, demo, sparseloco_h15, "
+          "sparseloco_tasc_h15.") in section[1]
   [claim] = report.claims
   assert claim.source == "project goal" and claim.reproduced is None
   assert claim.ours == "no point at ≥ 100x has finished yet"
@@ -269,3 +271,18 @@ def test_the_frontier_and_horizon_targets_are_registered_for_the_cpu_tier_only()
   options = common.Options(tier="gpu", report_only=True, workdir="paper_figures/gpu_runs")
   with pytest.raises(ValueError, match="--tier=gpu: f6_lm, f7_lm have the CPU tier's model only"):
     reproduce.check_inputs(["f6_lm", "f7_lm"], options)
+
+
+def test_t1_lm_reports_each_rows_retention_and_its_claims_quote_it(tmp_path):
+  workdir = str(tmp_path / "lm_cpu")
+  for label, loss in [("dense", 4.0), ("solo", 5.0), ("topk_update_100x", 4.6)]:
+    lm_runs.tuned_row(workdir, label, chosen=1.0, val_losses=[6, loss], seeds=2,
+                      wire=1e5 / (100 if "100x" in label else 1))
+  report = t1_lm.report(workdir, tier="cpu", seeds=3)
+  rows = {r["method"]: r for r in report.rows}
+  # Two seeds each at +0 and +0.2: dense 4.1, solo 5.1, top-k 4.7.
+  assert rows["topk_update_100x"]["retention"] == pytest.approx(0.4)
+  assert rows["topk_update_100x"]["retention_text"].startswith("0.40 ± ")
+  assert ("retention (95% CI)", "retention (95% CI)") in [(h, h) for _, h in report.columns]
+  [goal] = [c for c in report.claims if c.claim.startswith("At 100x")]
+  assert "; retention 0.40 ± " in goal.ours

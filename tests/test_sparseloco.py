@@ -295,3 +295,37 @@ def test_the_defaults_are_the_ports_and_sparseloco_takes_them():
   assert registry.cost("sparseloco", [(200_000,)], equal_bytes.topology(8), topk,
                        exchange_settings=registry.default_settings("topk", density=1 / 64)
                        ).bytes_sent == 175_000
+
+
+def test_the_exchange_lowers_for_cuda_on_a_mesh_of_abstract_h100s(monkeypatch):
+  """What a GPU process compiles (JAX's default backend a GPU, where top-k may take another
+  path): the per-worker exchange traced under shard_map on 8 abstract H100s and lowered for
+  CUDA, with the all-gather of packed bytes and no host callback."""
+  mesh = harness.h100_mesh(8)
+  tx = compressors.compress(compressors.chunk_topk(1 / 64), axis_name="data")
+  params = {"w": jax.ShapeDtypeStruct((300, 70), jnp.float32)}
+  specs = compressors.state_specs(tx, params, mesh, "data")
+  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+
+  @functools.partial(jax.shard_map, mesh=mesh, in_specs=(P(), specs, P("data")),
+                     out_specs=(P(), specs))
+  def update(params, state, grads):
+    state = compressors.drop_device_axis(state, specs)
+    mean, state = tx.update(jax.tree.map(lambda g: g[0], grads), state, params)
+    return mean, compressors.add_device_axis(state, specs)
+
+  def abstract(tree, spec):
+    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(
+        x.shape, x.dtype, sharding=jax.sharding.NamedSharding(mesh, s)), tree,
+        jax.tree.broadcast(spec, tree, is_leaf=lambda s: isinstance(s, P)),
+        is_leaf=lambda s: isinstance(s, P))
+  grads = {"w": jax.ShapeDtypeStruct((8, 300, 70), jnp.float32)}
+  with jax.sharding.use_abstract_mesh(mesh):
+    state = jax.eval_shape(jax.shard_map(
+        lambda p: compressors.add_device_axis(tx.init(p), specs), mesh=mesh, in_specs=P(),
+        out_specs=specs), params)
+    lowered = jax.jit(update).trace(abstract(params, P()), abstract(state, specs),
+                                    abstract(grads, P("data"))).lower(
+                                        lowering_platforms=("cuda",))
+  text = lowered.as_text()
+  assert "all_gather" in text and "ui8" in text and "custom_call" not in text

@@ -39,6 +39,10 @@ FAMILIES = {
     # SparseLoCo as published (2-bit chunked top-k, error decay 0.95) at the paper's shortest
     # round, H = 15: a round cannot send less than a full 2-bit top-k, so it starts at 16x.
     "sparseloco_h15": (dict(method="sparseloco", every=15), (16, 30, 100, 316, 1000)),
+    # TASC on the pseudo-gradient in SparseLoCo's form (F4-LM's row: block 256, saliency), H = 15:
+    # its block scores cost a round more than 2x of dense below 30x.
+    "sparseloco_tasc_h15": (dict(method="sparseloco", exchange="tasc", every=15, block=256),
+                            (30, 100, 316, 1000)),
 }
 # What each family is, for the figure's legend and the table.
 DESCRIPTIONS = {
@@ -49,6 +53,8 @@ DESCRIPTIONS = {
     "demo": "DeMo (DCT tiles of 64, top coefficients all-gathered)",
     "sparseloco_h15": "SparseLoCo as published (2-bit chunked top-k of the error-fed "
                       "pseudo-gradient), H = 15",
+    "sparseloco_tasc_h15": "TASC on the pseudo-gradient in SparseLoCo's form (block 256, "
+                           "saliency), H = 15",
 }
 REFERENCES = ("dense", "solo")
 

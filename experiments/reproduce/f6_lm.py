@@ -169,13 +169,15 @@ def plot_frontier(rows: list[dict], crossings: list[dict]):
       y = [p[1].value for p in points]
       err = [0 if math.isnan(p[1].half_width) else p[1].half_width for p in points]
       ax.errorbar(x, y, yerr=err, marker="o", capsize=3, label=family)
-    ax.axhline(1.0, color="black", lw=0.8)
-    ax.axhline(0.0, color="grey", lw=0.8)
-    ax.axhline(LEVEL, color="grey", lw=0.8, ls="--")
-    ax.text(1.02, 1.0, "dense", transform=ax.get_yaxis_transform(), va="center", fontsize=8)
-    ax.text(1.02, 0.0, "solo (no communication)", transform=ax.get_yaxis_transform(),
-            va="center", fontsize=8)
+    for level, text, style in ((1.0, "dense", "-"), (LEVEL, f"{LEVEL:.0%} of the benefit", "--"),
+                               (0.0, "solo: no communication", "-")):
+      ax.axhline(level, color="grey", lw=0.8, ls=style)
+      ax.text(0.01, level, text, transform=ax.get_yaxis_transform(), va="bottom", fontsize=8,
+              color="dimgrey")
     ax.set_xscale("log")
+    ticks = sorted({r for _, (_, ratios) in sweep_config.FAMILIES.items() for r in ratios})
+    ax.set_xticks(ticks, [f"{r:g}x" for r in ticks])
+    ax.minorticks_off()
     plots.decorate(ax, xlabel="x fewer total bytes than dense (compiled HLO), log scale",
                    ylabel="retention: (L_solo - L) / (L_solo - L_dense)",
                    title="F6-LM (CPU tier): retention against compression", title_size=11)

@@ -339,8 +339,9 @@ def best_row(rows: list[dict], tier: str, *, tasc: bool | None = None) -> dict |
 def gap_text(row: dict, dense: dict) -> str:
   ci = math.sqrt((row.get("loss_ci95") or 0) ** 2 + (dense.get("loss_ci95") or 0) ** 2)
   spread = f" ± {ci:.3f} (95%)" if row["seeds"] > 1 and dense["seeds"] > 1 else " (one seed)"
+  kept = f"; retention {row['retention_text']}" if row.get("retention_text") else ""
   return (f"{row['method']} {row['val_loss']} vs dense {dense['val_loss']}: "
-          f"{row['vs_dense']:+.3f}{spread} nats, {row['vs_dense_pct']:+.1f}%")
+          f"{row['vs_dense']:+.3f}{spread} nats, {row['vs_dense_pct']:+.1f}%{kept}")
 
 
 def claims(rows: list[dict], model_tier: str = "cpu") -> list[Claim]:
