@@ -43,6 +43,13 @@ def test_a_longer_run_stretches_the_schedule_and_keeps_the_tokens_a_step():
   assert longer.checkpoint_every == base.checkpoint_every == 500  # a long run may span sessions
 
 
+def test_a_local_methods_outer_momentum_is_a_points_own():
+  averaging = lm.get_config("tier=cpu,method=diloco,outer_momentum=0.0,ratio=8")
+  assert averaging.compression.diloco.outer_momentum == 0.0
+  assert lm.get_config("tier=cpu,method=diloco").compression.diloco.outer_momentum == 0.9
+  assert f6_config.rows()["diloco_avg_8x"] == dict(method="diloco", outer_momentum=0.0, ratio=8.0)
+
+
 @pytest.mark.parametrize("arg, message", [
     ("solo=True,method=topk", "solo=True with method='topk'; allowed: method=dense"),
     ("steps_scale=3", "steps_scale=3; allowed: one of (1, 4, 16)"),
@@ -221,7 +228,7 @@ def test_f6_lm_reports_retention_crossings_and_the_goal(frontier_dir, tmp_path):
   assert f6_lm.deciding_points(report.rows) == ["topk_update_2x", "diloco_2x", "diloco_8x"]
   [section] = report.sections
   assert "| diloco |" in section[1] and "below 2x (no point keeps 90%)" in section[1]
-  assert ("No point has finished yet for: topk, diloco_int8, demo, sparseloco_h15, "
+  assert ("No point has finished yet for: topk, diloco_avg, diloco_int8, demo, sparseloco_h15, "
           "sparseloco_tasc_h15.") in section[1]
   [claim] = report.claims
   assert claim.source == "project goal" and claim.reproduced is None

@@ -34,6 +34,9 @@ FAMILIES = {
     "topk": (dict(method="topk"), RATIOS),
     "topk_update": (dict(method="topk", exchanged="update"), RATIOS),
     "diloco": (dict(method="diloco"), RATIOS),
+    # DiLoCo's outer Nesterov momentum (0.9) at rate 0.35-1.4 overshoots when rounds are short:
+    # without it, outer rate 1 is plain model averaging (local SGD), the rate a short round wants.
+    "diloco_avg": (dict(method="diloco", outer_momentum=0.0), RATIOS),
     "diloco_int8": (dict(method="diloco", exchange="int8"), (4, 8, 30, 100, 1000)),
     "demo": (dict(method="demo"), (2, 4, 8, 30, 100)),
     # SparseLoCo as published (2-bit chunked top-k, error decay 0.95) at the paper's shortest
@@ -49,6 +52,8 @@ DESCRIPTIONS = {
     "topk": "per-step top-k (error feedback) before one AdamW of the mean",
     "topk_update": "per-step top-k (error feedback) after each worker's AdamW",
     "diloco": "DiLoCo, float32 pseudo-gradient, H = the ratio",
+    "diloco_avg": "DiLoCo without outer momentum (model averaging at outer rate 1), float32, "
+                  "H = the ratio",
     "diloco_int8": "DiLoCo, int8 pseudo-gradient, H = a quarter of the ratio",
     "demo": "DeMo (DCT tiles of 64, top coefficients all-gathered)",
     "sparseloco_h15": "SparseLoCo as published (2-bit chunked top-k of the error-fed "

@@ -50,7 +50,8 @@ Arguments (``key=value`` joined by commas): ``tier`` (cpu/gpu), ``method`` (dens
 topk, randomk, dgc, powersgd, tasc, or any registered method), ``ratio`` (the tier, > 1),
 ``workers``, ``score`` (tasc: saliency/newton), ``sensitivity`` (tasc: hutchinson/fisher/none),
 ``block`` (tasc; 0: the solver's), ``support`` (tasc: global/previous), ``exchange`` and
-``every`` (local updates; '' and 0: the method's defaults), ``exchanged`` (gradient/update),
+``every`` (local updates; '' and 0: the method's defaults), ``outer_momentum`` (local updates'
+outer Nesterov momentum; -1: the method's default), ``exchanged`` (gradient/update),
 ``lr_scale`` (the tuning knob, a multiple of the method's own rate: the recipe's AdamW rate, or a
 local-update method's outer rate; 1: as configured), ``seed``, ``cache`` (the tokenizer's cache
 folder; '' for the default), ``solo``, ``steps_scale``, ``corpus_dir`` (the GPU tier's corpus
@@ -103,7 +104,8 @@ def scale_tuned_rate(c: ml_collections.ConfigDict, scale: float) -> None:
 def get_config(arg=None):
   args = common.parse_args(arg, tier="cpu", method="dense", ratio=100.0, workers=8,
                            score="saliency", sensitivity="hutchinson", block=0,
-                           support="global", exchange="", every=0, exchanged="gradient",
+                           support="global", exchange="", every=0, outer_momentum=-1.0,
+                           exchanged="gradient",
                            lr_scale=1.0, seed=0, cache="", solo=False, steps_scale=1,
                            corpus_dir="")
   if args["tier"] not in TIERS:
@@ -147,6 +149,8 @@ def get_config(arg=None):
   if registry.get(args["method"]).family == "local":
     block = c.compression[args["method"]]
     block.update({k: args[k] for k in ("exchange", "every") if args[k]})
+    if args["outer_momentum"] >= 0:
+      block.outer_momentum = args["outer_momentum"]
     c.compression[block.exchange].update(method_block(block.exchange, **tasc_options))
   c.compression.exchanged = args["exchanged"]
   scale_tuned_rate(c, args["lr_scale"])
