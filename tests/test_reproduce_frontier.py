@@ -233,6 +233,10 @@ def test_f6_lm_reports_retention_crossings_and_the_goal(frontier_dir, tmp_path):
   [claim] = report.claims
   assert claim.source == "project goal" and claim.reproduced is None
   assert claim.ours == "no point at ≥ 100x has finished yet"
+  # tuned_row's other scales train 0.2 worse: no tie; dense chose 1, solo 2 (the grid's edge).
+  assert not [n for n in report.notes if n.startswith("Tuning blind")]
+  [edge] = [n for n in report.notes if n.startswith("Chosen at the edge")]
+  assert "diloco_8x (0.5)" in edge and "solo" not in edge
   written = reproduce_report.write_report(report, lm_runs.PROV, tmp_path / "out")
   assert sorted(p.name for p in written) == ["f6_lm.csv", "f6_lm.md", "f6_lm.png"]
   header = [line for line in (tmp_path / "out" / "f6_lm.csv").read_text().splitlines()
@@ -253,6 +257,16 @@ def test_the_horizon_runs_the_picked_rows_at_each_length_shorter_first():
     f7_config.get_config("lengths=4+8")
   with pytest.raises(ValueError, match="'nope_100x' is not a row"):
     f7_config.get_config("chosen=nope_100x@1")
+
+
+def test_a_tuning_that_cannot_see_the_rate_is_said(tmp_path):
+  workdir = str(tmp_path)
+  for scale in t1_config.LR_SCALES:  # one synchronisation, after every logged training loss
+    lm_runs.fake_run(workdir, "diloco_1000x", 0, scale=scale, val_losses=[6, 5 + scale],
+                     train_loss=4.381)
+  rows = f6_lm.point_rows(workdir)
+  [blind] = f6_lm.tuning_notes(workdir, rows)
+  assert blind.startswith("Tuning blind: diloco_1000x tie on the training criterion")
 
 
 def test_f7_lm_reports_retention_by_length_against_that_lengths_references(tmp_path):

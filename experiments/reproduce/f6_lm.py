@@ -192,6 +192,32 @@ COLUMNS = [("family", "family"), ("row", "row"), ("asked", "ratio asked"),
            ("settings", "settings"), ("status", "status")]
 
 
+def tuning_notes(workdir: str, rows: list[dict]) -> list[str]:
+  """What the tuning budget could not decide: points whose rate scales tie on the training
+  criterion (a round as long as the run synchronises after every logged training loss, so the
+  criterion cannot see the outer rate: the first scale is kept), and points whose chosen scale
+  is the grid's largest or smallest (the best rate may lie beyond it)."""
+  ties, edges = [], []
+  scales = t1_config.LR_SCALES
+  for row in rows:
+    tried = t1_lm.tuning(workdir, row["row"])
+    if len(tried) < len(scales) or row["family"] in sweep_config.REFERENCES:
+      continue
+    if len({round(v, 6) for v in tried.values()}) == 1:
+      ties.append(row["row"])
+    elif row["lr_scale"] in (min(scales), max(scales)):
+      edges.append(f"{row['row']} ({row['lr_scale']:g})")
+  notes = []
+  if ties:
+    notes.append("Tuning blind: " + ", ".join(ties) + " tie on the training criterion over "
+                 "every rate scale (the run synchronises once, after its last logged training "
+                 "loss), so the first scale is kept: their outer rate is untuned.")
+  if edges:
+    notes.append(f"Chosen at the edge of the rate grid ({', '.join(f'{s:g}' for s in scales)}):"
+                 " " + ", ".join(edges) + "; a rate beyond the grid may do better.")
+  return notes
+
+
 def report(workdir: str, *, seeds: int = 3) -> Report:
   """F6-LM's table, crossings, claim and figure from the run directories."""
   rows = point_rows(workdir, seeds)
@@ -222,5 +248,5 @@ def report(workdir: str, *, seeds: int = 3) -> Report:
              f"A point counts where its measured ratio is within {ON_RATIO:.0%} of the one "
              "asked; families run only at ratios their method can meet "
              "(configs/paper/f6_lm.py).",
-             *t1_lm.provenance_notes(workdir, "cpu")],
+             *tuning_notes(workdir, rows), *t1_lm.provenance_notes(workdir, "cpu")],
       plot=plot_frontier(rows, crossings))
