@@ -103,14 +103,8 @@ def grid(families: str = "", chosen: str = "", tuning: bool = True) -> list[tupl
   if tuning:
     selected = list(REFERENCES) + [r for r in table if family_of(r) in names]
     runs += [(row, scale, 1) for row in selected for scale in t1_lm.LR_SCALES]
-  for item in filter(None, chosen.split("+")):
-    row, _, scale = item.partition("@")
-    if row not in table:
-      raise ValueError(f"configs/paper/f6_lm.py: chosen={chosen!r}: {row!r} is not a point")
-    if float(scale) not in t1_lm.LR_SCALES:
-      raise ValueError(f"configs/paper/f6_lm.py: chosen={chosen!r}: scale {scale!r} of {row!r}; "
-                       f"allowed: one of {t1_lm.LR_SCALES}")
-    runs.append((row, float(scale), 3))
+  runs += [(row, scale, 3) for row, scale in t1_lm.parse_chosen(
+      chosen, table, where="configs/paper/f6_lm.py", noun="a point").items()]
   return runs
 
 

@@ -52,20 +52,8 @@ def get_config(arg=None):
                        f"allowed: {LENGTHS} joined by '+'")
     lengths.append(int(item))
   rows = all_rows()
-  chosen = {}
-  for item in filter(None, args["chosen"].split("+")):
-    row, _, scale = item.partition("@")
-    if row not in rows:
-      raise ValueError(f"configs/paper/f7_lm.py: chosen={args['chosen']!r}: {row!r} is not a "
-                       "row of T1-LM or F6-LM")
-    try:
-      value = float(scale)
-    except ValueError:
-      value = None
-    if value not in t1_lm.LR_SCALES:
-      raise ValueError(f"configs/paper/f7_lm.py: chosen={args['chosen']!r}: scale {scale!r} of "
-                       f"{row!r}; allowed: one of {t1_lm.LR_SCALES}")
-    chosen[row] = value
+  chosen = t1_lm.parse_chosen(args["chosen"], rows, where="configs/paper/f7_lm.py",
+                              noun="a row of T1-LM or F6-LM")
   c = ml_collections.ConfigDict()
   c.runs = []
   for length in lengths:  # the shorter horizon first: all of it is worth more than half of both

@@ -183,20 +183,23 @@ def f4_grid(tier: str) -> dict[str, int]:
   return chosen
 
 
-def parse_chosen(text: str) -> dict[str, float]:
-  """``row@scale+row@scale`` -> {row: scale}, each row a T1-LM row and each scale one of
-  :data:`LR_SCALES`."""
+def parse_chosen(text: str, labels=None, *, where: str = "configs/paper/t1_lm.py",
+                 noun: str = "a row") -> dict[str, float]:
+  """``row@scale+row@scale`` -> {row: scale}, each row one of ``labels`` (T1-LM's rows by
+  default) and each scale one of :data:`LR_SCALES`; ``where`` and ``noun`` name the config and
+  what a row is in its refusals."""
+  labels = rows() if labels is None else labels
   chosen = {}
   for item in filter(None, text.split("+")):
     label, _, scale = item.partition("@")
-    if label not in rows():
-      raise ValueError(f"configs/paper/t1_lm.py: chosen={text!r}: {label!r} is not a row")
+    if label not in labels:
+      raise ValueError(f"{where}: chosen={text!r}: {label!r} is not {noun}")
     try:
       value = float(scale)
     except ValueError:
       value = None
     if value not in LR_SCALES:
-      raise ValueError(f"configs/paper/t1_lm.py: chosen={text!r}: scale {scale!r} of {label!r}; "
+      raise ValueError(f"{where}: chosen={text!r}: scale {scale!r} of {label!r}; "
                        f"allowed: one of {LR_SCALES}")
     chosen[label] = value
   return chosen

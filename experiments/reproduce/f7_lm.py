@@ -19,7 +19,6 @@ from experiments import provenance
 from experiments.reproduce import common
 from experiments.reproduce import plots
 from experiments.reproduce import report as report_lib
-from experiments.reproduce import stats
 from experiments.reproduce import t1_lm
 from experiments.reproduce.report import Report
 
@@ -105,9 +104,8 @@ def horizon_rows(workdir: str) -> list[dict]:
       continue
     for r in out:
       if r["length"] == length:
-        kept = stats.retention(r["losses"], refs["solo"]["losses"], refs["dense"]["losses"])
-        r.update(retention=kept.value, retention_ci95=kept.half_width,
-                 retention_text=t1_lm.retention_text(kept))
+        r.update(t1_lm.retention_fields(r["losses"], refs["solo"]["losses"],
+                                        refs["dense"]["losses"]))
   return sorted(out, key=lambda r: (r["row"], r["steps"]))
 
 

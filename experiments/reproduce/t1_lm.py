@@ -212,17 +212,17 @@ def rows_for(workdir: str, labels, seeds: int, tier: str = "cpu", *,
       row["vs_dense"] = row["loss_mean"] - dense["loss_mean"]
       row["vs_dense_pct"] = 100 * row["vs_dense"] / dense["loss_mean"]
     if dense is not None and solo is not None and row["seeds"]:
-      kept = stats.retention(row["losses"], solo["losses"], dense["losses"])
-      row["retention"] = kept.value
-      row["retention_ci95"] = kept.half_width
-      row["retention_text"] = retention_text(kept)
+      row.update(retention_fields(row["losses"], solo["losses"], dense["losses"]))
   return rows
 
 
-def retention_text(kept: stats.Retention) -> str:
-  """``0.62 ± 0.08 (n=3)``, or ``0.62 (n=1)`` without an interval."""
+def retention_fields(losses, solo_losses, dense_losses) -> dict:
+  """A row's ``retention``, ``retention_ci95`` and ``retention_text`` (``0.62 ± 0.08 (n=3)``, or
+  ``0.62 (n=1)`` without an interval) from its seeds' losses and the references'."""
+  kept = stats.retention(losses, solo_losses, dense_losses)
   spread = "" if math.isnan(kept.half_width) else f" ± {kept.half_width:.2f}"
-  return f"{kept.value:.2f}{spread} (n={kept.seeds})"
+  return {"retention": kept.value, "retention_ci95": kept.half_width,
+          "retention_text": f"{kept.value:.2f}{spread} (n={kept.seeds})"}
 
 
 def settings_text(config: dict) -> str:
