@@ -83,6 +83,11 @@ from compressors._randomk import uniform_subset
 from compressors._sign import efsignsgd
 from compressors._sign import onebit
 from compressors._sign import signsgd
+from compressors._streaming import FragmentPiece
+from compressors._streaming import StreamingState
+from compressors._streaming import fragment_layout
+from compressors._streaming import streaming_kinds
+from compressors._streaming import streaming_local_updates
 from compressors._terngrad import terngrad
 from compressors._threshold import threshold
 from compressors._topk import topk
@@ -107,15 +112,17 @@ _PLANNER = ("Bucket", "Plan", "plan")
 
 __all__ = (
     "Aggregate", "AxisName", "Bucket", "CompressState", "Compressor", "Context", "DataParallel",
-    "DemoState", "Link", "LocalUpdatesState", "MomentumCorrectionState", "OnebitAdamState", "Plan",
-    "ResidualAggregate", "SkipNonFiniteState", "StepInputs", "StepKind", "SynchronisingState",
+    "DemoState", "Link", "LocalUpdatesState", "MomentumCorrectionState", "OnebitAdamState",
+    "FragmentPiece", "Plan", "ResidualAggregate", "SkipNonFiniteState", "StepInputs", "StepKind",
+    "StreamingState", "SynchronisingState",
     "Topology", "TrainState", "WireBytes", "Workers", "add_device_axis", "all_reduce",
     "apply_local_updates", "cast", "chunk_topk", "collective_cost", "compress", "data_parallel",
-    "demo", "dense", "density_warmup", "dgc", "drop_device_axis", "efsignsgd",
+    "demo", "dense", "density_warmup", "dgc", "drop_device_axis", "efsignsgd", "fragment_layout",
     "local_update_kinds", "local_updates", "momentum_correction", "nesterov_outer", "onebit",
     "onebit_adam", "plan",
     "powersgd", "qsgd", "quantize", "randomk", "registry", "replicas_agree", "signsgd",
-    "skip_nonfinite", "state_specs", "synchronised_params", "terngrad", "threshold", "topk",
+    "skip_nonfinite", "state_specs", "streaming_kinds", "streaming_local_updates",
+    "synchronised_params", "terngrad", "threshold", "topk",
     "uniform_subset", "warmup_boundaries", "warmup_densities", "warmup_kinds", "wire_bytes"
 )
 

@@ -17,8 +17,9 @@ The bytes of the settings it picks are then checked against the compiled step
 (``tests/test_equal_bytes.py``: within 10% at 8 and 32 workers).
 
 A local-update method (DiLoCo) sends its exchange's bytes once every ``H`` steps, so its bytes
-per step are the exchange's over ``H``, and a tier can be met by ``H``, by the exchange's own
-setting, or by both (``H = 100`` with float32 is 100x; ``H = 10`` with TASC at 10x is too). The
+per step are the exchange's over ``H`` (Streaming DiLoCo too: each of its fragments sends once
+every ``H`` steps, the whole model once a round), and a tier can be met by ``H``, by the
+exchange's own setting, or by both (``H = 100`` with float32 is 100x; ``H = 10`` with TASC at 10x is too). The
 rule: an exchange whose bytes are fixed (dense, fp16, int8) meets the tier through ``H``; one
 with a budget (top-k's density, TASC's) keeps the configured ``H`` and meets the tier through
 its budget, at ``ratio / H``.
@@ -143,7 +144,13 @@ def _solve_local(method, shapes, num_workers, ratio, settings, exchange_settings
   dense = method_bytes("dense", shapes, num_workers)
   if exchange.budget is None:  # H meets the tier
     once = method_bytes(carrier, shapes, num_workers, exchange_settings)
-    settings = dataclasses.replace(settings, every=max(1, round(once * ratio / dense)))
+    every = max(1, round(once * ratio / dense))
+    try:  # a method may bound H by its other settings (Streaming DiLoCo: H >= its fragments)
+      settings = dataclasses.replace(settings, every=every)
+    except ValueError as refused:
+      return Solution(method, settings, math.nan, dense, dense / ratio, False,
+                      f"every={every} meets {ratio:g}x but is refused: {refused}",
+                      exchange_settings)
     solved = Solution(method, settings, once / settings.every, dense, dense / ratio, True,
                       exchange_settings=exchange_settings)
   else:  # the exchange meets ratio / H

@@ -129,7 +129,9 @@ class Method:
     carrier: ``settings -> name`` of the registered per-step method that carries the
       synchronisation of a ``local`` method (DiLoCo's ``exchange`` setting); None otherwise.
     sends_every: ``settings -> int``, steps per synchronisation of a ``local`` method (its
-      bytes per step are its carrier's over this); None: every step.
+      bytes per step are its carrier's over this; of one that synchronises a fragment at a
+      time, as Streaming DiLoCo, the steps in which every fragment sends once); None: every
+      step.
     error_feedback: the method's default for ``Common.error_feedback``.
     fuse: the buffer layout the method needs (PowerSGD: per leaf, False); None: the common one.
     momentum: ``settings -> (momentum, clip_norm)`` for a method that is a sparsifier inside
@@ -219,7 +221,7 @@ class NoSettings:
 # added by the module that imports its implementation (compressors.registry; TASC's package).
 BUILTIN = ("dense", "fp16", "bf16", "int8", "int4", "topk", "chunk_topk", "randomk", "threshold",
            "dgc", "qsgd", "terngrad", "signsgd", "efsignsgd", "onebit", "powersgd", "demo",
-           "onebit_adam", "tasc", "diloco", "sparseloco")
+           "onebit_adam", "tasc", "diloco", "sparseloco", "streaming_diloco")
 FAMILIES = ("per_step", "optimizer", "local")
 
 _METHODS: dict[str, Method] = {}

@@ -34,6 +34,7 @@ from compressors import _powersgd
 from compressors import _qsgd
 from compressors import _randomk
 from compressors import _sign
+from compressors import _streaming
 from compressors import _terngrad
 from compressors import _threshold
 from compressors import _topk
@@ -66,7 +67,7 @@ __all__ = (
 
 # The built-in method modules compressors implements, in the order of their methods in BUILTIN.
 _BUILTIN_MODULES = (_dense, _intq, _topk, _chunked_topk, _randomk, _threshold, _dgc, _qsgd,
-                    _terngrad, _sign, _powersgd, _demo, _onebit_adam, _local)
+                    _terngrad, _sign, _powersgd, _demo, _onebit_adam, _local, _streaming)
 for _module in _BUILTIN_MODULES:
   for _method in _module.METHODS:
     register(_method)

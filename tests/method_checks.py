@@ -17,13 +17,15 @@ every default density and TASC's 256-element blocks):
   payload is all-reduced in (fp16's all-reduce rounds its partial sums in float16); with the
   method's own momentum correction, its velocity is the input;
 * replicas stay bit-identical over 20 training steps (:func:`compressors.data_parallel`; a
-  local-update method's after its synchronisations, and not between them), and each step kind
-  compiles once;
+  local-update method's after its synchronisations, and not between them; one that
+  synchronises a fragment at a time, Streaming DiLoCo, never all at once: its synchronised
+  parameters, the model, bit-identical on every device), and each step kind compiles once;
 * ``pmap`` gives the bits ``shard_map`` gives;
 * fused and per-leaf buffers give the same bits on a one-leaf model, where they hold the same
   buffer (methods that force a layout are skipped);
 * the bytes on the wire, read from the compiled program, are within 5% of the method's
-  cost-model entry (a local-update method's synchronisation, its exchange's; its local steps
+  cost-model entry (a local-update method's round of ``H`` steps, its exchange's of the whole
+  model: DiLoCo's one synchronisation, Streaming DiLoCo's fragments' each once; its local steps
   move nothing but the non-finite guard's flag);
 * 8 workers as 8 devices, as 2 devices x 4 simulated workers and as 1 device x 8 simulated
   workers (:mod:`compressors.parallel.workers`) send the same bytes per step and train to the same
@@ -56,6 +58,8 @@ COST_TOLERANCE = 0.05
 
 # Settings with which 20 steps run every step kind of a method whose defaults would not.
 SHORT_SETTINGS = {"diloco": dict(every=4), "sparseloco": dict(every=4),
+                  # The two-leaf model holds two fragments; each lands a step after it syncs.
+                  "streaming_diloco": dict(every=4, fragments=2),
                   "onebit_adam": dict(freeze_step=5)}
 OWN_BOOKKEEPING = {"demo": "tests/test_demo.py", "onebit_adam": "tests/test_onebit_adam.py"}
 # 1-bit Adam divides a sum over workers by sqrt(v), which amplifies the sum's last-bit
@@ -221,8 +225,12 @@ def check_replicas_identical_and_one_compile(name: str, settings=None, steps: in
       synchronised = dp.synchronises(dp.kind_at(t))
       if dp.per_worker_params:
         assert bool(dp.replicas_agree(params)) == synchronised, f"{name}: step {t}"
-  if dp.per_worker_params:
+  if dp.per_worker_params and any(dp.synchronises(k) for k in dp.kinds):
     assert synchronised, f"{name}: the check must end on a synchronising step"
+  elif dp.per_worker_params:  # synchronised a fragment at a time: the model agrees everywhere
+    model = compressors.synchronised_params(state)
+    assert model is not None, f"{name}: no synchronised parameters in the state"
+    harness.assert_replicas_identical(model)
   else:
     harness.assert_replicas_identical(params)
   assert int(metrics["skipped_steps"]) == 0 and np.isfinite(float(metrics["loss"]))
@@ -300,7 +308,7 @@ def check_fused_equals_per_leaf(name: str, settings=None, steps: int = 2) -> Non
 def check_bytes_within_cost_model(name: str, settings=None) -> None:
   """Bytes one device sends, from the compiled update, within 5% of the cost-model entry (a
   method with step kinds of its own: its last kind's, less the non-finite guard's flag; a
-  local-update method's local steps: the flag alone)."""
+  local-update method's: a round of ``H`` steps', its local steps the flag alone)."""
   topology = compressors.Topology.flat(N, compressors.Link(alpha=1e-6, bandwidth=1e9))
   settings = _settings(name, settings) if _family(name) != "per_step" else settings
   modelled = registry.cost(name, [x.shape for x in jax.tree.leaves(PARAMS)], topology,
@@ -315,7 +323,13 @@ def check_bytes_within_cost_model(name: str, settings=None) -> None:
                                 kind=k).total - dp.nonfinite_flag_bytes() for k in dp.kinds}
     if dp.per_worker_params:
       assert by_kind.pop("local") == 0, f"{name}: a local step moves more than the guard's flag"
-    measured = by_kind[list(dp.kinds)[-1]]
+      # One round of H steps once every kind has started: DiLoCo's synchronisation, or each
+      # fragment's of Streaming DiLoCo (the whole model's bytes, spread over the round).
+      every = registry.steps_per_exchange(name, settings)
+      counts = dp.kind_counts(4 * every, 5 * every)
+      measured = sum(n * by_kind[k] for k, n in counts.items() if k in by_kind)
+    else:
+      measured = by_kind[list(dp.kinds)[-1]]
   assert abs(measured - modelled) <= COST_TOLERANCE * modelled, (
       f"{name}: {measured:,.0f} bytes on the wire, the cost model says {modelled:,.0f}")
 

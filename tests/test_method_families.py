@@ -25,7 +25,10 @@ def _quickstart(method, steps=4, **fields):
 # warm-up over 2.
 SHORT = {"diloco": {"compression.diloco.every": 2},
          "sparseloco": {"compression.sparseloco.every": 2},
-         "onebit_adam": {"compression.onebit_adam.freeze_step": 2}}
+         "onebit_adam": {"compression.onebit_adam.freeze_step": 2},
+         # two fragments, each synchronised once in 4 steps (at 1 and 3), fragment 1 landing at 2
+         "streaming_diloco": {"compression.streaming_diloco.every": 4,
+                              "compression.streaming_diloco.fragments": 2}}
 
 
 @pytest.mark.parametrize("method", [

@@ -231,7 +231,8 @@ def test_t1_rows_cover_every_registered_method_and_keep_their_own(tmp_path):
       "tasc_d0.016_hutchinson_f16"]
   assert {label: rows[label] for label in rows if label not in t1_mnist1d.ROWS} == {
       m: {"method": m} for m in ("fp16", "bf16", "int8", "int4", "chunk_topk", "threshold",
-                                 "demo", "onebit_adam", "diloco", "sparseloco")}
+                                 "demo", "onebit_adam", "diloco", "sparseloco",
+                                 "streaming_diloco")}
   assert {settings["method"] for settings in rows.values()} == set(registry.names())
   plugin = registry.register(registry.Method(
       name="plugin_dense", summary="dense under another name (a plugin of this test)",

@@ -148,7 +148,8 @@ def test_a_crossing_beyond_or_below_the_points_says_so():
 def test_every_frontier_point_is_t1s_row_where_their_labels_meet():
   t1_rows = t1_config.rows()
   shared = [label for label in f6_config.rows() if label in t1_rows]
-  assert {"dense", "solo", "topk_update_100x", "diloco_1000x", "demo_30x"} <= set(shared)
+  assert {"dense", "solo", "fp16", "onebit_adam", "topk_update_100x", "diloco_1000x", "demo_30x",
+          "diloco_int4_1000x"} <= set(shared)
   for label in shared:
     assert f6_config.config_arg(label, 1.0, 0) == t1_config.config_arg(label, "cpu", 1.0, 0, 8)
 
@@ -178,6 +179,8 @@ def test_the_frontier_grid_tunes_every_point_then_seeds_the_chosen():
   only = f6_config.get_config("families=demo")
   assert {f6_config.family_of(r["name"].split("_lr")[0]) for r in only.runs} == {
       "dense", "solo", "demo"}
+  fixed = f6_config.get_config("families=onebit_adam")
+  assert [r["name"] for r in fixed.runs][6:] == [f"onebit_adam_lr{s:g}_s0" for s in (0.5, 1, 2)]
 
 
 @pytest.mark.parametrize("arg, message", [
@@ -208,13 +211,15 @@ def test_runs_of_one_and_eight_devices_share_a_sweep_each_in_its_own_process(tmp
 @pytest.fixture
 def frontier_dir(tmp_path):
   """Dense 4.0 / 4.1 / 3.9 and solo 5.0 / 5.1 / 4.9 (benefit 1.0 nat); DiLoCo at 2x 4.05, 8x 4.2
-  (3 seeds each), 30x 4.6; top-k after AdamW at 2x 4.5."""
+  (3 seeds each), 30x 4.6; top-k after AdamW at 2x 4.5; 1-bit Adam (fixed bytes, 7.8x) 4.1."""
   workdir = str(tmp_path / "lm_cpu")
   for label, chosen, loss, seeds in [("dense", 1.0, 4.0, 3), ("solo", 2.0, 5.0, 3),
                                      ("diloco_2x", 1.0, 4.05, 3), ("diloco_8x", 0.5, 4.2, 3),
-                                     ("diloco_30x", 1.0, 4.6, 1), ("topk_update_2x", 1.0, 4.5, 1)]:
+                                     ("diloco_30x", 1.0, 4.6, 1), ("topk_update_2x", 1.0, 4.5, 1),
+                                     ("onebit_adam", 1.0, 4.1, 1)]:
+    ratio = 7.8 if label == "onebit_adam" else f6_config.ratio_of(label) or 1
     lm_runs.tuned_row(workdir, label, chosen=chosen, val_losses=[6, loss], seeds=seeds,
-                      wire=1e5 / (f6_config.ratio_of(label) or 1))
+                      wire=1e5 / ratio)
   return workdir
 
 
@@ -225,11 +230,16 @@ def test_f6_lm_reports_retention_crossings_and_the_goal(frontier_dir, tmp_path):
   assert rows["diloco_2x"]["retention"] == pytest.approx((5.2 - 4.25) / (5.2 - 4.2))
   assert rows["diloco_2x"]["n"] == 3 and rows["diloco_2x"]["ratio"] == pytest.approx(2.0)
   assert rows["diloco_30x"]["n"] == 1 and math.isnan(rows["diloco_30x"]["retention_ci95"])
-  assert f6_lm.deciding_points(report.rows) == ["topk_update_2x", "diloco_2x", "diloco_8x"]
+  # A method of fixed bytes is a family of one point, on its ratio by definition.
+  assert rows["onebit_adam"]["family"] == "onebit_adam" and rows["onebit_adam"]["asked"] is None
+  assert rows["onebit_adam"]["on_ratio"] and rows["onebit_adam"]["ratio"] == pytest.approx(7.8)
+  assert f6_lm.deciding_points(report.rows) == ["onebit_adam", "topk_update_2x", "diloco_2x",
+                                                "diloco_8x"]
   [section] = report.sections
   assert "| diloco |" in section[1] and "below 2x (no point keeps 90%)" in section[1]
-  assert ("No point has finished yet for: topk, diloco_avg, diloco_int8, demo, sparseloco_h15, "
-          "sparseloco_tasc_h15.") in section[1]
+  assert "| onebit_adam |" in section[1] and "≥ 7.8x (its largest ratio run)" in section[1]
+  assert ("No point has finished yet for: topk, diloco_avg, diloco_int8, diloco_int4, demo, "
+          "sparseloco_h15, sparseloco_tasc_h15, fp16.") in section[1]
   [claim] = report.claims
   assert claim.source == "project goal" and claim.reproduced is None
   assert claim.ours == "no point at ≥ 100x has finished yet"

@@ -197,7 +197,8 @@ def test_diloco_with_int8_pseudo_gradients_trains_the_language_model(tmp_path, c
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", ["diloco", "sparseloco", "demo", "onebit_adam", "int4"])
+@pytest.mark.parametrize("method", ["diloco", "sparseloco", "streaming_diloco", "demo",
+                                    "onebit_adam", "int4"])
 def test_every_new_method_trains_the_language_model_smoke(method, tmp_path, cache):
   config = lm_stdlib.get_config(f"smoke,cache={cache}")
   config.update_from_flattened_dict({"method": method, "num_steps": 4,

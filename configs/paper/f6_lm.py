@@ -5,7 +5,8 @@ fewer total bytes, runs of ``configs/paper/lm.py`` in T1-LM's folder (``<workdir
 
 Each family of :data:`FAMILIES` runs at each of its ratios (:data:`RATIOS` and, where the knee
 needs them, :data:`KNEE_RATIOS`; only where the method meets the ratio within 10%:
-``tests/test_reproduce_frontier.py`` checks every point against the solver) with the tuning budget
+``tests/test_reproduce_frontier.py`` checks every point against the solver; the methods of fixed
+bytes, :data:`FIXED_POINTS`, are one point each) with the tuning budget
 T1-LM gives every row: the rate scale at each of ``configs.paper.t1_lm.LR_SCALES``, one seed,
 the lowest training loss kept; the points that decide a family's 90% crossing then run seeds 1
 and 2 (``chosen``). Beside them ``dense`` and ``solo`` (one worker alone on its share of each
@@ -38,6 +39,8 @@ FAMILIES = {
     # without it, outer rate 1 is plain model averaging (local SGD), the rate a short round wants.
     "diloco_avg": (dict(method="diloco", outer_momentum=0.0), RATIOS),
     "diloco_int8": (dict(method="diloco", exchange="int8"), (4, 8, 30, 100, 1000)),
+    # int4 sends an eighth of dense at its most frequent: it starts at 8x.
+    "diloco_int4": (dict(method="diloco", exchange="int4"), (8, 30, 100, 1000)),
     "demo": (dict(method="demo"), (2, 4, 8, 30, 100)),
     # SparseLoCo as published (2-bit chunked top-k, error decay 0.95) at the paper's shortest
     # round, H = 15: a round cannot send less than a full 2-bit top-k, so it starts at 16x.
@@ -47,6 +50,9 @@ FAMILIES = {
     "sparseloco_tasc_h15": (dict(method="sparseloco", exchange="tasc", every=15, block=256),
                             (30, 100, 316, 1000)),
 }
+# Methods whose bytes are fixed (T1-LM's rows of those labels): each a family of one point, at
+# the ratio its method sends (fp16 2x, 1-bit Adam 7.8x after its warm-up).
+FIXED_POINTS = ("fp16", "onebit_adam")
 # What each family is, for the figure's legend and the table.
 DESCRIPTIONS = {
     "topk": "per-step top-k (error feedback) before one AdamW of the mean",
@@ -55,6 +61,9 @@ DESCRIPTIONS = {
     "diloco_avg": "DiLoCo without outer momentum (model averaging at outer rate 1), float32, "
                   "H = the ratio",
     "diloco_int8": "DiLoCo, int8 pseudo-gradient, H = a quarter of the ratio",
+  "diloco_int4": "DiLoCo, int4 pseudo-gradient, H = an eighth of the ratio",
+  "fp16": "per-step float16 exchange of the gradient (fixed bytes)",
+  "onebit_adam": "1-bit Adam: dense warm-up, then 1-bit compressed momentum (fixed bytes)",
     "demo": "DeMo (DCT tiles of 64, top coefficients all-gathered)",
     "sparseloco_h15": "SparseLoCo as published (2-bit chunked top-k of the error-fed "
                       "pseudo-gradient), H = 15",
@@ -70,22 +79,24 @@ def label(family: str, ratio: float) -> str:
 
 def rows() -> dict[str, dict]:
   """Label -> ``configs/paper/lm.py`` arguments of every point, and of dense and solo."""
-  table = {name: dict(t1_lm.FIXED[name]) for name in REFERENCES}
+  table = {name: dict(t1_lm.FIXED[name]) for name in (*REFERENCES, *FIXED_POINTS)}
   for family, (args, ratios) in FAMILIES.items():
     table.update({label(family, r): dict(args, ratio=float(r)) for r in ratios})
   return table
 
 
 def family_of(row: str) -> str:
-  """The family of a point's label (``dense`` and ``solo`` are their own)."""
-  if row in REFERENCES:
+  """The family of a point's label (``dense``, ``solo`` and :data:`FIXED_POINTS` are their
+  own)."""
+  if row in REFERENCES or row in FIXED_POINTS:
     return row
   return row.rsplit("_", 1)[0]
 
 
 def ratio_of(row: str) -> float | None:
-  """The ratio a point was asked for (None for dense and solo)."""
-  if row in REFERENCES:
+  """The ratio a point was asked for (None for dense, solo and :data:`FIXED_POINTS`: their
+  method's bytes are what they are)."""
+  if row in REFERENCES or row in FIXED_POINTS:
     return None
   return float(row.rsplit("_", 1)[1].rstrip("x"))
 
@@ -93,11 +104,12 @@ def ratio_of(row: str) -> float | None:
 def grid(families: str = "", chosen: str = "", tuning: bool = True) -> list[tuple[str, float, int]]:
   """``(row, rate scale, seeds)`` to run, in order: dense and solo first (their seeds decide every
   retention), then family by family, ratio by ratio."""
-  names = list(FAMILIES) if not families else families.split("+")
+  known = (*FAMILIES, *FIXED_POINTS)
+  names = list(known) if not families else families.split("+")
   for name in names:
-    if name not in FAMILIES:
+    if name not in known:
       raise ValueError(f"configs/paper/f6_lm.py: families={families!r}: {name!r}; allowed: "
-                       f"{sorted(FAMILIES)} joined by '+'")
+                       f"{sorted(known)} joined by '+'")
   table = rows()
   runs = []
   if tuning:

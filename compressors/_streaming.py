@@ -1,0 +1,398 @@
+"""Streaming DiLoCo: DiLoCo whose parameters synchronise one fragment at a time, staggered, with
+the outer step's result applied a few inner steps late and mixed into each worker's parameters.
+
+Streaming DiLoCo (Douillard et al. 2025, "Streaming DiLoCo with overlapping communication:
+Towards a Distributed Free Lunch", arXiv 2501.18512) splits the parameters into ``P`` fragments
+and synchronises each one every ``H`` steps, at staggered offsets, so that no step moves more
+than one fragment's pseudo-gradient (the peak bandwidth falls by about ``P``; the bytes over a
+run are DiLoCo's at the same ``H``). The exchange of a fragment overlaps ``tau`` inner steps:
+its outer result lands ``tau`` steps after the synchronisation, and each worker's fragment then
+becomes ``alpha * its own + (1 - alpha) * the new synchronised fragment``.
+
+Here, with ``F = fragments``, ``H = every`` and ``tau = overlap``:
+
+* the parameters are dealt into ``F`` fragments of about equal size (:func:`fragment_layout`):
+  a leaf larger than a fragment's share is cut along its first axis, and the pieces go largest
+  first to the lightest fragment, so that the repeated layers of a deep model are dealt round
+  robin (the paper's "strided" pattern: each fragment holds layers from the whole depth) and no
+  fragment, hence no step, carries much more than ``1/F`` of the model (a language model's
+  embedding alone is half of ours: dealt whole, it would set the peak). A model too small to
+  give every fragment a piece is refused;
+* fragment ``p`` synchronises at the steps ``t`` (from 0) with ``(t + 1 - offset_p) % H == 0``,
+  ``offset_p = p * H // F``: fragment 0 as DiLoCo (steps ``H - 1, 2H - 1, ...``), the others
+  spread evenly over the round;
+* at fragment ``p``'s synchronisation (after the step's inner update, as DiLoCo): its
+  pseudo-gradient ``anchor_p - worker_p`` goes through the exchange (any registered per-step
+  method), on the fragment's own pieces (the wire carries the fragment, never a masked whole
+  model), with an exchange state per fragment (error-feedback residuals per fragment); the
+  outer optimizer (per fragment too: Nesterov momentum of a fragment decays only when the
+  fragment moves) updates ``anchor_p`` at once;
+* ``tau`` steps later (at the step ``t + tau``, after its inner update; ``tau = 0``: the same
+  step) each worker's fragment becomes ``alpha * worker_p + (1 - alpha) * anchor_p``. With
+  ``tau = 0`` and ``alpha = 0`` the fragment lands on ``anchor_p`` bit for bit: DiLoCo on the
+  fragment. The pending result is the anchor itself: only fragment ``p``'s own next
+  synchronisation, ``H > tau`` steps later, changes ``anchor_p``.
+
+Every step is a static program (:func:`streaming_kinds`): ``"local"`` (no collective),
+``"sync{p}"``, ``"apply{p}"`` and ``"sync{p}+apply{q}"`` where a synchronisation and another
+fragment's late landing fall on the same step, each with its own options, so that each one's
+bytes are read from its own compiled program. None of them synchronises the whole model (no
+``"synchronise"`` option): the workers' parameters never all agree, only the landed fragment's
+with ``alpha = 0``.
+"""
+
+import dataclasses
+import math
+from typing import Any, NamedTuple
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from compressors import checks
+from compressors import method_table
+from compressors._local import DilocoSettings
+from compressors._local import nesterov_outer
+from compressors.method_protocol import StepInputs
+from compressors.method_protocol import StepKind
+
+
+class StreamingState(NamedTuple):
+  """State of :func:`streaming_local_updates` on one worker.
+
+  Attributes:
+    on_anchor: the parameters' tree of ``bool[rows]`` (a leaf's first axis; ``bool[]`` for a
+      leaf of shape ``()``): the rows that landed exactly on :attr:`anchor` at the latest step (a
+      fragment's late landing with ``alpha = 0``); the same on every worker.
+    anchor: the synchronised parameters, each fragment's of its latest synchronisation, the
+      same on every worker (the model a run evaluates).
+    inner: the inner optimizer's state, this worker's own.
+    outer: the outer optimizer's state of each fragment (a tuple of ``fragments``), the same on
+      every worker.
+    exchange: the exchange's state of each fragment (a tuple; error-feedback residuals: this
+      worker's own).
+  """
+  on_anchor: chex.ArrayTree
+  anchor: chex.ArrayTree
+  inner: Any
+  outer: tuple
+  exchange: tuple
+
+  def land(self, params: chex.ArrayTree, applied: chex.ArrayTree) -> chex.ArrayTree:
+    """``applied``, except on the leaves that land on :attr:`anchor` this step: the anchor,
+    bit for bit (``params + (anchor - params)`` is not ``anchor`` in floating point)."""
+    del params  # applied already holds them moved
+    return jax.tree.map(lambda on, a, p: jnp.where(_by_rows(on, p), a, p).astype(p.dtype),
+                        self.on_anchor, self.anchor, applied)
+
+  def model_params(self) -> chex.ArrayTree:
+    """The synchronised parameters (the model a run evaluates)."""
+    return self.anchor
+
+
+class FragmentPiece(NamedTuple):
+  """Rows ``[start, stop)`` (along the first axis) of leaf ``leaf`` (in ``jax.tree.leaves``
+  order); a leaf of shape ``()`` is one piece, rows ``[0, 1)``."""
+  leaf: int
+  start: int
+  stop: int
+
+
+def fragment_layout(shapes, fragments: int) -> tuple[tuple[FragmentPiece, ...], ...]:
+  """Each fragment's pieces of the parameters, in leaf order, the fragments of about equal size.
+
+  A leaf with more entries than a fragment's share (all entries over ``fragments``, rounded up)
+  is cut along its first axis into the fewest pieces of at most the share, as even as its rows
+  allow; then the pieces are dealt largest first (ties: in leaf order), each to the fragment
+  holding the fewest entries so far (ties: the lowest), the longest-processing-time rule: the
+  heaviest fragment holds at most a share plus one piece. Equal leaves (a deep model's repeated
+  layers) are so dealt round robin, each fragment holding layers from the whole depth.
+
+  Args:
+    shapes: the shapes of the parameters' leaves, in ``jax.tree.leaves`` order.
+    fragments: ``F``.
+
+  Returns:
+    ``F`` tuples of :class:`FragmentPiece`, each in leaf order; together they cover every entry once.
+    A fragment is empty where the pieces are fewer than ``F``.
+  """
+  shapes = [tuple(s) for s in shapes]
+  sizes = [math.prod(s) for s in shapes]
+  share = max(1, -(-sum(sizes) // fragments))
+  pieces = []  # (entries, piece)
+  for i, shape in enumerate(shapes):
+    rows = shape[0] if shape else 1
+    cuts = 1 if not shape or sizes[i] <= share else max(1, min(rows, -(-sizes[i] // share)))
+    bounds = [rows * k // cuts for k in range(cuts + 1)]
+    per_row = sizes[i] // rows if rows else 0
+    pieces += [(per_row * (b - a), FragmentPiece(i, a, b)) for a, b in zip(bounds, bounds[1:])]
+  load, dealt = [0] * fragments, [[] for _ in range(fragments)]
+  for entries, piece in sorted(pieces, key=lambda x: -x[0]):  # stable: leaf order on ties
+    lightest = min(range(fragments), key=lambda f: (load[f], f))
+    load[lightest] += entries
+    dealt[lightest].append(piece)
+  return tuple(tuple(sorted(d)) for d in dealt)
+
+
+def _cut(leaf, piece: FragmentPiece):
+  """The piece's rows of ``leaf`` (the leaf itself where the piece is all of it)."""
+  if leaf.ndim == 0 or (piece.start, piece.stop) == (0, leaf.shape[0]):
+    return leaf
+  return leaf[piece.start:piece.stop]
+
+
+def _paste(leaves: list, pieces: tuple[FragmentPiece, ...], values) -> list:
+  """``leaves`` with each piece's rows replaced by its value, bit for bit."""
+  leaves = list(leaves)
+  for piece, value in zip(pieces, values):
+    whole = leaves[piece.leaf]
+    leaves[piece.leaf] = (value if value.shape == whole.shape
+                          else whole.at[piece.start:piece.stop].set(value))
+  return leaves
+
+
+def _row_masks(shapes, pieces: tuple[FragmentPiece, ...]) -> list[np.ndarray]:
+  """Per leaf, ``bool[rows]`` (``bool[]`` for a leaf of shape ``()``): the rows in ``pieces``."""
+  masks = [np.zeros(s[:1], bool) for s in shapes]
+  for piece in pieces:
+    if masks[piece.leaf].ndim:
+      masks[piece.leaf][piece.start:piece.stop] = True
+    else:
+      masks[piece.leaf] = np.ones((), bool)
+  return masks
+
+
+def _by_rows(mask, leaf):
+  """``mask`` (``bool[rows]``) shaped to broadcast over ``leaf``'s other axes."""
+  return jnp.reshape(mask, mask.shape + (1,) * (leaf.ndim - mask.ndim))
+
+
+def _static_fragment(value, field: str, fragments: int):
+  """``value`` if it is None or a Python int naming a fragment (a static option)."""
+  if value is None:
+    return None
+  if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < fragments:
+    raise TypeError(f"streaming_local_updates: {field}={value!r} must be None or a Python int "
+                    f"in [0, {fragments - 1}] (a static option: each step kind is its own "
+                    "program)")
+  return value
+
+
+def _outer_step(exchange, outer, piece: tuple, worker_piece: tuple, exchange_state,
+                outer_state, extra_args: dict) -> tuple[tuple, Any, Any]:
+  """One fragment's synchronisation: its pseudo-gradient ``anchor - worker`` exchanged (the
+  fragment's leaves alone on the wire) and the outer step of its anchor. Returns ``(the moved
+  anchor leaves, the exchange's state, the outer optimizer's state)``."""
+  pseudo_gradient = tuple((a - w).astype(a.dtype) for a, w in zip(piece, worker_piece))
+  mean, exchange_state = exchange.update(pseudo_gradient, exchange_state, piece, **extra_args)
+  outer_updates, outer_state = outer.update(mean, outer_state, piece)
+  return optax.apply_updates(piece, outer_updates), exchange_state, outer_state
+
+
+def streaming_local_updates(inner: optax.GradientTransformation,
+                            exchange: optax.GradientTransformation,
+                            outer: optax.GradientTransformation | None = None, *,
+                            fragments: int = 4, alpha: float = 0.5
+                            ) -> optax.GradientTransformationExtraArgs:
+  """Streaming DiLoCo's local updates (Douillard et al. 2025; see the module docstring).
+
+  Args:
+    inner: the optimizer each worker runs on its own gradient.
+    exchange: the per-worker transformation that returns the mean over workers of what it is
+      given (as :func:`compressors.local_updates`'); it sees one fragment's pseudo-gradient at a
+      time, a tuple of the fragment's leaves, with one state per fragment.
+    outer: the optimizer of the synchronised parameters (default
+      :func:`compressors.nesterov_outer`), one state per fragment.
+    fragments: ``F``, the fragments the parameters are dealt into (:func:`fragment_layout`).
+    alpha: the weight of a worker's own fragment when the outer result lands (in [0, 1]).
+
+  Returns:
+    An ``optax.GradientTransformationExtraArgs`` whose ``update(grads, state, params, *,
+    sync=None, apply=None, **extra_args)`` runs inside ``shard_map``/``pmap`` over the
+    exchange's axis: it returns the inner optimizer's update; with ``sync=p`` (a static int) it
+    also exchanges fragment ``p``'s pseudo-gradient (``extra_args`` go to the exchange, those
+    shaped as the parameters cut to the fragment) and takes fragment ``p``'s outer step on the
+    anchor; with ``apply=q`` the update moves this worker's fragment ``q`` to ``alpha * (params
+    + inner update) + (1 - alpha) * anchor_q`` (apply it with
+    :func:`compressors.apply_local_updates`: with ``alpha = 0``, onto the anchor bit for bit).
+
+  Raises:
+    ValueError: bad ``fragments`` or ``alpha``; at ``init``, fewer pieces than fragments.
+  """
+  checks.check_int(fragments, "fragments", 1, "streaming_local_updates")
+  checks.check_real(alpha, "alpha", 0, 1, "a number in [0, 1]", "streaming_local_updates")
+  outer = nesterov_outer() if outer is None else outer
+  exchange = optax.with_extra_args_support(exchange)
+
+  def layout_of(leaves) -> tuple[tuple[FragmentPiece, ...], ...]:
+    return fragment_layout([x.shape for x in leaves], fragments)
+
+  def split(tree, layout) -> list[tuple]:
+    """``tree``'s pieces by fragment: a tuple of arrays for each."""
+    leaves = jax.tree.leaves(tree)
+    return [tuple(_cut(leaves[piece.leaf], piece) for piece in pieces) for pieces in layout]
+
+  def init(params):
+    leaves, treedef = jax.tree.flatten(params)
+    layout = layout_of(leaves)
+    if not all(layout):
+      raise ValueError(f"streaming_local_updates: fragments={fragments} but the parameters' "
+                       f"{len(leaves)} leaves ({sum(x.size for x in leaves)} entries) cut into "
+                       f"{sum(map(len, layout))} pieces; allowed: fragments <= the pieces "
+                       "(a fragment would be empty)")
+    anchor = jax.tree.map(jnp.asarray, params)
+    pieces = split(anchor, layout)
+    on_anchor = [jnp.zeros(x.shape[:1], bool) for x in leaves]
+    return StreamingState(jax.tree.unflatten(treedef, on_anchor), anchor, inner.init(params),
+                          tuple(outer.init(x) for x in pieces),
+                          tuple(exchange.init(x) for x in pieces))
+
+  def update(grads, state, params=None, *, sync=None, apply=None, **extra_args):
+    if params is None:
+      raise ValueError("streaming_local_updates: update needs params (this worker's parameters)")
+    sync = _static_fragment(sync, "sync", fragments)
+    apply = _static_fragment(apply, "apply", fragments)
+    updates, inner_state = inner.update(grads, state.inner, params)
+    leaves, treedef = jax.tree.flatten(params)
+    layout = layout_of(leaves)
+    anchor, outer_states, exchange_states = state.anchor, list(state.outer), list(state.exchange)
+    worker = optax.apply_updates(params, updates)
+    if sync is not None:
+      # Inputs shaped as the parameters (TASC's curvature) are cut to the fragment.
+      cut = {k: split(v, layout)[sync] if jax.tree.structure(v) == treedef else v
+             for k, v in extra_args.items()}
+      moved, exchange_states[sync], outer_states[sync] = _outer_step(
+          exchange, outer, split(anchor, layout)[sync], split(worker, layout)[sync],
+          exchange_states[sync], outer_states[sync], cut)
+      anchor = jax.tree.unflatten(treedef, _paste(jax.tree.leaves(anchor), layout[sync], moved))
+    shapes = [x.shape for x in leaves]
+    landing = _row_masks(shapes, layout[apply] if apply is not None else ())
+    if apply is not None:  # the late landing: mix the worker's fragment with the anchor's
+      updates = jax.tree.unflatten(treedef, [
+          jnp.where(_by_rows(on, u), (alpha * w + (1 - alpha) * a - p).astype(u.dtype), u)
+          if on.any() else u
+          for on, w, a, p, u in zip(landing, jax.tree.leaves(worker), jax.tree.leaves(anchor),
+                                    leaves, jax.tree.leaves(updates))])
+    on_anchor = jax.tree.unflatten(treedef, [jnp.asarray(on & (alpha == 0)) for on in landing])
+    return updates, StreamingState(on_anchor, anchor, inner_state, tuple(outer_states),
+                                   tuple(exchange_states))
+
+  return optax.GradientTransformationExtraArgs(init, update)
+
+
+def streaming_kinds(every: int, fragments: int, overlap: int,
+                    exchange_inputs: StepInputs | None = None) -> tuple[StepKind, ...]:
+  """The step kinds of Streaming DiLoCo (see the module docstring): ``"local"``; ``"sync{p}"``
+  at fragment ``p``'s synchronisations (with ``overlap`` 0 it also lands them);
+  ``"apply{p}"`` ``overlap`` steps after each; ``"sync{p}+apply{q}"`` where the two meet. A
+  landing waits for its first synchronisation (its kind starts then); where it meets another
+  fragment's synchronisation, that synchronisation runs alone before it (``"sync{p}"`` with a
+  ``stop``).
+
+  Args:
+    every: ``H``, steps between two synchronisations of a fragment (``>= fragments``).
+    fragments: ``F``, the number of fragments.
+    overlap: ``tau``, steps between a synchronisation and its landing (``0 <= tau < H``).
+    exchange_inputs: the exchange's per-step inputs (TASC's curvature), or None: made fresh at
+      every synchronisation of a fragment (each kind that synchronises carries them).
+
+  Raises:
+    ValueError: a setting out of range.
+  """
+  caller = "streaming_kinds"
+  checks.check_int(every, "every", 1, caller)
+  checks.check_int(fragments, "fragments", 1, caller)
+  checks.check_int(overlap, "overlap", 0, caller)
+  if every < fragments:
+    raise ValueError(f"{caller}: every={every} with fragments={fragments}; allowed: every >= "
+                     "fragments (each fragment synchronises at its own step of the round)")
+  if overlap >= every:
+    raise ValueError(f"{caller}: overlap={overlap} with every={every}; allowed: 0 <= overlap < "
+                     "every (a landing comes before the fragment's next synchronisation)")
+  inputs = exchange_inputs.make if exchange_inputs is not None and exchange_inputs.every > 0 \
+      else None
+  # The first synchronisation of each fragment (a step in [0, H)) and its first landing.
+  first_sync = [(p * every // fragments - 1) % every for p in range(fragments)]
+  syncs = {s: p for p, s in enumerate(first_sync)}
+  lands = {(s + overlap) % every: (p, s + overlap) for p, s in enumerate(first_sync)}
+  if every == 1:  # one fragment, synchronised and landed every step
+    return (StepKind("sync0", 1, inputs, {"sync": 0, "apply": 0}),)
+  kinds = [StepKind("local", 1)]
+  for phase in range(every):
+    p = syncs.get(phase)
+    q, start = lands.get(phase, (None, 0))
+    if p is None and q is None:
+      continue
+    if q is None:
+      kinds.append(StepKind(f"sync{p}", every, inputs, {"sync": p}, phase))
+    elif p is None:
+      kinds.append(StepKind(f"apply{q}", every, None, {"apply": q}, phase, start=start))
+    elif p == q:  # overlap 0: the synchronisation lands at once
+      kinds.append(StepKind(f"sync{p}", every, inputs, {"sync": p, "apply": p}, phase))
+    else:
+      if start > phase:  # the landing's first synchronisation comes after this one's first
+        kinds.append(StepKind(f"sync{p}", every, inputs, {"sync": p}, phase, stop=start))
+      kinds.append(StepKind(f"sync{p}+apply{q}", every, inputs, {"sync": p, "apply": q}, phase,
+                            start=start))
+  return tuple(kinds)
+
+
+_FRAGMENTS = checks.Rule(int, low=1)
+_OVERLAP = checks.Rule(int, low=0)
+_ALPHA = checks.Rule(float, low=0, high=1)
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamingDilocoSettings(DilocoSettings):
+  """``method="streaming_diloco"`` (Streaming DiLoCo, Douillard et al. 2025, arXiv 2501.18512):
+  DiLoCo's settings, and
+
+  Attributes:
+    fragments: ``F``, the fragments of about equal size the parameters are dealt into
+      (:func:`fragment_layout`); each synchronises once every ``every`` steps, staggered;
+      ``every`` must be ``>= fragments``, and the model must give each fragment a piece.
+    overlap: ``tau``, the inner steps between a fragment's synchronisation and the landing of
+      its outer result (0: the same step, as DiLoCo); ``0 <= overlap < every``.
+    alpha: at the landing, the worker's fragment becomes ``alpha * its own + (1 - alpha) *
+      the synchronised one`` (the paper's mixing, 0.5); 0: onto the synchronised one.
+  """
+  fragments: int = checks.setting(4, _FRAGMENTS)
+  overlap: int = checks.setting(1, _OVERLAP)
+  alpha: float = checks.setting(0.5, _ALPHA)
+
+  def __post_init__(self):
+    checks.check_settings(self, "streaming diloco")
+    if self.every < self.fragments:
+      raise ValueError(f"streaming diloco: every={self.every} with fragments={self.fragments}; "
+                       "allowed: every >= fragments (each fragment synchronises at its own "
+                       "step of the round)")
+    if self.overlap >= self.every:
+      raise ValueError(f"streaming diloco: overlap={self.overlap} with every={self.every}; "
+                       "allowed: 0 <= overlap < every (a fragment's outer result lands before "
+                       "its next synchronisation)")
+
+
+def _build(s: StreamingDilocoSettings, inner, exchange, *,
+           axis_name) -> optax.GradientTransformationExtraArgs:
+  del axis_name  # the exchange carries it
+  return streaming_local_updates(inner, exchange,
+                                 nesterov_outer(s.outer_learning_rate, s.outer_momentum),
+                                 fragments=s.fragments, alpha=s.alpha)
+
+
+# Priced as DiLoCo: every H steps each fragment sends once, so a round moves the carrier's bytes
+# of the whole model once (the cost of one "synchronisation" is the whole model's, spread over
+# the round's steps), and the bytes per step are that over H.
+METHODS = (
+    method_table.Method(
+        name="streaming_diloco", summary="DiLoCo synchronising one fragment of the parameters "
+        "at a time, staggered, its outer result landing tau steps late and mixed (Streaming "
+        "DiLoCo, Douillard et al. 2025)",
+        settings=StreamingDilocoSettings, local=_build, carrier=lambda s: s.exchange,
+        sends_every=lambda s: s.every,
+        kinds=lambda s, carrier_inputs: streaming_kinds(s.every, s.fragments, s.overlap,
+                                                        carrier_inputs),
+        error_feedback=False),
+)
