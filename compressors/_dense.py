@@ -70,11 +70,11 @@ METHODS = (
         summary="no compression: one float32 all-reduce of the gradient (the baseline)",
         settings=method_table.NoSettings, compressor=lambda s: dense(), error_feedback=False,
         cost=lambda s, shapes, topology, schedule: topology_lib.all_reduce_cost(
-            schedule, topology, method_table.num_elements(shapes))),
+            schedule, topology, method_table.num_elements(shapes)), overlaps_backward=True),
     *(method_table.Method(
         name=name, summary=f"the gradient sent as {dtype}, divided by the workers first",
         settings=method_table.NoSettings, compressor=lambda s, dtype=dtype: cast(dtype),
-        error_feedback=False,
+        error_feedback=False, overlaps_backward=True,
         cost=lambda s, shapes, topology, schedule: topology_lib.all_reduce_cost(
             schedule, topology, method_table.num_elements(shapes), itemsize=2))
       for name, dtype in (("fp16", "float16"), ("bf16", "bfloat16"))),

@@ -147,6 +147,9 @@ class Method:
       int a count >= 1), or ``(settings, shapes, cost, target_bytes) -> settings | None`` for a
       method that needs its own search (``cost(settings)`` is the cost model's bytes); None:
       the method's bytes are fixed.
+    overlaps_backward: the exchange is a plain all-reduce of the gradient that can start per
+      bucket while the backward pass runs (dense, fp16, bf16), as tuned data parallelism does;
+      :mod:`compressors.step_time` prices it so. False: it needs the whole gradient first.
   """
   name: str
   summary: str
@@ -164,6 +167,7 @@ class Method:
   step_inputs: Callable[[Any], StepInputs | None] | None = None
   kinds: Callable[[Any], tuple[Any, ...]] | None = None
   budget: str | Callable[..., Any] | None = None
+  overlaps_backward: bool = False
 
   def __post_init__(self):
     builders = [self.compressor, self.transformation, self.optimizer, self.local]

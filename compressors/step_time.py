@@ -1,0 +1,183 @@
+"""How long a training step takes, modelled: its compute plus the communication the cost model
+prices (:func:`compressors.registry.cost`), less what of it hides behind compute.
+
+Compute is given (measured by the caller: F5 takes each run's logged step time); communication
+is the alpha-beta model's. What hides depends on what a step kind does (its options,
+:mod:`compressors.method_protocol`):
+
+* a plain all-reduce of the gradient (a method with ``Method.overlaps_backward``: dense, fp16,
+  bf16), where ``overlap`` allows, goes in buckets as the backward pass produces them, the way
+  data parallelism is run when tuned (PyTorch DDP's gradient buckets, XLA's latency-hiding
+  scheduler): :func:`overlapped_seconds`. Without ``overlap`` it waits for the whole backward
+  pass, as every method's step did before this model (the float32, non-overlapped baseline);
+* any other per-step exchange (top-k, TASC, PowerSGD, a quantizer with error feedback, a method
+  that is its own optimizer) needs the whole gradient first: compute + communication;
+* a local-update method's local steps send nothing; its synchronisation pays its exchange after
+  the step's compute;
+* Streaming DiLoCo's fragment exchange starts after its synchronising step and runs beside the
+  next ``overlap`` (``tau``) steps; its landing step waits only for what those steps' compute
+  did not hide: ``max(0, exchange - tau * compute)``; with ``tau = 0`` the synchronising step
+  waits for all of it. Our JAX programs run each fragment's collective inside its synchronising
+  step; this prices the schedule the paper runs (Douillard et al. 2025), not a measurement.
+
+Limits, said where the figures are used: one link class (the topology's), the buckets in
+reverse leaf order (the backward pass's order) of :data:`BUCKET_BYTES` of float32 gradient with a
+leaf never split, the backward pass :data:`BACKWARD_SHARE` of a step's compute spread over the
+parameters in proportion to their size, and no contention between compute and communication.
+"""
+
+from typing import Any, NamedTuple, Sequence
+
+from compressors import registry
+from compressors._streaming import fragment_layout
+from compressors.network import topology as topology_lib
+
+__all__ = ("BACKWARD_SHARE", "BUCKET_BYTES", "StepTime", "bucket_sizes", "kind_times",
+           "mean_step_seconds", "overlapped_seconds")
+
+# The backward pass costs about twice the forward's FLOPs (two matrix products per one).
+BACKWARD_SHARE = 2 / 3
+# PyTorch DDP's default gradient bucket (bucket_cap_mb=25), of the float32 gradient.
+BUCKET_BYTES = 25 * 2**20
+
+
+class StepTime(NamedTuple):
+  """Modelled seconds of one step.
+
+  Attributes:
+    compute: the step's compute (given).
+    communication: the seconds its collectives take on the link (hidden or not).
+    total: the step's wall-clock: compute plus what of the communication is not hidden.
+  """
+  compute: float
+  communication: float
+  total: float
+
+  @property
+  def exposed(self) -> float:
+    """The communication seconds the step waits for."""
+    return self.total - self.compute
+
+
+def bucket_sizes(shapes: Sequence[tuple[int, ...]], bucket_bytes: int = BUCKET_BYTES
+                 ) -> list[int]:
+  """Entries of each gradient bucket, in the order the backward pass fills them (the leaves
+  reversed), each closed once the next leaf would take it past ``bucket_bytes`` of float32 (a
+  leaf larger than that is a bucket alone)."""
+  buckets, current = [], 0
+  for shape in reversed([tuple(s) for s in shapes]):
+    n = 1
+    for d in shape:
+      n *= d
+    if current and 4 * (current + n) > bucket_bytes:
+      buckets.append(current)
+      current = 0
+    current += n
+  if current or not buckets:
+    buckets.append(current)
+  return buckets
+
+
+def overlapped_seconds(compute: float, bucket_sizes_: Sequence[int],
+                       bucket_seconds: Sequence[float],
+                       backward_share: float = BACKWARD_SHARE) -> float:
+  """A step whose buckets are all-reduced one after another on the link as soon as the backward
+  pass has produced them: bucket ``i`` is ready at ``forward + backward * (its entries and those
+  before it) / all entries``; it starts when ready and when the link is free; the step ends
+  when both the compute and the last bucket are done. About ``max(compute, communication)``
+  plus the last bucket's exchange, which nothing can hide.
+
+  Args:
+    compute: seconds of the step's forward and backward passes.
+    bucket_sizes_: entries of each bucket, in backward order (:func:`bucket_sizes`).
+    bucket_seconds: each bucket's all-reduce seconds.
+    backward_share: the backward pass's share of ``compute``.
+  """
+  total = sum(bucket_sizes_) or 1
+  forward = compute * (1 - backward_share)
+  done, ready_entries = 0.0, 0
+  for entries, seconds in zip(bucket_sizes_, bucket_seconds):
+    ready_entries += entries
+    ready = forward + compute * backward_share * ready_entries / total
+    done = max(ready, done) + seconds
+  return max(compute, done)
+
+
+def _streaming_fragments(settings, shapes) -> list[list[tuple[int, ...]]]:
+  """Streaming DiLoCo: the shapes of each fragment's pieces."""
+  layout = fragment_layout(shapes, settings.fragments)
+  return [[(p.stop - p.start, *shapes[p.leaf][1:]) if shapes[p.leaf] else () for p in pieces]
+          for pieces in layout]
+
+
+def kind_times(name: str, shapes: Sequence[tuple[int, ...]], topology: topology_lib.Topology,
+               compute: float, settings: Any = None, *, exchange_settings: Any = None,
+               kinds: Sequence[Any] | None = None, overlap: bool = True,
+               schedule: str = "psum") -> dict[str, StepTime]:
+  """Each step kind's :class:`StepTime` for method ``name`` (see the module docstring).
+
+  Args:
+    name: a registered method.
+    shapes: the parameters' shapes, in leaf order.
+    topology: the workers and their links.
+    compute: seconds of one step's compute (a local-update method's inner step too).
+    settings: the method's settings (None: its defaults).
+    exchange_settings: a local-update method's exchange's settings.
+    kinds: the step kinds (None: :func:`compressors.registry.step_kinds` of the settings).
+    overlap: whether a method that can overlap its all-reduce with the backward pass does
+      (False: the non-overlapped baseline).
+    schedule: the all-reduce schedule the cost model prices.
+
+  Returns:
+    Step kind name -> its time.
+
+  Raises:
+    ValueError: a kind the model cannot price (a density warm-up's stages).
+  """
+  method = registry.get(name)
+  settings = method.settings() if settings is None else settings
+  shapes = [tuple(s) for s in shapes]
+  if kinds is None:
+    kinds = registry.step_kinds(name, settings, exchange_settings=exchange_settings)
+  price = lambda who, shapes_, own=None: registry.cost(
+      who, shapes_, topology, own, schedule=schedule).time
+  if method.carrier is not None:
+    exchange = lambda shapes_: price(method.carrier(settings), shapes_, exchange_settings)
+  else:
+    exchange = lambda shapes_: registry.cost(name, shapes_, topology, settings,
+                                             schedule=schedule).time
+  out = {}
+  for kind in kinds:
+    options = kind.update_kwargs()
+    if "density_stage" in options:
+      raise ValueError(f"step_time: {name}'s density warm-up kind {kind.name!r} is not priced")
+    if "sync" in options or "apply" in options:  # Streaming DiLoCo's fragments
+      fragments = _streaming_fragments(settings, shapes)
+      sent = exchange(fragments[options["sync"]]) if "sync" in options else 0.0
+      waits = 0.0
+      if "apply" in options:
+        landing = exchange(fragments[options["apply"]])
+        waits = max(0.0, landing - settings.overlap * compute)
+      out[kind.name] = StepTime(compute, sent, compute + waits)
+      continue
+    if method.per_worker_params:  # local steps send nothing; a synchronisation, one exchange
+      sent = exchange(shapes) if options.get("synchronise") else 0.0
+      out[kind.name] = StepTime(compute, sent, compute + sent)
+      continue
+    who = "dense" if options.get("compressed") is False else name  # 1-bit Adam's warm-up
+    sent = price(who, shapes, None if who != name else settings)
+    if overlap and registry.get(who).overlaps_backward:
+      sizes = bucket_sizes(shapes)
+      seconds = [price(who, [(n,)], None if who != name else settings) for n in sizes]
+      out[kind.name] = StepTime(compute, sum(seconds), overlapped_seconds(compute, sizes,
+                                                                          seconds))
+    else:
+      out[kind.name] = StepTime(compute, sent, compute + sent)
+  return out
+
+
+def mean_step_seconds(times: dict[str, StepTime], counts: dict[str, int]) -> float:
+  """The mean wall-clock of a step over a run that ran ``counts[kind]`` steps of each kind."""
+  steps = sum(counts.values())
+  return sum(times[k].total * n for k, n in counts.items()) / max(1, steps)
+
