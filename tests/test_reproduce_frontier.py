@@ -238,8 +238,8 @@ def test_f6_lm_reports_retention_crossings_and_the_goal(frontier_dir, tmp_path):
   [section] = report.sections
   assert "| diloco |" in section[1] and "below 2x (no point keeps 90%)" in section[1]
   assert "| onebit_adam |" in section[1] and "≥ 7.8x (its largest ratio run)" in section[1]
-  assert ("No point has finished yet for: topk, diloco_avg, diloco_int8, diloco_int4, demo, "
-          "sparseloco_h15, sparseloco_tasc_h15, fp16.") in section[1]
+  assert ("No point has finished yet for: topk, diloco_avg, diloco_int8, diloco_int4, "
+          "streaming_diloco, demo, sparseloco_h15, sparseloco_tasc_h15, fp16.") in section[1]
   [claim] = report.claims
   assert claim.source == "project goal" and claim.reproduced is None
   assert claim.ours == "no point at ≥ 100x has finished yet"

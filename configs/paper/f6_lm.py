@@ -41,6 +41,9 @@ FAMILIES = {
     "diloco_int8": (dict(method="diloco", exchange="int8"), (4, 8, 30, 100, 1000)),
     # int4 sends an eighth of dense at its most frequent: it starts at 8x.
     "diloco_int4": (dict(method="diloco", exchange="int4"), (8, 30, 100, 1000)),
+    # Streaming DiLoCo (4 fragments, each landing a step late, mixed half and half): a round
+    # sends the model once, so H = the ratio, and H >= 4 fragments: it starts at 4x.
+    "streaming_diloco": (dict(method="streaming_diloco"), (4, 8, 30, 100, 1000)),
     "demo": (dict(method="demo"), (2, 4, 8, 30, 100)),
     # SparseLoCo as published (2-bit chunked top-k, error decay 0.95) at the paper's shortest
     # round, H = 15: a round cannot send less than a full 2-bit top-k, so it starts at 16x.
@@ -64,7 +67,9 @@ DESCRIPTIONS = {
   "diloco_int4": "DiLoCo, int4 pseudo-gradient, H = an eighth of the ratio",
   "fp16": "per-step float16 exchange of the gradient (fixed bytes)",
   "onebit_adam": "1-bit Adam: dense warm-up, then 1-bit compressed momentum (fixed bytes)",
-    "demo": "DeMo (DCT tiles of 64, top coefficients all-gathered)",
+    "streaming_diloco": "Streaming DiLoCo, float32, 4 fragments staggered over H = the ratio, "
+                      "each landing a step late (tau 1, alpha 0.5)",
+  "demo": "DeMo (DCT tiles of 64, top coefficients all-gathered)",
     "sparseloco_h15": "SparseLoCo as published (2-bit chunked top-k of the error-fed "
                       "pseudo-gradient), H = 15",
     "sparseloco_tasc_h15": "TASC on the pseudo-gradient in SparseLoCo's form (block 256, "
