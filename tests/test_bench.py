@@ -185,6 +185,12 @@ def test_step_overhead_tiny(model, devices):
                                                        else (devices, 8 // devices))
   assert rows[0]["ratio"] == 1.0
   assert rows[1]["goal"].split()[0] in ("met", "missed")
+  # Modelled on 10 Gbit/s: dense float32 is its own baseline; the fair one (bf16, overlapped)
+  # is quicker, so every step is a larger multiple of it.
+  assert rows[0]["vs_dense_f32"] == 1.0 and rows[0]["vs_dense_bf16_overlapped"] > 1.0
+  for r in rows:
+    assert r["modelled_seconds"] > r["seconds"]
+    assert r["vs_dense_bf16_overlapped"] > r["vs_dense_f32"]
 
 
 def test_bytes_match_closed_forms():
