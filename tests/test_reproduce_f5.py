@@ -185,6 +185,18 @@ def test_headline_quotes_each_tiers_best_row_on_8_workers_at_1_gbit(f5_report, r
   assert "topk_update_100x" in agarwal.ours and agarwal.reproduced is True
 
 
+def test_the_soonest_row_of_each_cluster_is_named_with_both_speed_ups(f5_report, rows):
+  fastest = {(r["link"], r["workers"]): r for r in f5.fastest_rows(f5_report.rows)}
+  assert len(fastest) == 4
+  for (link, workers), r in fastest.items():
+    top = rows[("topk_update_100x", link, workers)]  # DeMo is quicker but off its tier
+    assert r["row"] == "topk_update_100x"
+    assert r["result"] == (f"{top['speedup']:.3g}x vs {f5.FAIR}, {top['speedup_f32']:.3g}x vs "
+                           "dense float32")
+  [(title, text)] = f5_report.sections
+  assert title.startswith("Soonest") and "| 1 Gbit/s | 8 | topk_update_100x |" in text
+
+
 def test_write_report_writes_the_table_and_figure(f5_report, tmp_path):
   written = reproduce_report.write_report(f5_report, PROV, tmp_path / "out")
   assert sorted(p.name for p in written) == ["f5.csv", "f5.md", "f5.png"]

@@ -37,7 +37,7 @@ def test_the_cpu_grid_tunes_every_row_over_the_same_rate_scales():
                                      in sweep_config.CPU_ROWS.items() for stem in stems]
   assert set(runs) == {sweep_config.run_name(label, scale, 0) for label in rows
                        for scale in (0.5, 1.0, 2.0)}
-  assert len(runs) == 63
+  assert len(runs) == 66
   configs = {name: lm.get_config(arg) for name, arg in runs.items()}
   # One recipe: the same schedule, batch, length and inner AdamW for every run, its peak rate
   # scaled by the tuning knob unless the knob is a local-update method's outer rate; solo
@@ -47,14 +47,15 @@ def test_the_cpu_grid_tunes_every_row_over_the_same_rate_scales():
   assert recipes == {(configs["dense_lr1_s0"].schedule.to_json(), 1000, 8, 64, 64)}
   for name, c in configs.items():
     scale = float(name.split("_lr")[1].split("_")[0])
-    if c.method in ("diloco", "sparseloco"):
+    if c.method in ("diloco", "sparseloco", "streaming_diloco"):
       default = registry.get(c.method).settings().outer_learning_rate
       assert c.optimizer.learning_rate == 3e-3, name
       assert c.compression[c.method].outer_learning_rate == pytest.approx(default * scale), name
     else:
       assert c.optimizer.learning_rate == pytest.approx(3e-3 * scale), name
   assert {c.method for c in configs.values()} == {"dense", "fp16", "onebit_adam", "topk", "dgc",
-                                                  "tasc", "diloco", "sparseloco", "demo"}
+                                                  "tasc", "diloco", "sparseloco", "demo",
+                                                  "streaming_diloco"}
   # Every T1-LM row but PowerSGD (no rank meets 100x on the CPU tier's model) runs at 100x.
   assert {label.rsplit("_", 1)[0] for label in rows if label.endswith("_100x")} == (
       set(sweep_config.TIERED) - {"sparseloco_tasc", "powersgd"})
@@ -68,7 +69,7 @@ def test_the_chosen_rows_get_their_other_seeds_once():
   chosen = _runs("tier=cpu,subset=t1,chosen=dense@1+sparseloco_1000x@2")
   assert set(chosen) - set(tuning) == {"dense_lr1_s1", "dense_lr1_s2", "sparseloco_1000x_lr2_s1",
                                        "sparseloco_1000x_lr2_s2"}
-  assert list(chosen)[:63] == list(tuning)  # seed-major: every first seed before any second
+  assert list(chosen)[:66] == list(tuning)  # seed-major: every first seed before any second
   with pytest.raises(ValueError, match="'topk_7x' is not a row"):
     sweep_config.get_config("chosen=topk_7x@1")
   with pytest.raises(ValueError, match=r"scale '3' of 'dense'; allowed: one of \(0.5, 1.0, 2.0\)"):

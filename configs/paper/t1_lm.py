@@ -77,6 +77,8 @@ TIERED = {
     # TASC in SparseLoCo's form: error decay 0.95 in place of outer momentum.
     "sparseloco_tasc": dict(method="sparseloco", exchange="tasc", every=30, block=256),
     "demo": dict(method="demo"),
+    # Streaming DiLoCo's defaults: 4 fragments, each landing a step late, mixed half and half.
+    "streaming_diloco": dict(method="streaming_diloco"),
 }
 # Rows whose budget is a method with a budget (top-k, TASC, ...), the others' bytes are fixed
 # per step; tests/test_equal_bytes.py compiles each at every tier.
@@ -90,7 +92,8 @@ BUDGETED = ("topk", "randomk", "dgc", "powersgd", "tasc")
 # rows of fixed bytes (:data:`FIXED`). The 30x and 300x tiers are left to ``full``.
 CPU_ROWS = {
     "100x": ("topk", "topk_update", "tasc", "tasc_update", "dgc", "dgc_update", "diloco",
-             "diloco_int8", "diloco_int4", "sparseloco", "diloco_tasc", "demo"),
+             "diloco_int8", "diloco_int4", "sparseloco", "diloco_tasc", "demo",
+             "streaming_diloco"),
     "1000x": ("topk_update", "diloco_int4", "sparseloco", "diloco_tasc", "sparseloco_tasc"),
 }
 # The GPU tier's rows (dense runs too) and their rate scales, by the CPU tier's training loss (the
