@@ -236,6 +236,14 @@ def test_the_criterion_is_the_last_tenth_of_training(tmp_path):
   assert t1_lm.train_criterion(run) == pytest.approx(np.mean([190.0, 200.0]))
 
 
+def test_each_rows_family_is_the_registrys():
+  labels = ("dense", "solo", "fp16", "onebit_adam", "tasc_100x", "topk_update_100x",
+            "streaming_diloco_100x", "sparseloco_1000x", "diloco_tasc_100x", "demo_100x")
+  assert [sweep_config.family(label) for label in labels] == [
+      "dense", "solo", "exchange", "optimizer", "exchange", "exchange", "local", "local", "local",
+      "optimizer"]
+
+
 def test_the_headline_rows_are_each_familys_best_on_training_loss(lm_dir):
   assert t1_lm.headline_choice(lm_dir, "cpu") == {
       "dense": 1.0, "topk_update_100x": 2.0, "sparseloco_1000x": 0.5}

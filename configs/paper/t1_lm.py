@@ -48,6 +48,7 @@ the headline rows and their chosen scales, whose other seeds run; '': the tuning
 import ml_collections
 
 from compressors import equal_bytes
+from compressors import registry
 from configs import common
 
 CONFIG = "configs/paper/lm.py"
@@ -125,14 +126,14 @@ WORKERS = {"cpu": (8,), "gpu": (8,), "full": (8, 32)}
 
 def family(label: str) -> str:
   """A row's family: ``exchange`` (per-step compression), ``optimizer`` (a method that is its own
-  optimizer: DeMo, 1-bit Adam) or ``local`` (local updates: DiLoCo, SparseLoCo); dense's is
-  ``dense`` and solo's ``solo``."""
+  optimizer: DeMo, 1-bit Adam) or ``local`` (local updates: DiLoCo, SparseLoCo, Streaming
+  DiLoCo), as the registry declares them; dense's is ``dense`` and solo's ``solo``."""
   if label in REFERENCES:
     return label
   method = {**rows(), **f4_rows()}[label]["method"]
-  if method in ("demo", "onebit_adam"):
-    return "optimizer"
-  return "local" if method in ("diloco", "sparseloco") else "exchange"
+  if method == "tasc":  # registered by its own package, which configs do not import
+    return "exchange"
+  return {"per_step": "exchange"}.get(registry.get(method).family, registry.get(method).family)
 
 
 def tier_of(label: str) -> str | None:
