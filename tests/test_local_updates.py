@@ -36,6 +36,23 @@ def _batch(seed=0):
 PARAMS = {"w": jnp.zeros((DIM, DIM)), "b": jnp.zeros((DIM,))}
 
 
+def assert_resumes_bit_for_bit(config, finished: str, resumed: str, between: int, last: int,
+                               results: dict) -> None:
+  """The run in ``finished`` (``config()``'s, ``last`` steps) held each worker's own parameters
+  at step ``between`` (they differ between workers), and a copy of it restarted from that
+  checkpoint (the later ones and the results removed) ends bit for bit as it did."""
+  rows = np.asarray(jax.tree.leaves(checkpoint.load_params(finished, between))[0])
+  assert rows.shape[0] == 8 and not all(r.tobytes() == rows[0].tobytes() for r in rows)
+  shutil.copytree(finished, resumed)
+  for step in range(between + 1, last + 1):
+    shutil.rmtree(os.path.join(resumed, "checkpoints", str(step)), ignore_errors=True)
+  os.remove(os.path.join(resumed, train.RESULTS_FILE))
+  again = train.train_and_evaluate(config(), resumed)
+  jax.tree.map(np.testing.assert_array_equal, checkpoint.load_params(resumed, last),
+               checkpoint.load_params(finished, last))
+  assert again["test_loss"] == results["test_loss"]
+
+
 def _local(inner, every, *, exchange=None, outer=None, mesh=None, axis="data", per_device=1):
   exchange = exchange or compressors.compress(compressors.dense(), axis_name=axis)
   tx = compressors.local_updates(inner, exchange, outer)
@@ -187,17 +204,7 @@ def test_the_runner_charges_a_run_its_synchronisations_bytes_over_h_and_resumes_
   assert results["wire_bytes"] == pytest.approx(results["bytes_by_kind"]["sync"] / 2, rel=0.01)
   assert results["compression_ratio"] == pytest.approx(2 * results["dense_bytes"] /
                                                        results["bytes_by_kind"]["sync"])
-  at_3 = checkpoint.load_params(finished, 3)
-  rows = np.asarray(jax.tree.leaves(at_3)[0])
-  assert rows.shape[0] == 8 and not all(r.tobytes() == rows[0].tobytes() for r in rows)
-  resumed = str(tmp_path / "resumed")
-  shutil.copytree(finished, resumed)
-  shutil.rmtree(os.path.join(resumed, "checkpoints", "4"))
-  os.remove(os.path.join(resumed, train.RESULTS_FILE))
-  again = train.train_and_evaluate(_quickstart(), resumed)
-  jax.tree.map(np.testing.assert_array_equal, checkpoint.load_params(resumed, 4),
-               checkpoint.load_params(finished, 4))
-  assert again["test_loss"] == results["test_loss"]
+  assert_resumes_bit_for_bit(_quickstart, finished, str(tmp_path / "resumed"), 3, 4, results)
   with open(os.path.join(finished, "metrics.jsonl")) as f:
     logged = [json.loads(line) for line in f if '"loss"' in line]
   assert [r["total_bytes"] for r in logged] == pytest.approx(

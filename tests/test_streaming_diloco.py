@@ -6,8 +6,6 @@ fragment with ``alpha = 0``; the step kinds; each step's bytes read from its com
 runner training it and resuming between synchronisations bit for bit. The shared checks
 (tests/method_checks.py) run it too (``tests/test_methods_common.py -k streaming``)."""
 
-import os
-import shutil
 
 import jax
 import jax.numpy as jnp
@@ -18,9 +16,9 @@ import pytest
 import compressors
 from compressors import equal_bytes
 from compressors import registry
-from experiments import checkpoint
 from experiments import train
 from tests import harness
+from tests.test_local_updates import assert_resumes_bit_for_bit
 from tests.test_runner import fast_compiles  # noqa: F401  (an autouse fixture)
 
 DIM, ROWS = 5, 6  # features, rows of a batch per worker
@@ -381,14 +379,4 @@ def test_the_runner_trains_it_and_resumes_between_synchronisations_bit_for_bit(t
   assert ran["local"] == ran["apply0"] == ran["apply1"] == 0 and ran["sync0"] > 0
   assert results["wire_bytes"] == pytest.approx((ran["sync0"] + 2 * ran["sync1"]) / 6,
                                                rel=0.01)  # sync1 at steps 1 and 5
-  at_5 = checkpoint.load_params(finished, 5)
-  rows = np.asarray(jax.tree.leaves(at_5)[0])
-  assert rows.shape[0] == 8 and not all(r.tobytes() == rows[0].tobytes() for r in rows)
-  resumed = str(tmp_path / "resumed")
-  shutil.copytree(finished, resumed)
-  shutil.rmtree(os.path.join(resumed, "checkpoints", "6"))
-  os.remove(os.path.join(resumed, train.RESULTS_FILE))
-  again = train.train_and_evaluate(_quickstart(), resumed)
-  jax.tree.map(np.testing.assert_array_equal, checkpoint.load_params(resumed, 6),
-               checkpoint.load_params(finished, 6))
-  assert again["test_loss"] == results["test_loss"]
+  assert_resumes_bit_for_bit(_quickstart, finished, str(tmp_path / "resumed"), 5, 6, results)
