@@ -36,6 +36,10 @@ def lm_dir(tmp_path_factory):
   tuned_row(d, "sparseloco_1000x", chosen=2.0, val_losses=SPARSELOCO, step_s=1.0,
             bytes_by_kind={"local": 0.0, "sync": 4_000.0})  # 1 sync in 40 steps: 1000x
   tuned_row(d, "demo_100x", chosen=1.0, val_losses=DEMO, step_s=0.5, wire=5000.0)
+  # DiLoCo's horizon run (F7-LM's, 4x the steps; here as short as the fixture's runs): it fits
+  # in the fair baseline's time and reaches dense's loss two thirds of the way from 30 to 40.
+  lm_runs.fake_run(d, "diloco_int4_100x_len4", 0, val_losses=[5.5, 4.6, 4.2, 4.05], step_s=0.5,
+                   bytes_by_kind={"local": 0.0, "sync": 40_000 / 3})
   return d
 
 
@@ -183,6 +187,20 @@ def test_headline_quotes_each_tiers_best_row_on_8_workers_at_1_gbit(f5_report, r
   assert claims["At 1000x fewer total bytes"].reproduced is False
   agarwal = next(c for c in f5_report.claims if "Agarwal" in c.source)
   assert "topk_update_100x" in agarwal.ours and agarwal.reproduced is True
+
+
+def test_at_equal_time_a_row_that_ran_out_of_steps_is_given_its_horizon_run(rows):
+  for link in f5.LINKS:
+    for workers in f5.WORKERS:
+      diloco = rows[("diloco_int4_100x", link, workers)]
+      assert diloco["fits_steps"] == pytest.approx(diloco["dense_time_s"] / diloco["step_s"])
+      assert diloco["fits_steps"] > 40
+      reach = (30 + 10 * (4.2 - 4.1) / (4.2 - 4.05)) * diloco["step_s"]
+      assert diloco["horizon"] == f"4x run (40 steps): reaches dense's loss at {reach:.4g} s"
+  # Top-k reaches dense's loss in its own run; SparseLoCo has no horizon run.
+  assert "horizon" not in rows[("topk_update_100x", "1 Gbit/s", 8)]
+  sparse = rows[("sparseloco_1000x", "1 Gbit/s", 8)]
+  assert not sparse["ran_out"] and "horizon" not in sparse
 
 
 def test_the_soonest_row_of_each_cluster_is_named_with_both_speed_ups(f5_report, rows):

@@ -241,7 +241,7 @@ def _wire(dp, params, workers, kind, dim):
                        kind=kind).total - dp.nonfinite_flag_bytes()
 
 
-@pytest.mark.parametrize("exchange", ["dense", "int8"])
+@pytest.mark.parametrize("exchange", ["dense", "bf16", "int8", "int4", "topk"])
 def test_no_step_moves_more_than_a_third_of_dilocos_synchronisation(exchange):
   """4 fragments of equal size (layer ``p``'s weights and bias in fragment ``p``, as
   ``test_the_fragments_are_of_about_equal_size_and_strided_over_the_depth`` checks): each kind's

@@ -52,6 +52,7 @@ import numpy as np
 
 from compressors import step_time
 from compressors.network import topology as topo
+from configs.paper import f7_lm as horizon_config
 from configs.paper import t1_lm as sweep_config
 from experiments import methods
 from experiments import provenance
@@ -132,11 +133,11 @@ def loss_at(steps: np.ndarray, loss: np.ndarray, seconds_per_step: float,
   return float(np.interp(seconds, times, loss)), False
 
 
-def curve(workdir: str, label: str, seeds: int, tier: str = "cpu"):
+def curve(workdir: str, label: str, seeds: int, tier: str = "cpu", scale: float | None = None):
   """``(rate scale, steps, mean validation loss, runs)`` of a row at its chosen scale (at the
-  GPU tier, its given one), None when no run at that scale finished (or the tuning budget has
-  not)."""
-  scale = t1_lm.chosen_scale(workdir, label, tier)
+  GPU tier, its given one; ``scale``: that one), None when no run at that scale finished (or
+  the tuning budget has not)."""
+  scale = t1_lm.chosen_scale(workdir, label, tier) if scale is None else scale
   if scale is None:
     return None
   runs = t1_lm.label_runs(workdir, label, scale, seeds)
@@ -160,6 +161,7 @@ def report(workdir: str, *, tier: str, seeds: int) -> Report:
   curves = {label: c for label in labels(workdir, tier)
             if (c := curve(workdir, label, seeds, tier)) is not None}
   rows = time_rows(curves)
+  add_horizon(rows, workdir, seeds)
   table = [{k: v for k, v in r.items() if k not in ("steps", "loss")} for r in rows]
   return Report(
       name=common.page_name("f5", tier),
@@ -174,7 +176,10 @@ def report(workdir: str, *, tier: str, seeds: int) -> Report:
                ("speedup", f"speed-up vs {FAIR} (fair)"),
                ("speedup_f32", "speed-up vs dense (float32, not overlapped)"),
                ("loss_at_dense_time", f"val loss in {FAIR}'s time (never reaching it)"),
-               ("at_dense_time", "in dense's time"), ("on_tier_text", "on tier (±10%)"),
+               ("at_dense_time", "in dense's time"),
+               ("fits_steps", f"steps in {FAIR}'s time"),
+               ("horizon", "its longest horizon run that fits (F7-LM)"),
+               ("on_tier_text", "on tier (±10%)"),
                ("seeds", "seeds")],
       rows=table, claims=claims(table, tier),
       sections=[("Soonest to dense's loss, by cluster",
@@ -263,6 +268,35 @@ def time_rows(curves: dict) -> list[dict]:
           f"ran out of steps after {row['run_time_s']:.4g} s: final loss"
           if ran_out else f"at {fair_time:.4g} s")
   return rows
+
+
+def add_horizon(rows: list[dict], workdir: str, seeds: int) -> None:
+  """Equal time: ``fits_steps``, the steps of the row's step time that fit in the fair
+  baseline's total time, and, for a row that ran out of steps before it, ``horizon``: what its
+  longest horizon run (F7-LM's ``<row>_len<k>``, the schedule stretched, at the row's scale)
+  that still fits reached, or why none says."""
+  for row in rows:
+    if "dense_time_s" not in row:
+      continue
+    row["fits_steps"] = row["dense_time_s"] / row["step_s"]
+    if not row.get("ran_out"):
+      continue
+    longer = []
+    for length in horizon_config.LENGTHS:
+      found = curve(workdir, horizon_config.label(row["method"], length), seeds,
+                    scale=row["lr_scale"])
+      if found is not None:
+        longer.append((length, found[1], found[2]))
+    fitting = [(k, steps, loss) for k, steps, loss in longer if steps[-1] <= row["fits_steps"]]
+    if not fitting:
+      row["horizon"] = ("no horizon run" if not longer else
+                        f"its {longer[0][0]}x run is longer than the fair baseline's time")
+      continue
+    length, steps, loss = fitting[-1]
+    reach = time_to(steps, loss, row["step_s"], row["dense_loss"])
+    row["horizon"] = (f"{length}x run ({steps[-1]:.0f} steps): "
+                      + (f"reaches dense's loss at {reach:.4g} s" if math.isfinite(reach) else
+                         f"ends at {loss[-1]:.3f}, short of dense's loss"))
 
 
 def _rank(row: dict) -> tuple:
