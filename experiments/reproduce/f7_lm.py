@@ -89,12 +89,13 @@ def horizon_rows(workdir: str) -> list[dict]:
       if not runs:
         continue
       loss = [r.results["test_loss"] for r in runs]
+      ratio = runs[0].results.get("compression_ratio")  # None: solo sends nothing
       devices = sorted({kind for r in runs for kind in
                         r.results.get(provenance.KEY, {}).get("device_kinds", ["-"])})
       out.append({"row": row, "steps": STEPS * length, "length": length, "lr_scale": scale,
                   "n": len(runs), "losses": loss,
                   "val_loss": report_lib.format_mean_std(loss, 1, 3),
-                  "ratio": float(runs[0].results["compression_ratio"]),
+                  "ratio": None if ratio is None else float(ratio),
                   "device": ", ".join(devices),
                   "run_dirs": " ".join(report_lib.relative(r.path) for r in runs)})
   for length in {r["length"] for r in out}:
