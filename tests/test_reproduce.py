@@ -147,7 +147,7 @@ def test_t1_sweep_covers_every_method_and_seed():
   sweep = t1_mnist1d.get_config("full=true")
   names = [r["name"] for r in sweep.runs]
   rows = t1_mnist1d.rows()
-  assert len(names) == len(set(names)) == 3 * len(rows) == 3 * (len(t1_mnist1d.ROWS) + 10) == 90
+  assert len(names) == len(set(names)) == 3 * len(rows) == 3 * (len(t1_mnist1d.ROWS) + 11) == 93
   assert names[:len(rows)] == [f"{m}_s0" for m in rows]  # seed-major
   quick = [r["name"] for r in t1_mnist1d.get_config("full=false").runs]
   assert quick == names  # the same runs; full settings only change their configs
