@@ -26,6 +26,7 @@ leaf never split, the backward pass :data:`BACKWARD_SHARE` of a step's compute s
 parameters in proportion to their size, and no contention between compute and communication.
 """
 
+import math
 from typing import Any, NamedTuple, Sequence
 
 from compressors import registry
@@ -66,9 +67,7 @@ def bucket_sizes(shapes: Sequence[tuple[int, ...]], bucket_bytes: int = BUCKET_B
   leaf larger than that is a bucket alone)."""
   buckets, current = [], 0
   for shape in reversed([tuple(s) for s in shapes]):
-    n = 1
-    for d in shape:
-      n *= d
+    n = math.prod(shape)
     if current and 4 * (current + n) > bucket_bytes:
       buckets.append(current)
       current = 0
@@ -146,13 +145,14 @@ def kind_times(name: str, shapes: Sequence[tuple[int, ...]], topology: topology_
   else:
     exchange = lambda shapes_: registry.cost(name, shapes_, topology, settings,
                                              schedule=schedule).time
+  fragments = (_streaming_fragments(settings, shapes) if hasattr(settings, "fragments")
+               else None)
   out = {}
   for kind in kinds:
     options = kind.update_kwargs()
     if "density_stage" in options:
       raise ValueError(f"step_time: {name}'s density warm-up kind {kind.name!r} is not priced")
     if "sync" in options or "apply" in options:  # Streaming DiLoCo's fragments
-      fragments = _streaming_fragments(settings, shapes)
       sent = exchange(fragments[options["sync"]]) if "sync" in options else 0.0
       waits = 0.0
       if "apply" in options:
@@ -165,13 +165,13 @@ def kind_times(name: str, shapes: Sequence[tuple[int, ...]], topology: topology_
       out[kind.name] = StepTime(compute, sent, compute + sent)
       continue
     who = "dense" if options.get("compressed") is False else name  # 1-bit Adam's warm-up
-    sent = price(who, shapes, None if who != name else settings)
     if overlap and registry.get(who).overlaps_backward:
       sizes = bucket_sizes(shapes)
       seconds = [price(who, [(n,)], None if who != name else settings) for n in sizes]
       out[kind.name] = StepTime(compute, sum(seconds), overlapped_seconds(compute, sizes,
                                                                           seconds))
     else:
+      sent = price(who, shapes, None if who != name else settings)
       out[kind.name] = StepTime(compute, sent, compute + sent)
   return out
 
