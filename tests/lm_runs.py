@@ -73,10 +73,13 @@ def fake_run(workdir, label, seed, *, scale=1.0, val_losses, train_loss=None, st
 
 
 def tuned_row(workdir, label, *, chosen, val_losses, seeds=1, worse=0.2, **kwargs):
-  """Row ``label``'s tuning budget (every rate scale, seed 0) with ``chosen`` the scale of the
-  lowest training loss (the others' ``worse`` higher), and ``seeds`` seeds at ``chosen`` whose
-  validation losses are ``val_losses`` (seed s: every value + 0.2 s)."""
-  for scale in sweep_config.LR_SCALES:
+  """Row ``label``'s tuning budget (the grid's rate scales and, where ``chosen`` is an end of
+  them, the ladder's scales past it up to one beyond ``chosen``; seed 0) with ``chosen`` the scale
+  of the lowest training loss (the others' ``worse`` higher), and ``seeds`` seeds at ``chosen``
+  whose validation losses are ``val_losses`` (seed s: every value + 0.2 s)."""
+  low = min(sweep_config.LR_SCALES[0], chosen / 2)
+  high = max(sweep_config.LR_SCALES[-1], chosen * 2)
+  for scale in [s for s in sweep_config.LR_LADDER if low <= s <= high]:
     for seed in range(seeds if scale == chosen else 1):
       losses = [v + 0.2 * seed for v in val_losses]
       train = losses[-1] + (0 if scale == chosen else worse)

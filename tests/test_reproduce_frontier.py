@@ -211,10 +211,10 @@ def test_runs_of_one_and_eight_devices_share_a_sweep_each_in_its_own_process(tmp
 @pytest.fixture
 def frontier_dir(tmp_path):
   """Dense 4.0 / 4.1 / 3.9 and solo 5.0 / 5.1 / 4.9 (benefit 1.0 nat); DiLoCo at 2x 4.05, 8x 4.2
-  (3 seeds each), 30x 4.6; top-k after AdamW at 2x 4.5; 1-bit Adam (fixed bytes, 7.8x) 4.1."""
+  (3 seeds each; 8x at the rate ladder's bottom end), 30x 4.6; top-k after AdamW at 2x 4.5; 1-bit Adam (fixed bytes, 7.8x) 4.1."""
   workdir = str(tmp_path / "lm_cpu")
   for label, chosen, loss, seeds in [("dense", 1.0, 4.0, 3), ("solo", 2.0, 5.0, 3),
-                                     ("diloco_2x", 1.0, 4.05, 3), ("diloco_8x", 0.5, 4.2, 3),
+                                     ("diloco_2x", 1.0, 4.05, 3), ("diloco_8x", 0.125, 4.2, 3),
                                      ("diloco_30x", 1.0, 4.6, 1), ("topk_update_2x", 1.0, 4.5, 1),
                                      ("onebit_adam", 1.0, 4.1, 1)]:
     ratio = 7.8 if label == "onebit_adam" else f6_config.ratio_of(label) or 1
@@ -243,10 +243,10 @@ def test_f6_lm_reports_retention_crossings_and_the_goal(frontier_dir, tmp_path):
   [claim] = report.claims
   assert claim.source == "project goal" and claim.reproduced is None
   assert claim.ours == "no point at ≥ 100x has finished yet"
-  # tuned_row's other scales train 0.2 worse: no tie; dense chose 1, solo 2 (the grid's edge).
+  # tuned_row's other scales train 0.2 worse: no tie; DiLoCo at 8x chose the ladder's end.
   assert not [n for n in report.notes if n.startswith("Tuning blind")]
-  [edge] = [n for n in report.notes if n.startswith("Chosen at the edge")]
-  assert "diloco_8x (0.5)" in edge and "solo" not in edge
+  [edge] = [n for n in report.notes if n.startswith("Chosen at an end of the rate ladder")]
+  assert "diloco_8x (0.125)" in edge and "solo" not in edge
   written = reproduce_report.write_report(report, lm_runs.PROV, tmp_path / "out")
   assert sorted(p.name for p in written) == ["f6_lm.csv", "f6_lm.md", "f6_lm.png"]
   header = [line for line in (tmp_path / "out" / "f6_lm.csv").read_text().splitlines()
@@ -289,8 +289,11 @@ def test_f7_lm_reports_retention_by_length_against_that_lengths_references(tmp_p
   for row in ("dense", "solo", "diloco_100x"):  # the 1x rows' tuning budget
     for scale in (0.5, 2.0):
       lm_runs.fake_run(workdir, row, 0, scale=scale, val_losses=[6, 9.0], train_loss=9.0)
+  # A longer dense run at a scale the tuning no longer chooses: the chosen one's is reported.
+  lm_runs.fake_run(workdir, "dense_len4", 0, scale=0.5, val_losses=[6, 3.0], wire=1e5)
   report = f7_lm.report(workdir)
   got = {(r["row"], r["steps"]): r for r in report.rows}
+  assert got[("dense", 4000)]["lr_scale"] == 1.0 and len(report.rows) == 6
   assert got[("diloco_100x", 1000)]["retention"] == pytest.approx(0.2)
   assert got[("diloco_100x", 4000)]["retention"] == pytest.approx((4.7 - 3.8) / (4.7 - 3.5))
   assert "steps" in [k for k, _ in report.columns] and got[("solo", 4000)]["ratio"] is None

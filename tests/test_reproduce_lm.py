@@ -72,7 +72,8 @@ def test_the_chosen_rows_get_their_other_seeds_once():
   assert list(chosen)[:66] == list(tuning)  # seed-major: every first seed before any second
   with pytest.raises(ValueError, match="'topk_7x' is not a row"):
     sweep_config.get_config("chosen=topk_7x@1")
-  with pytest.raises(ValueError, match=r"scale '3' of 'dense'; allowed: one of \(0.5, 1.0, 2.0\)"):
+  with pytest.raises(ValueError, match=r"scale '3' of 'dense'; allowed: one of \(0.125, 0.25, "
+                                       r"0.5, 1.0, 2.0, 4.0, 8.0\)"):
     sweep_config.get_config("chosen=dense@3")
 
 
@@ -215,18 +216,87 @@ def lm_dir(tmp_path):
 def test_the_rate_scale_is_chosen_on_training_loss_never_validation(tmp_path):
   workdir = str(tmp_path)
   # Scale 2 trains to the lowest loss but validates worst: it is the one kept.
-  for scale, train, val in [(0.5, 4.5, 4.0), (1.0, 4.4, 4.1), (2.0, 4.3, 4.9)]:
+  for scale, train, val in [(0.5, 4.5, 4.0), (1.0, 4.4, 4.1), (2.0, 4.3, 4.9), (4.0, 4.35, 3.0)]:
     lm_runs.fake_run(workdir, "demo_100x", 0, scale=scale, val_losses=[5, val], train_loss=train)
-  assert t1_lm.tuning(workdir, "demo_100x") == pytest.approx({0.5: 4.5, 1.0: 4.4, 2.0: 4.3})
+  assert t1_lm.tuning(workdir, "demo_100x") == pytest.approx(
+      {0.5: 4.5, 1.0: 4.4, 2.0: 4.3, 4.0: 4.35})
   assert t1_lm.chosen_scale(workdir, "demo_100x") == 2.0
   [row] = t1_lm.rows_for(workdir, ["demo_100x"], seeds=3)
   assert row["loss_mean"] == pytest.approx(4.9) and row["lr_scale"] == 2.0
-  assert row["tuning"] == "0.5: 4.500 / 1: 4.400 / 2: 4.300 *"
+  assert row["tuning"] == "0.5: 4.500 / 1: 4.400 / 2: 4.300 * / 4: 4.350"
   # A budget not yet spent chooses nothing, and says so.
   lm_runs.fake_run(workdir, "demo_1000x", 0, scale=0.5, val_losses=[5, 4.0])
   assert t1_lm.chosen_scale(workdir, "demo_1000x") is None
   [row] = t1_lm.rows_for(workdir, ["demo_1000x"], seeds=3)
   assert row["seeds"] == 0 and row["status"] == "tuning: 1 of 3 rate scales finished"
+
+
+NAN = float("nan")
+
+
+@pytest.mark.parametrize("tried, expected", [
+    ({}, 0.5),
+    ({0.5: 4.0, 2.0: 3.0}, 1.0),  # the grid first
+    ({0.5: 4.0, 1.0: 3.0, 2.0: 3.5}, None),  # an inner scale won
+    ({0.5: 4.0, 1.0: 3.5, 2.0: 3.0}, 4.0),  # the top end won: past it
+    ({0.5: 3.0, 1.0: 3.5, 2.0: 4.0}, 0.25),  # the bottom end
+    ({0.25: 2.9, 0.5: 3.0, 1.0: 3.5, 2.0: 4.0}, 0.125),
+    ({0.5: 4.0, 1.0: 3.5, 2.0: 3.0, 4.0: 3.2}, None),  # the end run past lost
+    ({0.5: 4.0, 1.0: 3.0, 2.0: 2.9, 4.0: 2.8, 8.0: 2.7}, None),  # the ladder's end
+    ({0.125: 2.7, 0.25: 2.8, 0.5: 3.0, 1.0: 3.5, 2.0: 4.0}, None),
+    ({0.5: 4.381, 1.0: 4.381, 2.0: 4.381}, None),  # a tie: the criterion cannot choose
+    ({0.5: 4.0, 1.0: 3.0, 2.0: 3.0 - 1e-7}, None),  # within the tie
+    ({0.5: NAN, 1.0: NAN, 2.0: 3.0}, 4.0),  # a diverged neighbour is beaten
+    ({0.5: 3.0, 1.0: 3.5, 2.0: NAN}, 0.25),
+    ({0.5: 3.0, 1.0: 3.5, 2.0: 4.0, 0.25: NAN}, None),  # diverged past the end: the end stands
+    ({0.5: NAN, 1.0: NAN, 2.0: NAN}, None),  # nothing to choose
+])
+def test_the_tuning_goes_past_the_grid_while_an_end_wins(tried, expected):
+  assert t1_lm.next_scale(tried) == expected
+
+
+def test_extending_the_tuning_runs_round_by_round_until_every_row_has_chosen(tmp_path):
+  workdir = str(tmp_path)
+  # dense improves up to scale 4 (8 is worse); DeMo's best is inside the grid; top-k's at 0.5,
+  # with 0.25 worse.
+  train = {"dense": {0.5: 4.5, 1.0: 4.4, 2.0: 4.3, 4.0: 4.2, 8.0: 4.6},
+           "demo_100x": {0.5: 4.5, 1.0: 4.1, 2.0: 4.3},
+           "topk_100x": {0.25: 4.2, 0.5: 4.0, 1.0: 4.4, 2.0: 4.6}}
+  for label, losses in train.items():
+    for scale in sweep_config.LR_SCALES:
+      lm_runs.fake_run(workdir, label, 0, scale=scale, val_losses=[5, 4], train_loss=losses[scale])
+  # Its tuning is not over: nothing chooses, but the page reports the best so far, provisionally.
+  assert t1_lm.chosen_scale(workdir, "dense") is None
+  assert t1_lm.reported_scale(workdir, "dense") == (2.0, 4.0)
+  [row] = t1_lm.rows_for(workdir, ["dense"], seeds=3)
+  assert row["lr_scale"] == 2.0 and row["seeds"] == 1
+  assert row["status"] == "1 seed(s); provisional: its tuning runs rate scale 4 next"
+  rounds = []
+
+  def run_chosen(chosen):
+    rounds.append(chosen)
+    for item in chosen.split("+"):
+      label, scale = item.split("@")
+      lm_runs.fake_run(workdir, label, 0, scale=float(scale), val_losses=[5, 4],
+                       train_loss=train[label][float(scale)])
+
+  t1_lm.extend_tuning(workdir, list(train), run_chosen)
+  assert rounds == ["dense@4+topk_100x@0.25", "dense@8"]
+  assert {label: t1_lm.chosen_scale(workdir, label) for label in train} == {
+      "dense": 4.0, "demo_100x": 1.0, "topk_100x": 0.5}
+  assert t1_lm.pending_scales(workdir, list(train)) == {}
+  assert t1_lm.reported_scale(workdir, "dense") == (4.0, None)
+  # Every scale diverged: nothing to report, and the row says why.
+  for scale in sweep_config.LR_SCALES:
+    lm_runs.fake_run(workdir, "dgc_100x", 0, scale=scale, val_losses=[5, 4], train_loss=NAN)
+  assert t1_lm.reported_scale(workdir, "dgc_100x") == (None, None)
+  [row] = t1_lm.rows_for(workdir, ["dgc_100x"], seeds=3)
+  assert row["seeds"] == 0 and row["status"] == "tuning: diverged at every rate scale"
+
+
+def test_a_chosen_scale_may_be_any_of_the_ladder():
+  assert sweep_config.parse_chosen("dense@8+topk_100x@0.125") == {"dense": 8.0,
+                                                                   "topk_100x": 0.125}
 
 
 def test_the_criterion_is_the_last_tenth_of_training(tmp_path):
@@ -302,7 +372,7 @@ def test_the_runs_machine_is_named_once_with_the_span_of_their_dates(lm_dir):
     json.dump(results, f)
   [machines] = [n for n in t1_lm.provenance_notes(lm_dir, "cpu")
                 if n.startswith("Runs' machines")]
-  assert machines.startswith("Runs' machines (18 runs, 2000-01-01T00:00:00+00:00 to ")
+  assert machines.startswith("Runs' machines (20 runs, 2000-01-01T00:00:00+00:00 to ")
   assert machines.count("Python ") == 1 and "devices: " in machines
 
 

@@ -7,9 +7,10 @@ Each family of :data:`FAMILIES` runs at each of its ratios (:data:`RATIOS` and, 
 needs them, :data:`KNEE_RATIOS`; only where the method meets the ratio within 10%:
 ``tests/test_reproduce_frontier.py`` checks every point against the solver; the methods of fixed
 bytes, :data:`FIXED_POINTS`, are one point each) with the tuning budget
-T1-LM gives every row: the rate scale at each of ``configs.paper.t1_lm.LR_SCALES``, one seed,
-the lowest training loss kept; the points that decide a family's 90% crossing then run seeds 1
-and 2 (``chosen``). Beside them ``dense`` and ``solo`` (one worker alone on its share of each
+T1-LM gives every row: the rate scale at each of ``configs.paper.t1_lm.LR_SCALES``, one seed, and
+past an end of them while that end wins (``LR_LADDER``; the reproduction passes those scales as
+``chosen`` with ``seeds=1``), the lowest training loss kept; the points that decide a family's
+90% crossing then run seeds 1 and 2 (``chosen``). Beside them ``dense`` and ``solo`` (one worker alone on its share of each
 step's batch: the loss with no communication at all), three seeds each. A point's label is
 ``<family>_<ratio>x``, the same run as T1-LM's row of that label (the same arguments:
 ``tests/test_reproduce_frontier.py`` checks it), so the two targets share their runs.
@@ -64,12 +65,12 @@ DESCRIPTIONS = {
     "diloco_avg": "DiLoCo without outer momentum (model averaging at outer rate 1), float32, "
                   "H = the ratio",
     "diloco_int8": "DiLoCo, int8 pseudo-gradient, H = a quarter of the ratio",
-  "diloco_int4": "DiLoCo, int4 pseudo-gradient, H = an eighth of the ratio",
-  "fp16": "per-step float16 exchange of the gradient (fixed bytes)",
-  "onebit_adam": "1-bit Adam: dense warm-up, then 1-bit compressed momentum (fixed bytes)",
+    "diloco_int4": "DiLoCo, int4 pseudo-gradient, H = an eighth of the ratio",
+    "fp16": "per-step float16 exchange of the gradient (fixed bytes)",
+    "onebit_adam": "1-bit Adam: dense warm-up, then 1-bit compressed momentum (fixed bytes)",
     "streaming_diloco": "Streaming DiLoCo, float32, 4 fragments staggered over H = the ratio, "
                       "each landing a step late (tau 1, alpha 0.5)",
-  "demo": "DeMo (DCT tiles of 64, top coefficients all-gathered)",
+    "demo": "DeMo (DCT tiles of 64, top coefficients all-gathered)",
     "sparseloco_h15": "SparseLoCo as published (2-bit chunked top-k of the error-fed "
                       "pseudo-gradient), H = 15",
     "sparseloco_tasc_h15": "TASC on the pseudo-gradient in SparseLoCo's form (block 256, "

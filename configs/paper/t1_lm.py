@@ -19,8 +19,9 @@ steps with the exchange solved at the tier over 30; DeMo.
 
 The tuning budget, the same for every row: the rate :func:`configs.paper.lm.scale_tuned_rate`
 scales (AdamW's peak rate; a local-update method's outer rate) at each of :data:`LR_SCALES`, one
-seed; the reproduction keeps the scale with the lowest training loss (the mean over the last
-tenth of training's logged losses; never a validation loss) and runs that setting's other seeds
+seed, and past an end of them while that end wins (:data:`LR_LADDER`); the reproduction keeps the
+scale with the lowest training loss (the mean over the last tenth of training's logged losses;
+never a validation loss) and runs that setting's other seeds
 for the headline rows (dense, and the best row of each family at :data:`HEADLINE_TIERS`), which
 it passes to this config as ``chosen``.
 
@@ -35,14 +36,15 @@ Grids (:func:`grid`):
   TASC's best at 1000x, at its chosen rate scales), one seed, 8 workers: about 12 minutes of one
   GPU.
 * ``cpu``: what 2 CPU cores run in a few hours with ``--jobs=2``: dense and :data:`CPU_ROWS` at
-  their tiers over the three rate scales, then the headline rows' seeds 1 and 2; F4-LM's scores x
+  their tiers over the rate scales, then the headline rows' seeds 1 and 2; F4-LM's scores x
   block sizes at this round's support and the last round's at the default (one seed; three at
   block 256). 8 workers (32 only in the bytes the solver reports).
-* ``full``: every row at every tier over the three rate scales, 8 and 32 workers.
+* ``full``: every row at every tier over the rate scales, 8 and 32 workers.
 
 Arguments: ``tier`` (cpu/gpu/full: the grid; ``full`` runs the CPU tier's model), ``seeds``
 (default 3), ``subset`` (``t1``, ``f4`` or ``all``), ``chosen`` (``row@scale`` joined by ``+``:
-the headline rows and their chosen scales, whose other seeds run; '': the tuning phase only).
+the headline rows and their chosen scales, whose other seeds run, or with ``seeds=1`` the tuning's
+scales past the grid; '': the tuning phase only).
 """
 
 import ml_collections
@@ -54,7 +56,13 @@ from configs import common
 CONFIG = "configs/paper/lm.py"
 HEADLINE = "100x"
 HEADLINE_TIERS = ("100x", "1000x")
-LR_SCALES = (0.5, 1.0, 2.0)
+LR_SCALES = (0.5, 1.0, 2.0)  # every row's tuning starts here
+# Where an end of the scales run wins, the best rate may lie beyond it: the tuning goes on past
+# that end a factor of 2 at a time (one seed a scale, the same rule for every row) until an inner
+# scale wins, the end ties its neighbour, or the next scale would leave the ladder
+# (experiments.reproduce.t1_lm.next_scale). At 1,000 steps on the CPU tier 34 of 46 rows, dense
+# among them, had chosen an end of LR_SCALES.
+LR_LADDER = (0.125, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
 # Solo: one worker alone on its share of each step's batch (configs/paper/lm.py), the loss with
 # no communication at all, from which retention is counted.
 FIXED = {"dense": dict(method="dense"), "solo": dict(method="dense", solo=True),
@@ -190,7 +198,7 @@ def f4_grid(tier: str) -> dict[str, int]:
 def parse_chosen(text: str, labels=None, *, where: str = "configs/paper/t1_lm.py",
                  noun: str = "a row") -> dict[str, float]:
   """``row@scale+row@scale`` -> {row: scale}, each row one of ``labels`` (T1-LM's rows by
-  default) and each scale one of :data:`LR_SCALES`; ``where`` and ``noun`` name the config and
+  default) and each scale one of :data:`LR_LADDER`; ``where`` and ``noun`` name the config and
   what a row is in its refusals."""
   labels = rows() if labels is None else labels
   chosen = {}
@@ -202,9 +210,9 @@ def parse_chosen(text: str, labels=None, *, where: str = "configs/paper/t1_lm.py
       value = float(scale)
     except ValueError:
       value = None
-    if value not in LR_SCALES:
+    if value not in LR_LADDER:
       raise ValueError(f"{where}: chosen={text!r}: scale {scale!r} of {label!r}; "
-                       f"allowed: one of {LR_SCALES}")
+                       f"allowed: one of {LR_LADDER}")
     chosen[label] = value
   return chosen
 

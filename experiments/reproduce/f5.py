@@ -134,10 +134,10 @@ def loss_at(steps: np.ndarray, loss: np.ndarray, seconds_per_step: float,
 
 
 def curve(workdir: str, label: str, seeds: int, tier: str = "cpu", scale: float | None = None):
-  """``(rate scale, steps, mean validation loss, runs)`` of a row at its chosen scale (at the
-  GPU tier, its given one; ``scale``: that one), None when no run at that scale finished (or
-  the tuning budget has not)."""
-  scale = t1_lm.chosen_scale(workdir, label, tier) if scale is None else scale
+  """``(rate scale, steps, mean validation loss, runs)`` of a row at its reported scale
+  (:func:`experiments.reproduce.t1_lm.reported_scale`; at the GPU tier, its given one; ``scale``:
+  that one), None when no run at that scale finished (or the tuning's grid has not)."""
+  scale = t1_lm.reported_scale(workdir, label, tier)[0] if scale is None else scale
   if scale is None:
     return None
   runs = t1_lm.label_runs(workdir, label, scale, seeds)

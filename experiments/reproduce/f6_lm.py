@@ -90,24 +90,26 @@ def deciding_points(rows: list[dict]) -> list[str]:
 
 def produce(options: common.Options) -> Report:
   """Runs F6-LM's grid (unless ``report_only``): every point and dense and solo over the tuning
-  budget, then dense's, solo's and the deciding points' other seeds at their chosen scales."""
+  budget (its grid, then its scales past the grid's winning end), then dense's, solo's and the
+  deciding points' other seeds at their chosen scales."""
   workdir = t1_lm.runs_dir(options)
   if not options.report_only:
     tokenizers = {"data": {"cache_dir": os.path.abspath(os.path.join(workdir, "tokenizers"))}}
-    for phase in ("tuning", "seeds"):
-      if phase == "tuning":
-        arg = f"seeds={options.seeds}"
-      else:
-        labels = list(sweep_config.REFERENCES) + deciding_points(point_rows(workdir))
-        chosen = {label: t1_lm.chosen_scale(workdir, label) for label in labels}
-        arg = (f"seeds={options.seeds},tuning=0,chosen="
-               + "+".join(f"{label}@{scale:g}" for label, scale in chosen.items()
-                          if scale is not None))
-        if "@" not in arg:
-          break
+
+    def run(arg: str) -> None:
       sweep = sweep_config.get_config(arg)
       sweep.overrides = tokenizers
       common.run_sweep_config(sweep, workdir, jobs=options.jobs)
+
+    run(f"seeds={options.seeds}")
+    t1_lm.extend_tuning(workdir, sweep_config.rows(),
+                        lambda chosen: run(f"seeds=1,tuning=0,chosen={chosen}"))
+    labels = list(sweep_config.REFERENCES) + deciding_points(point_rows(workdir))
+    chosen = {label: t1_lm.chosen_scale(workdir, label) for label in labels}
+    chosen = "+".join(f"{label}@{scale:g}" for label, scale in chosen.items()
+                      if scale is not None)
+    if chosen:
+      run(f"seeds={options.seeds},tuning=0,chosen={chosen}")
   return report(workdir, seeds=options.seeds)
 
 
@@ -199,16 +201,16 @@ def tuning_notes(workdir: str, rows: list[dict]) -> list[str]:
   """What the tuning budget could not decide: points whose rate scales tie on the training
   criterion (a round as long as the run synchronises after every logged training loss, so the
   criterion cannot see the outer rate: the first scale is kept), and points whose chosen scale
-  is the grid's largest or smallest (the best rate may lie beyond it)."""
+  is an end of the ladder the tuning may extend to (the best rate may lie beyond it)."""
   ties, edges = [], []
-  scales = t1_config.LR_SCALES
+  ladder = t1_config.LR_LADDER
   for row in rows:
     tried = t1_lm.tuning(workdir, row["row"])
-    if len(tried) < len(scales) or row["family"] in sweep_config.REFERENCES:
+    if row["lr_scale"] is None or row["family"] in sweep_config.REFERENCES:
       continue
     if len({round(v, 6) for v in tried.values()}) == 1:
       ties.append(row["row"])
-    elif row["lr_scale"] in (min(scales), max(scales)):
+    elif row["lr_scale"] in (min(ladder), max(ladder)):
       edges.append(f"{row['row']} ({row['lr_scale']:g})")
   notes = []
   if ties:
@@ -216,8 +218,8 @@ def tuning_notes(workdir: str, rows: list[dict]) -> list[str]:
                  "every rate scale (the run synchronises once, after its last logged training "
                  "loss), so the first scale is kept: their outer rate is untuned.")
   if edges:
-    notes.append(f"Chosen at the edge of the rate grid ({', '.join(f'{s:g}' for s in scales)}):"
-                 " " + ", ".join(edges) + "; a rate beyond the grid may do better.")
+    notes.append(f"Chosen at an end of the rate ladder ({min(ladder):g}-{max(ladder):g}): "
+                 + ", ".join(edges) + "; a rate beyond it may do better.")
   return notes
 
 

@@ -69,18 +69,23 @@ def horizon_rows(workdir: str) -> list[dict]:
   """One row per (row, length) with a finished run, at 1x (F6-LM's and T1-LM's runs, for the rows
   that also ran longer) and each longer length; retention against that length's dense and solo."""
   names = sorted(os.listdir(workdir)) if os.path.isdir(workdir) else []
-  longer = {}  # length -> {row: scale}
+  longer = {}  # length -> {row: the scales it ran at}
   for name in names:
     stem, _, rest = name.rpartition("_lr")
     if "_len" not in stem or not rest.endswith("_s0"):
       continue
     row, length = sweep_config.parse_label(stem)
-    longer.setdefault(length, {})[row] = float(rest[:-len("_s0")])
+    if t1_lm.label_runs(workdir, stem, float(rest[:-len("_s0")]), 1):
+      longer.setdefault(length, {}).setdefault(row, []).append(float(rest[:-len("_s0")]))
   rows_seen = sorted({row for by_row in longer.values() for row in by_row})
+  reported = {row: t1_lm.reported_scale(workdir, row)[0] for row in rows_seen}
   out = []
   for length in (1, *sorted(longer)):
-    by_row = ({row: t1_lm.chosen_scale(workdir, row) for row in rows_seen} if length == 1
-              else longer[length])
+    # A longer run at the row's 1,000-step choice where one finished (the tuning may have moved
+    # since others ran), else its smallest scale run.
+    by_row = (reported if length == 1 else
+              {row: reported[row] if reported[row] in scales else min(scales)
+               for row, scales in longer[length].items()})
     for row, scale in by_row.items():
       if scale is None:
         continue

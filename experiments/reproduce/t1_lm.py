@@ -49,17 +49,23 @@ def run_subset(options: common.Options, subset: str) -> None:
   if options.report_only:
     return
   workdir = runs_dir(options)
-  phases = [""] if subset == "f4" else ["", None]
-  for chosen in phases:
-    if chosen is None:  # the second phase: chosen from the first's training losses
-      chosen = "+".join(f"{label}@{scale:g}"
-                        for label, scale in headline_choice(workdir, options.tier).items())
-    sweep = sweep_config.get_config(f"tier={options.tier},seeds={options.seeds},"
+
+  def run(chosen: str, seeds: int = options.seeds) -> None:
+    sweep = sweep_config.get_config(f"tier={options.tier},seeds={seeds},"
                                     f"subset={subset},chosen={chosen}")
     # One tokenizer for every run, trained by the first (see experiments/data/tokenizer.py).
     sweep.overrides = {"data": {"cache_dir": os.path.abspath(os.path.join(workdir,
                                                                           "tokenizers"))}}
     common.run_sweep_config(sweep, workdir, jobs=options.jobs)
+
+  run("")
+  if subset == "f4":
+    return
+  # The tuning's scales past the grid, then the headline rows' other seeds at their choice.
+  extend_tuning(workdir, sweep_config.tuning_rows(options.tier),
+                lambda chosen: run(chosen, seeds=1))
+  run("+".join(f"{label}@{scale:g}"
+               for label, scale in headline_choice(workdir, options.tier).items()))
 
 
 def produce(options: common.Options) -> Report:
@@ -85,28 +91,99 @@ def train_criterion(run: report_lib.Run) -> float:
 
 
 def tuning(workdir: str, label: str) -> dict[float, float]:
-  """Rate scale -> :func:`train_criterion` of the row's finished seed-0 runs."""
+  """Rate scale -> :func:`train_criterion` of the row's finished seed-0 runs, scale ascending."""
   out = {}
-  for scale in sweep_config.LR_SCALES:
+  for scale in sweep_config.LR_LADDER:
     runs = label_runs(workdir, label, scale, 1)
     if runs:
       out[scale] = train_criterion(runs[0])
   return out
 
 
+# Criteria closer than this are a tie: the criterion cannot tell the scales apart (a round as
+# long as the run synchronises after its last logged training loss), so nothing is extended.
+TIE = 1e-6
+
+
+def next_scale(tried: dict[float, float]) -> float | None:
+  """The rate scale a row's tuning runs next, given its finished seed-0 runs' criteria
+  (``tried``, scale -> :func:`train_criterion`); None once its choice is made.
+
+  The first of :data:`configs.paper.t1_lm.LR_SCALES` not run yet; then, while the lowest finite
+  criterion is at an end of the scales run and beats its neighbour there by more than
+  :data:`TIE` (a diverged neighbour counts as beaten), the scale a factor of 2 past that end, as
+  long as :data:`configs.paper.t1_lm.LR_LADDER` holds it.
+  """
+  missing = [s for s in sweep_config.LR_SCALES if s not in tried]
+  if missing:
+    return missing[0]
+  finite = {s: v for s, v in tried.items() if math.isfinite(v)}
+  if not finite:
+    return None
+  scales = sorted(tried)
+  best = min(finite, key=finite.get)
+  if best not in (scales[0], scales[-1]):
+    return None
+  neighbour = scales[1] if best == scales[0] else scales[-2]
+  if math.isfinite(tried[neighbour]) and tried[neighbour] - tried[best] <= TIE:
+    return None
+  beyond = best / 2 if best == scales[0] else best * 2
+  return beyond if beyond in sweep_config.LR_LADDER else None
+
+
+def pending_scales(workdir: str, labels) -> dict[str, float]:
+  """Row -> the rate scale its tuning runs next (:func:`next_scale`), for the rows of ``labels``
+  whose grid has finished but whose choice is not made."""
+  out = {}
+  for label in labels:
+    tried = tuning(workdir, label)
+    if all(s in tried for s in sweep_config.LR_SCALES):
+      scale = next_scale(tried)
+      if scale is not None:
+        out[label] = scale
+  return out
+
+
 def chosen_scale(workdir: str, label: str, tier: str = "cpu") -> float | None:
-  """The row's rate scale with the lowest finite training criterion; None until every scale of
-  the tuning budget has finished (a partial budget chooses nothing). A tier that gives the row
-  its scale (the GPU tier, :func:`configs.paper.t1_lm.given_scale`) gives that one, once a run
-  of it has finished."""
+  """The row's rate scale with the lowest finite training criterion; None until its tuning has
+  finished (:func:`next_scale` has nothing left to run: a partial budget chooses nothing). A
+  tier that gives the row its scale (the GPU tier, :func:`configs.paper.t1_lm.given_scale`)
+  gives that one, once a run of it has finished."""
   given = sweep_config.given_scale(tier, label)
   if given is not None:
     return given if label_runs(workdir, label, given, 1) else None
   tried = tuning(workdir, label)
-  if len(tried) < len(sweep_config.LR_SCALES):
+  if not tried or next_scale(tried) is not None:
     return None
   finite = {s: v for s, v in tried.items() if math.isfinite(v)}
   return min(finite, key=finite.get) if finite else None
+
+
+def reported_scale(workdir: str, label: str,
+                   tier: str = "cpu") -> tuple[float | None, float | None]:
+  """``(scale, pending)``: the scale a page reports a row at, and the scale its tuning still has
+  to run (None once it is over). While the tuning goes on past its grid, the page shows the best
+  scale so far, marked provisional by ``pending``; the runs the reproduction starts (seeds,
+  horizons) wait for :func:`chosen_scale`."""
+  scale = chosen_scale(workdir, label, tier)
+  if scale is not None or sweep_config.given_scale(tier, label) is not None:
+    return scale, None
+  tried = tuning(workdir, label)
+  finite = {s: v for s, v in tried.items() if math.isfinite(v)}
+  if not finite or not all(s in tried for s in sweep_config.LR_SCALES):
+    return None, None
+  return min(finite, key=finite.get), next_scale(tried)
+
+
+def extend_tuning(workdir: str, labels, run_chosen) -> None:
+  """Runs the tuning's scales past the grid (:func:`pending_scales`) round by round until every
+  row of ``labels`` has chosen; ``run_chosen(chosen)`` runs seed 0 of each ``row@scale`` of a
+  round (a config's ``chosen`` argument)."""
+  for _ in sweep_config.LR_LADDER:  # each round moves a row one scale along the ladder
+    pending = pending_scales(workdir, labels)
+    if not pending:
+      return
+    run_chosen("+".join(f"{label}@{scale:g}" for label, scale in pending.items()))
 
 
 def headline_choice(workdir: str, tier: str) -> dict[str, float]:
@@ -176,14 +253,15 @@ def rows_for(workdir: str, labels, seeds: int, tier: str = "cpu", *,
   failures = common.read_failures(workdir)
   rows = []
   for label in labels:
-    scale = chosen_scale(workdir, label, tier)
+    scale, pending = reported_scale(workdir, label, tier)
     tried = tuning(workdir, label)
     runs = label_runs(workdir, label, scale, seeds) if scale is not None else []
     loss = [r.results["test_loss"] for r in runs]
     bpb = [r.results["test_bits_per_byte"] for r in runs]
     failed = [m for n, m in failures.items() if n.startswith(label + "_lr")]
-    status = (f"{len(runs)} seed(s)" if runs else
-              f"tuning: {len(tried)} of {len(sweep_config.LR_SCALES)} rate scales finished")
+    status = (f"{len(runs)} seed(s)" if runs else tuning_status(tried))
+    if runs and pending is not None:
+      status += f"; provisional: its tuning runs rate scale {pending:g} next"
     row = {"method": label, "tier": tier_of(label) or "fixed",
            "family": family(label), "seeds": len(runs), "lr_scale": scale, "losses": loss,
            "tuning": " / ".join(f"{s:g}: {v:.3f}" + (" *" if s == scale else "")
@@ -214,6 +292,14 @@ def rows_for(workdir: str, labels, seeds: int, tier: str = "cpu", *,
     if dense is not None and solo is not None and row["seeds"]:
       row.update(retention_fields(row["losses"], solo["losses"], dense["losses"]))
   return rows
+
+
+def tuning_status(tried: dict[float, float]) -> str:
+  """Why a row has no run to report: its grid's scales not all run, or every one diverged."""
+  done = sum(s in tried for s in sweep_config.LR_SCALES)
+  if done < len(sweep_config.LR_SCALES):
+    return f"tuning: {done} of {len(sweep_config.LR_SCALES)} rate scales finished"
+  return "tuning: diverged at every rate scale"
 
 
 def retention_fields(losses, solo_losses, dense_losses) -> dict:
@@ -305,9 +391,11 @@ def recipe_note(tier: str) -> str:
       if tier == "gpu" else
       "Tuning budget, the same for every row: the rate `lr_scale` scales (AdamW's peak rate; "
       "a local-update method's outer rate) at "
-      f"{', '.join(f'{s:g}' for s in sweep_config.LR_SCALES)}, one seed each; the scale with "
-      "the lowest mean training loss over the last tenth of the run is kept (`tuning` column, "
-      "chosen marked *)")
+      f"{', '.join(f'{s:g}' for s in sweep_config.LR_SCALES)}, one seed each, and past an "
+      "end of them a factor of 2 at a time while that end has the lowest training loss "
+      f"(within {min(sweep_config.LR_LADDER):g}-{max(sweep_config.LR_LADDER):g}); the scale "
+      "with the lowest mean training loss over the last tenth of the run is kept (`tuning` "
+      "column, chosen marked *)")
   return (f"Recipe, the same for every method: configs/lm_stdlib.py's `{name}` model, AdamW "
           f"with cosine decay, {sizes['num_steps']} steps of {sizes['batch_size']} sequences of "
           f"{sizes['seq_len']} tokens "
