@@ -238,7 +238,8 @@ def time_rows(curves: dict) -> list[dict]:
         within = t1_lm.within_tier({"tier": tier, "compression_ratio": ratio})
         rows.append({"method": label, "tier": tier or "fixed", "lr_scale": scale,
                      "link": link_name, "workers": workers, "seeds": len(runs),
-                     "compute_s": compute, "comm_s": comm, "exposed_s": step - compute,
+                     # a step is never shorter than its compute: below 0 is summation rounding
+                     "compute_s": compute, "comm_s": comm, "exposed_s": max(0.0, step - compute),
                      "step_s": step,
                      "steps_by_kind": ", ".join(f"{k} {n}" for k, n in counts.items() if n),
                      "compression_ratio": ratio, "on_tier": within,
