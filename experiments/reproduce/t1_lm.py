@@ -44,8 +44,9 @@ def run_folders(options: common.Options) -> list[str]:
 
 def run_subset(options: common.Options, subset: str) -> None:
   """Runs ``subset`` (``t1`` or ``f4``) of the tier's sweep, unless ``report_only``: for T1-LM
-  the tuning phase (every row at every rate scale, one seed), then the headline rows' other
-  seeds at their chosen scales (:func:`headline_choice`)."""
+  the tuning phase (every row at the grid's rate scales, one seed) and its scales past the grid
+  (:func:`extend_tuning`), then the headline rows' other seeds at their chosen scales
+  (:func:`headline_choice`)."""
   if options.report_only:
     return
   workdir = runs_dir(options)
