@@ -10,10 +10,11 @@ bytes, :data:`FIXED_POINTS`, are one point each) with the tuning budget
 T1-LM gives every row: the rate scale at each of ``configs.paper.t1_lm.LR_SCALES``, one seed, and
 past an end of them while that end wins (``LR_LADDER``; the reproduction passes those scales as
 ``chosen`` with ``seeds=1``), the lowest training loss kept; the points that decide a family's
-90% crossing then run seeds 1 and 2 (``chosen``). Beside them ``dense`` and ``solo`` (one worker alone on its share of each
-step's batch: the loss with no communication at all), three seeds each. A point's label is
-``<family>_<ratio>x``, the same run as T1-LM's row of that label (the same arguments:
-``tests/test_reproduce_frontier.py`` checks it), so the two targets share their runs.
+90% crossing then run seeds 1 and 2 (``chosen``). Beside them ``dense`` and ``solo`` (one worker
+alone on its share of each step's batch: the loss with no communication at all), three seeds
+each. A point's label is ``<family>_<ratio>x``, the same run as T1-LM's row of that label (the
+same arguments: ``tests/test_reproduce_frontier.py`` checks it), so the two targets share their
+runs.
 
 Arguments: ``tier`` (cpu; the GPU tier has no frontier), ``seeds`` (3), ``families`` (the
 families to run, joined by ``+``; '': all), ``chosen`` (``row@scale`` joined by ``+``: the points

@@ -75,8 +75,9 @@ def horizon_rows(workdir: str) -> list[dict]:
     if "_len" not in stem or not rest.endswith("_s0"):
       continue
     row, length = sweep_config.parse_label(stem)
-    if t1_lm.label_runs(workdir, stem, float(rest[:-len("_s0")]), 1):
-      longer.setdefault(length, {}).setdefault(row, []).append(float(rest[:-len("_s0")]))
+    scale = float(rest[:-len("_s0")])
+    if t1_lm.label_runs(workdir, stem, scale, 1):
+      longer.setdefault(length, {}).setdefault(row, []).append(scale)
   rows_seen = sorted({row for by_row in longer.values() for row in by_row})
   reported = {row: t1_lm.reported_scale(workdir, row)[0] for row in rows_seen}
   out = []

@@ -135,14 +135,8 @@ def next_scale(tried: dict[float, float]) -> float | None:
 def pending_scales(workdir: str, labels) -> dict[str, float]:
   """Row -> the rate scale its tuning runs next (:func:`next_scale`), for the rows of ``labels``
   whose grid has finished but whose choice is not made."""
-  out = {}
-  for label in labels:
-    tried = tuning(workdir, label)
-    if all(s in tried for s in sweep_config.LR_SCALES):
-      scale = next_scale(tried)
-      if scale is not None:
-        out[label] = scale
-  return out
+  pending = {label: reported_scale(workdir, label)[1] for label in labels}
+  return {label: scale for label, scale in pending.items() if scale is not None}
 
 
 def chosen_scale(workdir: str, label: str, tier: str = "cpu") -> float | None:
@@ -150,14 +144,8 @@ def chosen_scale(workdir: str, label: str, tier: str = "cpu") -> float | None:
   finished (:func:`next_scale` has nothing left to run: a partial budget chooses nothing). A
   tier that gives the row its scale (the GPU tier, :func:`configs.paper.t1_lm.given_scale`)
   gives that one, once a run of it has finished."""
-  given = sweep_config.given_scale(tier, label)
-  if given is not None:
-    return given if label_runs(workdir, label, given, 1) else None
-  tried = tuning(workdir, label)
-  if not tried or next_scale(tried) is not None:
-    return None
-  finite = {s: v for s, v in tried.items() if math.isfinite(v)}
-  return min(finite, key=finite.get) if finite else None
+  scale, pending = reported_scale(workdir, label, tier)
+  return scale if pending is None else None
 
 
 def reported_scale(workdir: str, label: str,
@@ -165,15 +153,16 @@ def reported_scale(workdir: str, label: str,
   """``(scale, pending)``: the scale a page reports a row at, and the scale its tuning still has
   to run (None once it is over). While the tuning goes on past its grid, the page shows the best
   scale so far, marked provisional by ``pending``; the runs the reproduction starts (seeds,
-  horizons) wait for :func:`chosen_scale`."""
-  scale = chosen_scale(workdir, label, tier)
-  if scale is not None or sweep_config.given_scale(tier, label) is not None:
-    return scale, None
+  horizons) wait for :func:`chosen_scale`. ``(None, None)`` until the grid has finished, or
+  where every scale diverged."""
+  given = sweep_config.given_scale(tier, label)
+  if given is not None:
+    return (given if label_runs(workdir, label, given, 1) else None), None
   tried = tuning(workdir, label)
-  finite = {s: v for s, v in tried.items() if math.isfinite(v)}
-  if not finite or not all(s in tried for s in sweep_config.LR_SCALES):
+  if not all(s in tried for s in sweep_config.LR_SCALES):
     return None, None
-  return min(finite, key=finite.get), next_scale(tried)
+  finite = {s: v for s, v in tried.items() if math.isfinite(v)}
+  return (min(finite, key=finite.get) if finite else None), next_scale(tried)
 
 
 def extend_tuning(workdir: str, labels, run_chosen) -> None:
