@@ -21,6 +21,13 @@ def mesh(num_devices: int = 8, axis_name: str = "data") -> jax.sharding.Mesh:
   return jax.sharding.Mesh(np.array(jax.devices()[:num_devices]), (axis_name,))
 
 
+def islands_mesh(islands: int = 2, fsdp: int = 4) -> jax.sharding.Mesh:
+  """``islands x fsdp`` devices: the slow axis ``"islands"``, the fast axis ``"fsdp"``."""
+  devices = np.array(jax.devices()[:islands * fsdp]).reshape(islands, fsdp)
+  return jax.sharding.Mesh(devices, ("islands", "fsdp"),
+                           axis_types=(jax.sharding.AxisType.Auto,) * 2)
+
+
 def h100_mesh(num_devices: int, axis_name: str = "data") -> jax.sharding.AbstractMesh:
   """A mesh of abstract H100s: a program traced on it and lowered for CUDA is what a GPU
   process would compile, checked on a machine without one."""

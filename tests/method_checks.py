@@ -88,7 +88,8 @@ def _family(name: str) -> str:
   return registry.get(name).family
 
 
-def training_step(name: str, settings, mesh, *, axis="data", per_device: int = 1):
+def training_step(name: str, settings, mesh, *, axis="data", per_device: int = 1,
+                  shard_axis=None):
   """``compressors.data_parallel`` of the method with plain SGD (an exchange's optimizer, a
   local-update method's inner one) on the regression of :func:`_regression_batch`, with the
   method's step kinds."""
@@ -102,7 +103,7 @@ def training_step(name: str, settings, mesh, *, axis="data", per_device: int = 1
   return compressors.data_parallel(
       _loss, tx, mesh, PARAMS, _regression_batch(), axis_name=axis,
       workers_per_device=per_device, kinds=registry.step_kinds(name, settings),
-      per_worker_params=_family(name) == "local")
+      per_worker_params=_family(name) == "local", shard_axis=shard_axis)
 
 
 def _compress_state(state) -> compressors.CompressState:
@@ -375,10 +376,52 @@ def check_simulated_workers_match_devices(name: str, settings=None, steps: int =
       np.testing.assert_allclose(b, a, rtol=0, atol=N * steps * epsilon * scale, err_msg=where)
 
 
+def check_islands_with_fsdp_inside(name: str, settings=None, steps: int = 8) -> None:
+  """The method across 2 islands, the model sharded over 4 fast devices inside each
+  (:mod:`compressors.parallel.fsdp`): every kind runs and compiles once; each shard agrees
+  across the islands after every step that synchronises (with local updates, differs between
+  synchronisations); the model stays finite; the islands axis carries the exchange and the
+  fast axis nothing but ZeRO-3's all-gather and reduce-scatter of the whole model (within 1%:
+  the non-finite guard's flag; a kind with per-step inputs, TASC's curvature, differentiates
+  through the gather again and sends more), and the islands axis at most half the bytes the 8
+  devices send plainly."""
+  mesh = harness.islands_mesh()
+  dp = training_step(name, settings, mesh, axis="islands", shard_axis="fsdp")
+  batch = _regression_batch()
+  params, state = dp.worker_params(PARAMS), dp.init(PARAMS)
+  for t in range(steps):
+    kind = dp.kind_at(t)
+    params, state, metrics = dp.step(params, state, batch, kind=kind)
+    agree = bool(dp.replicas_agree(params))
+    if dp.per_worker_params and any(dp.synchronises(k) for k in dp.kinds):
+      assert agree == dp.synchronises(kind), f"{name}: islands agree {agree} at step {t}"
+    elif not dp.per_worker_params:
+      assert agree, f"{name}: the islands' shards differ at step {t}"
+  model = dp.model_params(compressors.TrainState(0, params, (), state))
+  assert jax.tree.map(jnp.shape, model) == jax.tree.map(jnp.shape, PARAMS)
+  assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(model)), name
+  assert np.isfinite(float(metrics["loss"])) and int(metrics["skipped_steps"]) == 0
+  model_bytes = sum(x.size * 4 for x in jax.tree.leaves(PARAMS))
+  zero3 = 2 * (4 - 1) / 4 * model_bytes  # all-gather and reduce-scatter of the model
+  plain = training_step(name, settings, harness.mesh())
+  for kind in {dp.kind_at(t) for t in range(steps)}:
+    sent = dp.wire_bytes(params, state, batch, kind=kind).by_axis
+    fast = sent.get(("fsdp",), 0.0)
+    # A kind with per-step inputs (TASC's curvature) differentiates through the gather again.
+    extra = dp.kinds[kind].inputs is not None
+    assert (fast >= 0.99 * zero3) if extra else abs(fast - zero3) <= 0.01 * zero3, (
+        f"{name} {kind}: fsdp {fast:,.0f} vs {zero3:,.0f}")
+    plain_sent = plain.wire_bytes(plain.worker_params(PARAMS), plain.init(PARAMS), batch,
+                                  kind=kind).total
+    slow = sent.get(("islands",), 0.0)
+    assert slow <= 0.5 * plain_sent + 64, f"{name} {kind}: islands {slow:,.0f}, 8 devices {plain_sent:,.0f}"
+
+
 CHECKS = (check_nothing_lost, check_nothing_lost_after_the_optimizer,
           check_replicas_identical_and_one_compile,
           check_pmap_equals_shard_map, check_fused_equals_per_leaf,
-          check_bytes_within_cost_model, check_simulated_workers_match_devices)
+          check_bytes_within_cost_model, check_simulated_workers_match_devices,
+          check_islands_with_fsdp_inside)
 
 
 def run_all(name: str, settings=None) -> None:

@@ -62,6 +62,7 @@ from compressors.method_protocol import StepKind
 from compressors.network import axes
 from compressors.parallel import drift
 from compressors.parallel import evaluation
+from compressors.parallel import fsdp
 from compressors.parallel import hlo_bytes
 from compressors.parallel import nonfinite
 from compressors.parallel import per_worker
@@ -104,7 +105,10 @@ class DataParallel(NamedTuple):
       per-worker parameters: every worker's row the same, as after a synchronising step).
     worker_params: ``params -> params`` laid out as the step takes them: the identity, or with
       per-worker parameters replicated ones copied to one row per worker.
-    per_worker_params: the parameters have one row per worker (:func:`data_parallel`).
+    per_worker_params: the parameters have one row per worker (:func:`data_parallel`; with
+      islands, one row per island).
+    param_layout: with islands (``shard_axis``), the parameters' layout over the fast axis
+      (:class:`compressors.parallel.fsdp.ParamLayout`); None otherwise.
   """
   init: Callable[[chex.ArrayTree], chex.ArrayTree]
   step: Callable[..., tuple[chex.ArrayTree, chex.ArrayTree, dict[str, Any]]]
@@ -118,19 +122,29 @@ class DataParallel(NamedTuple):
   replicas_agree: Callable[[chex.ArrayTree], jax.Array] | None = None
   worker_params: Callable[[chex.ArrayTree], chex.ArrayTree] = lambda params: params
   per_worker_params: bool = False
+  param_layout: fsdp.ParamLayout | None = None
 
   @property
-  def params_spec(self) -> P:
-    """The parameters' ``PartitionSpec`` on :attr:`mesh`: ``P()``, or one row per worker."""
+  def params_spec(self) -> chex.ArrayTree:
+    """The parameters' ``PartitionSpec`` on :attr:`mesh`: ``P()``, or one row per worker;
+    with islands, a tree of them (sharded over the fast axis, a row per island)."""
+    if self.param_layout is not None:
+      return self.param_layout.specs
     return self.workers.spec if self.per_worker_params else P()
 
   def model_params(self, state: TrainState) -> chex.ArrayTree:
-    """The parameters the model is (to evaluate), replicated: ``state.params``, or with
-    per-worker parameters those of the latest synchronisation
+    """The parameters the model is (to evaluate), in their natural shapes: ``state.params``,
+    or with per-worker parameters those of the latest synchronisation
     (``compressors.synchronised_params``)."""
+    layout = self.param_layout
     if not self.per_worker_params:
-      return state.params
-    return method_protocol.synchronised_params(state.opt_state)
+      return state.params if layout is None else layout.to_natural(state.params)
+    synchronised = method_protocol.synchronised_params(state.opt_state)
+    if layout is None:
+      return synchronised
+    # One island's rows over the fast axis (the synchronised parameters are every island's).
+    first = jax.tree.map(lambda x: x.reshape((-1, layout.shards) + x.shape[1:])[0], synchronised)
+    return layout.rows_to_natural(first)
 
   def kind_at(self, step: int) -> str:
     """The name of the kind that runs at ``step``."""
@@ -172,7 +186,7 @@ def data_parallel(loss_fn: Callable[..., Any], tx: optax.GradientTransformation,
                   model_state: chex.ArrayTree = None,
                   rng: jax.Array | None = None, skip_nonfinite: bool = True,
                   donate: bool = False, per_worker_params: bool = False,
-                  **deprecated) -> DataParallel:
+                  shard_axis: str | None = None, **deprecated) -> DataParallel:
   """A data-parallel step of ``tx`` over the workers of ``axis_name`` (see the module docstring).
 
   Args:
@@ -207,6 +221,12 @@ def data_parallel(loss_fn: Callable[..., Any], tx: optax.GradientTransformation,
       one row per worker (:meth:`DataParallel.worker_params` lays replicated ones out so), each
       worker differentiates at its own, and updates are applied with
       ``compressors.apply_local_updates`` (bit-identical rows after a synchronising step).
+    shard_axis: islands: a mesh axis outside ``axis_name`` over which the parameters, the
+      gradient and the state built from them are sharded inside each island, ZeRO-3 style
+      (:mod:`compressors.parallel.fsdp`); every device is a worker, and ``tx``'s collectives
+      span ``axis_name`` (the slow axis) on each device's shard. ``init`` and
+      :meth:`DataParallel.worker_params` take natural parameters; ``step`` and ``train_step``
+      take them as ``worker_params`` lays them out.
     **deprecated: ``step_inputs=``, now ``kinds=`` (a DeprecationWarning for one release).
 
   Returns:
@@ -228,45 +248,71 @@ def data_parallel(loss_fn: Callable[..., Any], tx: optax.GradientTransformation,
     kinds = method_protocol.step_kinds(kinds)
   kinds = kinds_lib.checked(kinds)
   if mesh is None:
-    if workers_per_device != 1:
-      raise ValueError(f"workers_per_device={workers_per_device!r} needs a mesh (shard_map); "
-                       "under pmap (mesh=None) every worker is a device")
-    if model_state is not None:
-      raise ValueError("data_parallel: model_state needs a mesh (shard_map, train_step); "
-                       "under pmap (mesh=None) there is only the step of params and state")
-    _check_batch(batch, jax.local_device_count())
+    _check_pmap(shard_axis, workers_per_device, model_state, batch)
     if skip_nonfinite:
       tx = nonfinite.skip_nonfinite(tx, axis_name=axis_name)
     # pmap differentiates each device's own loss: no copy to type.
-    return _on_pmap(_WorkerStep(loss_fn, tx, axis_name, has_aux, False, rng, skip_nonfinite,
-                                lambda params: params), kinds, axis_name, donate,
+    return _on_pmap(_WorkerStep(loss_fn, tx, axis_name, axis_name, has_aux, False, rng,
+                                skip_nonfinite, lambda params: params), kinds, axis_name, donate,
                     per_worker_params)
-  layout = workers_lib.Workers.on(mesh, axis_name, workers_per_device)
+  layout = workers_lib.Workers.on(mesh, axis_name, workers_per_device, shard_axis)
   _check_batch(batch, layout.count)
   one_each = functools.partial(
       data_parallel, loss_fn, tx, params=params, batch=batch, axis_name=axis_name,
       has_aux=has_aux, kinds=kinds, model_state=model_state, rng=rng,
       skip_nonfinite=skip_nonfinite, per_worker_params=per_worker_params)
-  wrapped = nonfinite.skip_nonfinite(tx, axis_name=axis_name) if skip_nonfinite else tx
-  worker = _WorkerStep(loss_fn, wrapped, axis_name, has_aux, model_state is not None, rng,
-                       skip_nonfinite, (lambda p: p) if per_worker_params else layout.own_copy)
+  param_layout = None if shard_axis is None else fsdp.ParamLayout.of(
+      params, shard_axis, layout.shards, per_island=per_worker_params, island_axis=axis_name)
+  # One shard's NaN skips the step on every device: an island's shards must stay one model.
+  wrapped = (nonfinite.skip_nonfinite(tx, axis_name=layout.worker_axes) if skip_nonfinite
+             else tx)
+  worker = _WorkerStep(
+      loss_fn, wrapped, axis_name, layout.worker_axes, has_aux, model_state is not None, rng,
+      skip_nonfinite, (lambda p: p) if per_worker_params else layout.own_copy,
+      *(() if param_layout is None else (param_layout.gather, layout.shards)))
   model_state = () if model_state is None else model_state
-  # Shapes and dtypes, laid out as the step takes them (a mesh of explicit axes checks that).
-  params = step_bytes.abstract(params, mesh, P())
+  # Shapes and dtypes, laid out as the step takes them (a mesh of explicit axes checks that);
+  # the parameters as init takes them (with islands: stored, one shard per device).
+  params = _init_params(params, mesh, param_layout)
   batch = step_bytes.abstract(batch, mesh, layout.spec)
   model_state = step_bytes.abstract(model_state, mesh, layout.spec)
   specs = layout.layout(_state_specs(worker, kinds, layout, params, model_state, batch,
-                                     per_worker_params))
-  programs = _Programs(worker, layout, specs, kinds,
-                       layout.spec if per_worker_params else P())
+                                     per_worker_params, param_layout))
+  params_spec = param_layout.specs if param_layout else layout.spec if per_worker_params else P()
+  programs = _Programs(worker, layout, specs, kinds, params_spec, per_worker_params,
+                       param_layout)
   return DataParallel(
       init=programs.init(), step=programs.simple_step(donate), train_step=programs.train_step(),
       kinds={k.name: k for k in kinds}, specs=specs, mesh=mesh, workers=layout,
       equivalent=functools.cache(lambda: one_each(mesh=layout.equivalent_mesh()))
       if layout.per_device > 1 else None,
       reduce=functools.partial(evaluation.reduce_over_workers, layout),
-      replicas_agree=drift.replicas_agree_program(layout, per_worker_params),
-      worker_params=programs.worker_params(), per_worker_params=per_worker_params)
+      replicas_agree=drift.replicas_agree_program(layout, per_worker_params, params_spec),
+      worker_params=programs.worker_params(), per_worker_params=per_worker_params,
+      param_layout=param_layout)
+
+
+def _check_pmap(shard_axis, workers_per_device, model_state, batch) -> None:
+  """What ``jax.pmap`` (no mesh) cannot run is refused, naming the argument."""
+  if shard_axis is not None:
+    raise ValueError(f"shard_axis={shard_axis!r} needs a mesh (shard_map) with that axis; "
+                     "under pmap (mesh=None) every device holds the whole model")
+  if workers_per_device != 1:
+    raise ValueError(f"workers_per_device={workers_per_device!r} needs a mesh (shard_map); "
+                     "under pmap (mesh=None) every worker is a device")
+  if model_state is not None:
+    raise ValueError("data_parallel: model_state needs a mesh (shard_map, train_step); "
+                     "under pmap (mesh=None) there is only the step of params and state")
+  _check_batch(batch, jax.local_device_count())
+
+
+def _init_params(params, mesh, param_layout) -> chex.ArrayTree:
+  """The parameters' shapes as ``init`` takes them: replicated, or with islands stored and
+  sharded over the fast axis (a shard per device)."""
+  if param_layout is None:
+    return step_bytes.abstract(params, mesh, P())
+  return step_bytes.abstract(jax.eval_shape(param_layout.to_stored, params), mesh,
+                             param_layout.shard_specs)
 
 
 def _check_batch(batch: chex.ArrayTree, num_workers: int) -> None:
@@ -281,12 +327,16 @@ def _check_batch(batch: chex.ArrayTree, num_workers: int) -> None:
           f"so that axis must be a multiple of {num_workers}")
 
 
-def _state_specs(worker, kinds, layout, params, model_state, batch,
-                 per_worker_params) -> chex.ArrayTree:
+def _state_specs(worker, kinds, layout, params, model_state, batch, per_worker_params,
+                 param_layout) -> chex.ArrayTree:
   """:func:`compressors.state_specs` of the step, traced on the mesh of one worker per device
   (the state's layout is the same with simulated workers) for each kind, with what its inputs
-  make per worker and its options: a leaf is per worker if any kind makes it so."""
-  axis = layout.axis_name
+  make per worker and its options: a leaf is per worker if any kind makes it so. With islands
+  (``param_layout``) the update is traced on one device's shard of ``params``."""
+  axis, rows = layout.axis_name, P(layout.worker_axes)
+  params_in, analysed = P(), params
+  if param_layout is not None:
+    params_in, analysed = param_layout.shard_specs, param_layout.shard_shapes(params)
   if layout.per_device == 1:  # the mesh itself, with the inputs laid out on it
     mesh = layout.mesh
   else:
@@ -305,12 +355,13 @@ def _state_specs(worker, kinds, layout, params, model_state, batch,
         made = worker.inputs(kind, worker.own_copy(p), b, m, jnp.zeros((), jnp.int32))
         return jax.tree.map(lambda x: x[None], made)
       made = jax.eval_shape(jax.shard_map(
-          per_worker_inputs, mesh=mesh, in_specs=(P(), P(axis), P(axis)), out_specs=P(axis),
+          per_worker_inputs, mesh=mesh, in_specs=(params_in, rows, rows), out_specs=rows,
           check_vma=False), params, model_state, batch)
       extras = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), made)
-    specs = per_worker.state_specs(worker.tx, params, mesh, axis,
+    specs = per_worker.state_specs(worker.tx, analysed, mesh, axis,
                                    per_worker_params=per_worker_params,
-                                   options=kind.update_kwargs(), **extras)
+                                   options=kind.update_kwargs(), shard_axis=layout.shard_axis,
+                                   **extras)
     found = specs if found is None else jax.tree.map(
         lambda a, b: a if a != P() else b, found, specs, is_leaf=lambda x: isinstance(x, P))
   return found
@@ -320,13 +371,17 @@ class _WorkerStep(NamedTuple):
   """One worker's step: gradient of its loss, per-step inputs, update, metrics."""
   loss_fn: Callable[..., Any]
   tx: optax.GradientTransformation
-  axis_name: axes.AxisName
+  axis_name: axes.AxisName  # the exchange's (what tx is built with)
+  worker_axes: axes.AxisName  # every axis workers differ along (ranks, metrics)
   has_aux: bool
   stateful: bool  # loss_fn(params, batch, model_state, rng) -> (loss, (aux, new_model_state))
   rng: jax.Array | None
   skip_nonfinite: bool
   # A per-worker copy of the parameters, to differentiate.
   own_copy: Callable[[chex.ArrayTree], chex.ArrayTree]
+  # One device's parameters -> the model's (islands: all-gathered over the fast axis).
+  gather: Callable[[chex.ArrayTree], chex.ArrayTree] = lambda params: params
+  shards: int = 1  # devices an island's gradient is summed over by the gather's transpose
 
   def keys(self, step):
     """``(loss key of the step, inputs key of the step)``, or Nones and a fixed inputs key
@@ -338,6 +393,7 @@ class _WorkerStep(NamedTuple):
 
   def loss(self, params, batch, model_state, rng):
     """``(loss, (aux, new_model_state))`` whatever the form of ``loss_fn``."""
+    params = self.gather(params)
     if self.stateful:
       return self.loss_fn(params, batch, model_state, rng)
     out = self.loss_fn(params, batch)
@@ -352,10 +408,12 @@ class _WorkerStep(NamedTuple):
   def __call__(self, step, params, model_state, state, batch, kind):
     loss_key, _ = self.keys(step)
     worker_key = (None if loss_key is None
-                  else jax.random.fold_in(loss_key, axes.worker_index(self.axis_name)))
+                  else jax.random.fold_in(loss_key, axes.worker_index(self.worker_axes)))
     local_params = self.own_copy(params)
     (loss, (aux, new_model_state)), grads = jax.value_and_grad(self.loss, has_aux=True)(
         local_params, batch, model_state, worker_key)
+    if self.shards > 1:  # the gather's transpose summed the island's gradients: their mean
+      grads = jax.tree.map(lambda g: g / self.shards, grads)
     extra = self.inputs(kind, local_params, batch, new_model_state, step) if kind.inputs else {}
     updates, state = self.tx.update(grads, state, params, **extra, **kind.update_kwargs())
     # This worker's own metrics: no collective, so a step's bytes are its exchange's alone.
@@ -376,9 +434,10 @@ class _WorkerStep(NamedTuple):
     worker's aux stacked along a leading worker axis (``skipped_steps`` is left out: the caller
     takes it from the replicated state)."""
     metrics = {k: v for k, v in metrics.items() if k != "skipped_steps"}
-    metrics["loss"] = jax.lax.pmean(metrics["loss"], self.axis_name)
+    metrics["loss"] = jax.lax.pmean(metrics["loss"], self.worker_axes)
     if "aux" in metrics:
-      metrics["aux"] = jax.tree.map(lambda a: axes.all_gather(a, self.axis_name), metrics["aux"])
+      metrics["aux"] = jax.tree.map(lambda a: axes.all_gather(a, self.worker_axes),
+                                    metrics["aux"])
     return metrics
 
 
@@ -388,28 +447,39 @@ class _Programs(NamedTuple):
   layout: workers_lib.Workers
   specs: chex.ArrayTree
   kinds: tuple[StepKind, ...]
-  params_spec: P  # P() replicated, the workers' spec with per-worker parameters
+  # P() replicated, the workers' spec with per-worker parameters; with islands a tree.
+  params_spec: chex.ArrayTree
+  per_worker_params: bool
+  param_layout: fsdp.ParamLayout | None
 
   @property
   def params_axis(self):
     """The parameters' ``in_axes``/``out_axes`` for :meth:`Workers.each`."""
-    return None if self.params_spec == P() else 0
+    return 0 if self.per_worker_params else None
 
   def shard_map(self, fn, in_specs, out_specs):
     return self.layout.shard_map(fn, in_specs, out_specs)
 
   def init(self):
     state_axes = workers_lib.per_worker_axes(self.specs)
-    return jax.jit(self.shard_map(self.layout.each(self.worker.tx.init, None, state_axes),
-                                  in_specs=P(), out_specs=self.specs))
+    each = self.layout.each(self.worker.tx.init, None, state_axes)
+    if self.param_layout is None:
+      return jax.jit(self.shard_map(each, in_specs=P(), out_specs=self.specs))
+    shards = self.shard_map(each, in_specs=(self.param_layout.shard_specs,),
+                            out_specs=self.specs)
+    return jax.jit(lambda params: shards(self.param_layout.to_stored(params)))
 
   def worker_params(self):
     """Replicated parameters -> laid out as the step takes them (one row per worker with
-    per-worker parameters)."""
+    per-worker parameters; with islands, stored and sharded, a row per island)."""
+    sharding = _shardings(self.layout.mesh, self.params_spec)
+    if self.param_layout is not None:
+      islands = self.layout.count // self.layout.shards
+      return jax.jit(lambda params: self.param_layout.to_stored(params, islands),
+                     out_shardings=sharding)
     if self.params_axis is None:
       return lambda params: params
     count = self.layout.count
-    sharding = NamedSharding(self.layout.mesh, self.params_spec)
     return jax.jit(lambda params: jax.tree.map(
         lambda x: jnp.broadcast_to(x, (count,) + x.shape), params), out_shardings=sharding)
 
@@ -465,7 +535,7 @@ class _Programs(NamedTuple):
 
     # Inputs placed as the step lays them out (a no-op for the step's own outputs), so that the
     # first call, on the caller's arrays, compiles the same program as the later ones.
-    params_sharding = NamedSharding(layout.mesh, self.params_spec)
+    params_sharding = _shardings(layout.mesh, self.params_spec)
     split = NamedSharding(layout.mesh, layout.spec)
 
     program = kinds_lib.same_programs(self.kinds)
@@ -477,6 +547,11 @@ class _Programs(NamedTuple):
     step.lower = lambda params, state, batch, *, kind=default: jitted.lower(
         params, state, batch, kind=program[kind])
     return step
+
+
+def _shardings(mesh: jax.sharding.Mesh, specs: chex.ArrayTree) -> chex.ArrayTree:
+  """``NamedSharding``s on ``mesh`` of a spec or a tree of them."""
+  return jax.tree.map(lambda s: NamedSharding(mesh, s), specs, is_leaf=lambda s: isinstance(s, P))
 
 
 def _on_pmap(worker: _WorkerStep, kinds: tuple[StepKind, ...], axis_name, donate: bool,

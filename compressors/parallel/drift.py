@@ -41,11 +41,21 @@ def replicas_agree(tree: Any, axis_name: axes.AxisName) -> jax.Array:
   return jnp.all(jax.lax.pmax(words, names) == jax.lax.pmin(words, names))
 
 
-def replicas_agree_program(layout: workers_lib.Workers,
-                           per_worker_params: bool) -> Callable[[Any], jax.Array]:
+def replicas_agree_program(layout: workers_lib.Workers, per_worker_params: bool,
+                           params_spec: Any = P()) -> Callable[[Any], jax.Array]:
   """The jitted replica check of a data-parallel step on ``layout``: ``params -> bool[]``, the
   parameters bit-identical on every device (replicated parameters), or every worker's row the
-  same (per-worker parameters, as after a synchronising step)."""
+  same (per-worker parameters, as after a synchronising step). With islands (parameters
+  sharded over ``layout.shard_axis``, laid out by ``params_spec``) each shard is compared
+  across the islands."""
+  if layout.shard_axis is not None:
+    def shard_agrees(params):
+      if per_worker_params:
+        params = jax.tree.map(lambda x: x[0], params)
+      agree = replicas_agree(params, layout.axis_name).astype(jnp.int32)
+      return jax.lax.pmin(agree, layout.shard_axis) > 0
+    return jax.jit(jax.shard_map(shard_agrees, mesh=layout.mesh, in_specs=(params_spec,),
+                                 out_specs=P()))
   if not per_worker_params:
     return jax.jit(jax.shard_map(lambda params: replicas_agree(params, layout.device_axes),
                                  mesh=layout.mesh, in_specs=P(), out_specs=P()))

@@ -23,7 +23,7 @@ def reduce_over_workers(layout: workers_lib.Workers,
     worker's batch)``: ``params`` replicated, ``model_state`` with one row per worker (averaged
     over workers first, e.g. batch statistics), ``batch`` split over the workers.
   """
-  axis = layout.axis_name
+  axis = layout.worker_axes
 
   def worker(params, model_state, batch):
     model_state = jax.tree.map(lambda x: jax.lax.pmean(x, axis), model_state)

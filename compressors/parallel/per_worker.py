@@ -46,7 +46,8 @@ def drop_device_axis(state: chex.ArrayTree, specs: chex.ArrayTree) -> chex.Array
 
 def state_specs(tx, params: chex.ArrayTree, mesh: jax.sharding.Mesh, axis_name: axes.AxisName, *,
                 check_updates: bool = True, per_worker_params: bool = False,
-                options: dict[str, Any] | None = None, **extra_args) -> chex.ArrayTree:
+                options: dict[str, Any] | None = None, shard_axis: axes.AxisName = None,
+                **extra_args) -> chex.ArrayTree:
   """``PartitionSpec``s of ``tx``'s state as :func:`add_device_axis` lays it out.
 
   Args:
@@ -62,13 +63,18 @@ def state_specs(tx, params: chex.ArrayTree, mesh: jax.sharding.Mesh, axis_name: 
       synchronisations); then the updates may too (``check_updates`` does not apply).
     options: static keyword arguments of ``tx.update`` (a step kind's options), passed as they
       are.
+    shard_axis: a mesh axis over which the parameters are sharded inside each worker's group
+      (:mod:`compressors.parallel.fsdp`: ``params`` are then one device's shard); the gradient
+      and every leaf built from the parameters vary over it too, and a leaf is laid out with
+      one row per device along the axes it varies over.
     **extra_args: the extra arguments the training step passes to ``tx.update`` on some steps
       (e.g. ``curvature=`` shaped like the parameters; values or ``ShapeDtypeStruct``s): a
       state leaf that only they make per-worker is found only if they are given.
 
   Returns:
     A pytree of specs shaped like the state: ``P(axis_name)`` on per-worker leaves, ``P()``
-    elsewhere; use it as ``in_specs``/``out_specs`` for the state, and with
+    elsewhere (with ``shard_axis``: ``P(axes)`` of the mesh axes the leaf varies over, in the
+    mesh's order); use it as ``in_specs``/``out_specs`` for the state, and with
     :func:`add_device_axis`/:func:`drop_device_axis`.
 
   Raises:
@@ -76,28 +82,29 @@ def state_specs(tx, params: chex.ArrayTree, mesh: jax.sharding.Mesh, axis_name: 
       drift apart: a transformation that decides from each worker's own gradient wraps the
       compressor, or no compressor produces the updates; the message says which order works.
   """
-  names = set(axes.as_tuple(axis_name))
+  names = frozenset(axes.as_tuple(axis_name))
+  sharded = frozenset(axes.as_tuple(shard_axis))
   params, extra_args = jax.tree.map(  # shapes and dtypes: whatever mesh the arrays are on
       lambda x: jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x)), (params, extra_args))
   state = jax.eval_shape(jax.shard_map(tx.init, mesh=mesh, in_specs=P(), out_specs=P(),
                                        check_vma=False), params)
   body, layout = _traced_update(tx, params, state, mesh, axis_name, extra_args, options or {})
-  per_worker = [False] * layout["state"]
+  per_worker = [frozenset()] * layout["state"]
   # The body's first inputs are constants the trace hoisted, then the arguments in order; its
   # outputs are the updates, then the new state. A value's mark is the set of axes it varies
   # over (as JAX types it); a state leaf varying over any is per-worker.
   constants = len(body.invars) - layout["params"] - layout["state"] - layout["varying"]
-  none, every = frozenset(), frozenset(names)
+  every = names | sharded
   while True:
-    sources = ([none] * constants + [every if per_worker_params else none] * layout["params"]
-               + [every if w else none for w in per_worker]
-               + [every] * layout["varying"])
-    found = [bool(axes_) for axes_ in _varying_axes(body, sources)]
+    sources = ([frozenset()] * constants
+               + [every if per_worker_params else sharded] * layout["params"]
+               + per_worker + [every] * layout["varying"])
+    found = _varying_axes(body, sources)
     updates, found = found[:layout["updates"]], found[layout["updates"]:]
     if found == per_worker:
       break
-    per_worker = [a or b for a, b in zip(per_worker, found)]
-  if check_updates and not per_worker_params and any(updates):
+    per_worker = [a | b for a, b in zip(per_worker, found)]
+  if check_updates and not per_worker_params and any(u & names for u in updates):
     raise ValueError(
         "state_specs: the updates of this transformation differ between the workers of "
         f"{axis_name!r}, so the replicas would drift apart: the compressor (compress, "
@@ -107,7 +114,17 @@ def state_specs(tx, params: chex.ArrayTree, mesh: jax.sharding.Mesh, axis_name: 
         "compressors.skip_nonfinite, which decides for all workers at once. (With an explicit "
         "schedule, whose ppermute JAX types as per-worker, pass check_updates=False.)")
   return jax.tree.unflatten(jax.tree.structure(state),
-                            [P(axis_name) if w else P() for w in per_worker])
+                            [_spec(w, axis_name, mesh, bool(sharded)) for w in per_worker])
+
+
+def _spec(varying: frozenset, axis_name: axes.AxisName, mesh, sharded: bool) -> P:
+  """A state leaf's spec from the axes it varies over."""
+  if not varying:
+    return P()
+  if not sharded:
+    return P(axis_name)
+  ordered = tuple(a for a in mesh.axis_names if a in varying)
+  return P(ordered if len(ordered) > 1 else ordered[0])
 
 
 def _traced_update(tx, params, state, mesh, axis_name, extra_args, options):

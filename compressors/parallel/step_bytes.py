@@ -72,7 +72,7 @@ def nonfinite_flag_bytes(dp: Any) -> float:
   """Bytes per worker of the non-finite skip's flag, a part of every step (compiled alone, for
   one worker per device: it does not depend on the gradient)."""
   layout = _one_worker_per_device(dp).workers
-  guard = nonfinite.skip_nonfinite(optax.identity(), axis_name=layout.axis_name)
+  guard = nonfinite.skip_nonfinite(optax.identity(), axis_name=layout.worker_axes)
   flag_only = jax.shard_map(lambda g: guard.update(g[0], guard.init(g[0]))[1].skipped[None],
                             mesh=layout.mesh, in_specs=layout.spec, out_specs=layout.spec)
   return hlo_bytes.wire_bytes(flag_only,

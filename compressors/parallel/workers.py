@@ -19,6 +19,12 @@ devices, compiled, never run; the CPU backend's devices when the accelerator has
 Layout: an array that differs between workers has one row per worker, sharded over the mesh axes
 of ``axis_name`` (``per_device`` rows on each device), which is the layout of the equivalent
 program: state and checkpoints are the same arrays in either.
+
+Islands (``shard_axis``): on a mesh ``("islands", "fsdp")`` the transformation's collectives span
+the slow axis ``axis_name="islands"`` while every device is a worker with its own batch shard,
+and the parameters are sharded over the fast axis inside each island
+(:mod:`compressors.parallel.fsdp`). A worker's rank is its position on both axes, islands
+first, so batch shards and random folds are those of plain data parallelism on as many devices.
 """
 
 import math
@@ -42,14 +48,17 @@ class Workers(NamedTuple):
     axis_name: the axes the collectives span: mesh axes, then, with ``per_device > 1``, the
       simulated axis (bound by ``vmap``); what the transformation is built with.
     per_device: workers on each device.
+    shard_axis: the mesh axis the parameters are sharded over inside an island (islands), or
+      None: every worker holds the whole model.
   """
   mesh: jax.sharding.Mesh
   axis_name: axes.AxisName
   per_device: int = 1
+  shard_axis: Hashable | None = None
 
   @classmethod
   def on(cls, mesh: jax.sharding.Mesh, axis_name: axes.AxisName = "data",
-         per_device: int = 1) -> "Workers":
+         per_device: int = 1, shard_axis: Hashable | None = None) -> "Workers":
     """:class:`Workers` of ``mesh``, checked.
 
     Args:
@@ -57,14 +66,23 @@ class Workers(NamedTuple):
       axis_name: the axes the collectives span; with ``per_device > 1`` its last name is the
         simulated axis, which must not be a mesh axis (e.g. ``("data", "worker")``).
       per_device: workers on each device (>= 1).
+      shard_axis: a mesh axis outside ``axis_name`` over which the parameters are sharded
+        inside each island (the module docstring); needs ``per_device == 1``.
 
     Raises:
-      ValueError: ``per_device`` is not a positive int, or ``axis_name`` does not name the mesh's
-        axes (and, with ``per_device > 1``, a last axis outside the mesh).
+      ValueError: ``per_device`` is not a positive int, ``axis_name`` does not name the mesh's
+        axes (and, with ``per_device > 1``, a last axis outside the mesh), or ``shard_axis`` is
+        not a mesh axis outside ``axis_name`` or comes with simulated workers.
     """
     if isinstance(per_device, bool) or not isinstance(per_device, int) or per_device < 1:
       raise ValueError(f"workers_per_device={per_device!r} must be an int >= 1")
     names = axes.as_tuple(axis_name)
+    if shard_axis is not None and (shard_axis not in mesh.axis_names or shard_axis in names
+                                   or per_device != 1):
+      raise ValueError(
+          f"shard_axis={shard_axis!r} with axis_name={axis_name!r} and workers_per_device="
+          f"{per_device}: must be a mesh axis outside axis_name, with one worker per device; "
+          f"the mesh's axes are {tuple(mesh.axis_names)}")
     in_mesh = [a in mesh.axis_names for a in names]
     simulated = per_device > 1
     if not names or not all(in_mesh[:len(names) - simulated]) or (simulated and in_mesh[-1]) or (
@@ -73,7 +91,7 @@ class Workers(NamedTuple):
                 f"{(mesh.axis_names[0], 'worker')!r}" if simulated else "mesh axes")
       raise ValueError(f"axis_name={axis_name!r} with workers_per_device={per_device}: must be "
                        f"{wanted}; the mesh's axes are {tuple(mesh.axis_names)}")
-    return cls(mesh, axis_name, per_device)
+    return cls(mesh, axis_name, per_device, shard_axis)
 
   @property
   def simulated_axis(self) -> Hashable | None:
@@ -82,8 +100,23 @@ class Workers(NamedTuple):
 
   @property
   def device_axes(self) -> tuple[Hashable, ...]:
-    """The mesh axes of ``axis_name``: devices along them hold different workers."""
-    return tuple(a for a in axes.as_tuple(self.axis_name) if a != self.simulated_axis)
+    """The mesh axes along which devices hold different workers: those of ``axis_name``, then
+    ``shard_axis``."""
+    named = tuple(a for a in axes.as_tuple(self.axis_name) if a != self.simulated_axis)
+    return named + ((self.shard_axis,) if self.shard_axis is not None else ())
+
+  @property
+  def worker_axes(self) -> axes.AxisName:
+    """Every axis workers differ along (the mesh's and the simulated one): a worker's rank and
+    the metrics' means span them."""
+    if self.shard_axis is None:
+      return self.axis_name
+    return self.device_axes
+
+  @property
+  def shards(self) -> int:
+    """Devices each parameter is sharded over (1 without ``shard_axis``)."""
+    return 1 if self.shard_axis is None else self.mesh.shape[self.shard_axis]
 
   @property
   def count(self) -> int:
@@ -97,7 +130,10 @@ class Workers(NamedTuple):
 
   def layout(self, specs: chex.ArrayTree) -> chex.ArrayTree:
     """Specs of the equivalent program (``P(axis_name)`` per worker, ``P()`` replicated, as
-    :func:`compressors.state_specs` gives them) -> specs on :attr:`mesh`."""
+    :func:`compressors.state_specs` gives them) -> specs on :attr:`mesh` (with ``shard_axis``
+    they are already)."""
+    if self.shard_axis is not None:
+      return specs
     return jax.tree.map(lambda s: P() if s == P() else self.spec, specs,
                         is_leaf=lambda s: isinstance(s, P))
 
@@ -133,9 +169,10 @@ class Workers(NamedTuple):
 
     Under ``shard_map``'s replication checking, autodiff with respect to a replicated value sums
     the derivative over the workers (a hidden dense all-reduce before any compressor runs): the
-    copy is typed as varying. Simulated workers (``vmap``) differentiate each their own loss.
+    copy is typed as varying. Simulated workers (``vmap``) and islands (untyped) differentiate
+    each their own loss.
     """
-    if self.per_device > 1:
+    if self.per_device > 1 or self.shard_axis is not None:
       return params
     return jax.lax.pcast(params, axes.as_tuple(self.axis_name), to="varying")
 
@@ -163,9 +200,11 @@ class Workers(NamedTuple):
   def shard_map(self, fn: Callable[..., Any], in_specs: Any, out_specs: Any) -> Callable[..., Any]:
     """``jax.shard_map`` of ``fn`` over :attr:`mesh` (simulated workers are untyped:
     ``shard_map``'s replication types know only mesh axes, so they are checked with one worker
-    per device only)."""
+    per device only; islands are untyped too, because the methods' code types its values
+    for one exchange axis, and a value made per shard would break it: there the replica check,
+    :func:`compressors.parallel.drift.replicas_agree_program`, proves agreement at run time)."""
     return jax.shard_map(fn, mesh=self.mesh, in_specs=in_specs, out_specs=out_specs,
-                         check_vma=self.per_device == 1)
+                         check_vma=self.per_device == 1 and self.shard_axis is None)
 
   def rows(self, batch: chex.ArrayTree) -> chex.ArrayTree:
     """One device's share of ``batch`` -> one share per worker along a new leading axis (one

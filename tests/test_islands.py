@@ -1,0 +1,143 @@
+"""Islands: the model sharded over a fast axis inside each island (ZeRO-3), a method across the
+slow axis between them (``compressors.data_parallel(..., shard_axis=)``,
+:mod:`compressors.parallel.fsdp`). Each method's own checks on islands are in
+``tests/method_checks.py`` (``check_islands_with_fsdp_inside``)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import compressors
+from compressors import registry
+from compressors.parallel import fsdp
+from tests import harness
+
+
+@pytest.mark.parametrize("shape, shards, dim", [
+    ((64, 256), 4, 1), ((256, 64), 4, 0), ((64, 64), 4, 0), ((3, 8), 4, 1), ((5,), 4, None),
+    ((), 4, None), ((6, 10), 4, None), ((4,), 4, 0)])
+def test_a_leaf_is_sharded_along_its_largest_divisible_dimension_else_padded_flat(
+    shape, shards, dim):
+  layout = fsdp.leaf_layout(shape, shards)
+  assert layout.dim == dim
+  x = jnp.arange(int(np.prod(shape)), dtype=jnp.float32).reshape(shape)
+  stored = layout.to_stored(x)
+  assert stored.shape == layout.stored_shape and stored.shape[dim or 0] % shards == 0
+  np.testing.assert_array_equal(layout.to_natural(stored), x)
+  # Rows (one per shard, as optimizer state is laid out) back to the natural leaf.
+  rows = jnp.stack(jnp.split(stored, shards, axis=dim or 0))
+  assert rows.shape[1:] == layout.shard_shape
+  np.testing.assert_array_equal(layout.rows_to_natural(rows), x)
+
+
+PARAMS = {"w1": jnp.zeros((32, 256)), "b1": jnp.zeros((256,)), "w2": jnp.zeros((256, 10)),
+          "b2": jnp.zeros((10,)), "odd": jnp.zeros((5,))}
+
+
+def _params():
+  keys = jax.random.split(jax.random.PRNGKey(1), 2)
+  return {**PARAMS, "w1": jax.random.normal(keys[0], (32, 256)) * 0.2,
+          "w2": jax.random.normal(keys[1], (256, 10)) * 0.1}
+
+
+def _loss(p, batch):
+  x, y = batch
+  hidden = jnp.tanh(x @ p["w1"] + p["b1"])
+  return jnp.mean((hidden @ p["w2"] + p["b2"] + p["odd"].mean() - y) ** 2)
+
+
+def _batch():
+  keys = jax.random.split(jax.random.PRNGKey(2), 2)
+  return jax.random.normal(keys[0], (64, 32)), jax.random.normal(keys[1], (64, 10))
+
+
+def _dp(compressor, mesh, axis, shard_axis=None, batch=None):
+  tx = optax.chain(compressors.compress(compressor, axis_name=axis), optax.adam(1e-2))
+  return compressors.data_parallel(_loss, tx, mesh, PARAMS, _batch() if batch is None else batch,
+                                   axis_name=axis, shard_axis=shard_axis)
+
+
+def test_dense_across_islands_trains_as_plain_data_parallelism_with_a_fraction_of_the_state():
+  runs = {}
+  for mesh, axis, shard_axis in ((harness.mesh(), "data", None),
+                                 (harness.islands_mesh(), "islands", "fsdp")):
+    dp = _dp(compressors.dense(), mesh, axis, shard_axis)
+    params, state = dp.worker_params(_params()), dp.init(_params())
+    losses = []
+    for _ in range(10):
+      params, state, metrics = dp.step(params, state, _batch())
+      losses.append(float(metrics["loss"]))
+    natural = dp.model_params(compressors.TrainState(0, params, (), state))
+    runs[axis] = losses, natural, fsdp.state_bytes_per_device((params, state))
+  (plain_losses, plain, replicated), (losses, islands, held) = runs.values()
+  np.testing.assert_allclose(losses, plain_losses, rtol=1e-5)
+  for a, b in zip(jax.tree.leaves(plain), jax.tree.leaves(islands)):
+    np.testing.assert_allclose(b, a, rtol=0, atol=1e-5)
+  assert losses[-1] < 0.9 * losses[0]
+  # Parameters and Adam's moments; the compressor's residual lives per shard too.
+  assert held <= 0.30 * replicated, (held, replicated)
+
+
+def test_topk_across_islands_sends_a_fiftieth_of_dense_on_the_slow_axis_and_the_same_on_the_fast():
+  mesh = harness.islands_mesh()
+  sent = {}
+  for name, compressor in (("dense", compressors.dense()), ("topk", compressors.topk(0.01))):
+    dp = _dp(compressor, mesh, "islands", "fsdp")
+    params = dp.worker_params(PARAMS)
+    sent[name] = dp.wire_bytes(params, dp.init(PARAMS), _batch()).by_axis
+  model_bytes = sum(x.size * 4 for x in jax.tree.leaves(PARAMS))
+  padded = model_bytes + 3 * 4  # the 5-vector padded to 8
+  assert sent["dense"][("islands",)] >= 20 * sent["topk"][("islands",)], sent
+  for name in sent:  # ZeRO-3: an all-gather and a reduce-scatter of the (padded) model
+    assert abs(sent[name][("fsdp",)] - 2 * 3 / 4 * padded) <= 0.1 * model_bytes, sent
+
+
+def test_a_nan_on_one_shard_skips_the_step_on_every_device():
+  x, y = _batch()
+  bad = (x.at[3, 0].set(jnp.nan), y)  # one device's rows (8 per device)
+  dp = _dp(compressors.dense(), harness.islands_mesh(), "islands", "fsdp", batch=bad)
+  params, state = dp.worker_params(_params()), dp.init(_params())
+  new, state, metrics = dp.step(params, state, bad)
+  assert int(metrics["skipped_steps"]) == 1
+  for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(new)):
+    np.testing.assert_array_equal(a, b)
+
+
+def test_diloco_across_islands_keeps_each_islands_shards_and_lands_on_one_model():
+  settings = registry.default_settings("diloco", every=3)
+  tx = registry.training("diloco", settings, optimizer=optax.adam(1e-2), learning_rate=1e-2,
+                         axis_name="islands")
+  dp = compressors.data_parallel(_loss, tx, harness.islands_mesh(), PARAMS, _batch(),
+                                 axis_name="islands", shard_axis="fsdp",
+                                 kinds=registry.step_kinds("diloco", settings),
+                                 per_worker_params=True)
+  params, state = dp.worker_params(_params()), dp.init(_params())
+  # One row per island, each sharded over the fast axis.
+  assert params["w1"].shape == (2, 32, 256)
+  assert params["w1"].sharding.shard_shape(params["w1"].shape) == (1, 32, 64)
+  for t in range(6):
+    params, state, _ = dp.step(params, state, _batch(), kind=dp.kind_at(t))
+    assert bool(dp.replicas_agree(params)) == dp.synchronises(dp.kind_at(t)), t
+  model = dp.model_params(compressors.TrainState(0, params, (), state))
+  # After a synchronisation the model is every island's parameters.
+  island = dp.param_layout.to_natural(jax.tree.map(lambda x: x[1], params))
+  for a, b in zip(jax.tree.leaves(model), jax.tree.leaves(island)):
+    np.testing.assert_array_equal(a, b)
+  wire = {k: dp.wire_bytes(params, state, _batch(), kind=k).by_axis for k in dp.kinds}
+  assert ("islands",) not in wire["local"] and wire["sync"][("islands",)] > 0, wire
+
+
+def test_islands_refuse_what_they_cannot_run_naming_the_argument():
+  mesh = harness.islands_mesh()
+  tx = optax.chain(compressors.compress(compressors.dense(), axis_name="islands"),
+                   optax.sgd(0.1))
+  with pytest.raises(ValueError, match="shard_axis='fsdp' with axis_name=.*workers_per_device=2"):
+    compressors.data_parallel(_loss, tx, mesh, PARAMS, _batch(), axis_name=("islands", "w"),
+                              workers_per_device=2, shard_axis="fsdp")
+  with pytest.raises(ValueError, match="shard_axis='islands'.*outside axis_name"):
+    compressors.data_parallel(_loss, tx, mesh, PARAMS, _batch(), axis_name="islands",
+                              shard_axis="islands")
+  with pytest.raises(ValueError, match="shard_axis='fsdp' needs a mesh"):
+    compressors.data_parallel(_loss, tx, None, PARAMS, _batch(), shard_axis="fsdp")
