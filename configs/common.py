@@ -24,6 +24,12 @@ Fields (all overridable on the command line, e.g. ``--config.batch_size=256``):
   workers_per_device              workers simulated on each device (jax.vmap), each with its
                                   own batch shard and compressor state as if it were a device;
                                   the bytes are those of one worker per device
+  mesh.islands, mesh.fsdp         islands: with fsdp > 1 the devices form islands x fsdp
+                                  (product num_devices; islands None = num_devices / fsdp):
+                                  parameters, gradients and optimizer state are sharded over
+                                  the fast fsdp axis inside each island (ZeRO-3), the method
+                                  runs across the slow islands axis on each shard; fsdp = 1
+                                  (default): every device its own island, the 1-D mesh "data"
   distributed                     jax.distributed settings (None = from the environment), the
                                   heartbeat timeout after which a dead process stops the job,
                                   and join_timeout_seconds: how long a process waits for the
@@ -119,6 +125,7 @@ RULES = {
     "log_every": _R(int, low=0), "eval_every": _R(int, low=0),
     "checkpoint_every": _R(int, low=0), "keep_checkpoints": _R(int, low=1),
     "num_devices": _R(int, low=1, optional=True), "workers_per_device": _R(int, low=1),
+    "mesh.islands": _R(int, low=1, optional=True), "mesh.fsdp": _R(int, low=1),
     "distributed.coordinator_address": _R(str, optional=True),
     "distributed.num_processes": _R(int, low=1, optional=True),
     "distributed.process_id": _R(int, low=0, optional=True),
@@ -191,6 +198,8 @@ def base() -> ml_collections.ConfigDict:
   c.keep_checkpoints = 2
   c.num_devices = ml_collections.FieldReference(8, field_type=int)
   c.workers_per_device = 1
+  c.mesh = ml_collections.ConfigDict(dict(
+      islands=ml_collections.FieldReference(None, field_type=int), fsdp=1))
   c.distributed = ml_collections.ConfigDict(dict(
       coordinator_address=ml_collections.FieldReference(None, field_type=str),
       num_processes=ml_collections.FieldReference(None, field_type=int),

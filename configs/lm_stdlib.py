@@ -48,7 +48,8 @@ Arguments (``key=value`` joined by commas): the tier (``micro``/``tiny``/``small
 ``method`` (see ``configs/common.py``), ``steps`` (0: the tier's), ``lr`` (0: the tier's),
 ``workers`` (devices; 0: 8), ``seed``, ``cache`` (the tokenizer cache folder), ``dtype`` (the
 matrix products' ``float32`` or ``bfloat16``; '': the tier's), ``corpus`` (``stdlib``/``pypi``),
-``corpus_dir`` (``pypi``'s cache folder; '': the default).
+``corpus_dir`` (``pypi``'s cache folder; '': the default), ``fsdp`` (1: every device its own
+island; more: islands of ``fsdp`` devices, ``config.mesh``).
 """
 
 import platform
@@ -82,7 +83,7 @@ PYPI_CORPUS_SHA256 = "578345c5c63f58382bdfd097dc585a0945b7badf0ae8cf75924ff3deb1
 def get_config(arg=None):
   args = common.parse_args(arg, variant="tiny", method="dense", steps=0, lr=0.0, workers=0,
                            seed=0, cache="", dtype="", smoke=False, corpus="stdlib",
-                           corpus_dir="")
+                           corpus_dir="", fsdp=1)
   if args["corpus"] not in CORPORA:
     raise ValueError(f"configs/lm_stdlib.py: corpus={args['corpus']!r}; allowed: {CORPORA}")
   tier_name = "smoke" if args["smoke"] else args["variant"]
@@ -104,6 +105,7 @@ def get_config(arg=None):
   c.optimizer.update(dict(name="adamw", learning_rate=args["lr"] or tier["learning_rate"],
                           b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.1))
   c.num_devices = args["workers"] or 8
+  c.mesh.fsdp = args["fsdp"]  # > 1: islands of fsdp devices sharing one sharded model
   c.batch_size = tier["batch_size"]
   c.eval_batch_size = max(c.num_devices, min(256, tier["eval_sequences"]))
   c.num_steps = args["steps"] or tier["num_steps"]

@@ -112,6 +112,7 @@ from experiments import watchdog
 
 AXIS = methods.AXIS_NAME
 WORKER_AXIS = "worker"  # the simulated workers' axis (vmap), inside each device
+ISLANDS_AXIS, FSDP_AXIS = "islands", "fsdp"  # with config.mesh.fsdp > 1: slow x fast
 RESULTS_FILE = "results.json"
 
 
@@ -162,9 +163,28 @@ def make_workers(config) -> compressors.Workers:
               for d in [d for d in devices if d.process_index == p][:per_process]]
   if platform == "cpu":  # where the runner did not expose the devices (the Python API)
     distributed.check_running_cpu_devices(len(chosen) // jax.process_count(), jax.process_count())
+  islands = config.mesh.islands
+  if islands is not None and islands * config.mesh.fsdp != len(chosen) * per_device:
+    raise ValueError(f"config.mesh.islands={islands} x config.mesh.fsdp={config.mesh.fsdp} must "
+                     f"equal the {len(chosen) * per_device} devices of the run")
+  if config.mesh.fsdp > 1:
+    return _islands(config, chosen, per_device)
   mesh = Mesh(np.asarray(chosen), (AXIS,))
   return compressors.Workers.on(mesh, AXIS if per_device == 1 else (AXIS, WORKER_AXIS),
                                 per_device)
+
+
+def _islands(config, chosen, per_device) -> compressors.Workers:
+  """Workers on the mesh ``("islands", "fsdp")`` of ``chosen`` (in process order: a process's
+  devices fill whole islands where it holds a multiple of ``mesh.fsdp``)."""
+  shards = config.mesh.fsdp
+  if per_device != 1 or len(chosen) % shards:
+    raise ValueError(f"config.mesh.fsdp={shards} needs config.num_devices devices, one worker "
+                     f"each, that fsdp divides; {len(chosen)} device(s) with {per_device} "
+                     "worker(s) each exist (islands do not simulate workers)")
+  mesh = Mesh(np.asarray(chosen).reshape(len(chosen) // shards, shards),
+              (ISLANDS_AXIS, FSDP_AXIS), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+  return compressors.Workers.on(mesh, ISLANDS_AXIS, 1, shard_axis=FSDP_AXIS)
 
 
 def split_workers(num_devices: int, workers_per_device: int, available: int,
@@ -251,7 +271,7 @@ def _data_parallel(config, model, task, tx, workers, example: TrainState,
       axis_name=workers.axis_name, workers_per_device=workers.per_device,
       kinds=methods.step_kinds(config), model_state=example.model_state,
       rng=jax.random.PRNGKey(config.seed), skip_nonfinite=config.skip_nonfinite,
-      per_worker_params=methods.per_worker_params(config))
+      per_worker_params=methods.per_worker_params(config), shard_axis=workers.shard_axis)
 
 
 def _init_state(init_variables, dp: compressors.DataParallel, seed) -> TrainState:
@@ -332,9 +352,28 @@ def _dense_bytes(config, model, task, learning_rate, workers, state, batch) -> f
     dense_tx = methods.make_chain(dense_config, learning_rate, workers.axis_name)
     dense = _data_parallel(dense_config, model, task, dense_tx, workers, state, batch)
     opt_state = jax.eval_shape(dense.init, state.params)
-    _dense_bytes_cache[key] = dense.wire_bytes(state.params, opt_state, batch,
-                                               model_state=state.model_state).total
+    params = jax.eval_shape(dense.worker_params, state.params)  # as the step takes them
+    _dense_bytes_cache[key] = _exchange_bytes(dense, dense.wire_bytes(
+        params, opt_state, batch, model_state=state.model_state))
   return _dense_bytes_cache[key]
+
+
+def _exchange_bytes(dp, sent: compressors.WireBytes) -> float:
+  """The bytes of the method's exchange in ``sent``: all of them, or with islands those on
+  the slow axis (the link the method compresses; ZeRO-3's traffic on the fast axis is in
+  ``bytes_by_axis``)."""
+  if dp.workers.shard_axis is None:
+    return sent.total
+  return sent.by_axis.get((dp.workers.axis_name,), 0.0)
+
+
+def _by_axis(dp, per_kind: dict[str, compressors.WireBytes], steps: int) -> dict[str, float]:
+  """Bytes per device per step on each group of mesh axes (names joined by "+"), each step
+  charged its kind's."""
+  groups = {k for sent in per_kind.values() for k in sent.by_axis}
+  return {"+".join(map(str, group)): dp.bytes_per_step(
+      {kind: sent.by_axis.get(group, 0.0) for kind, sent in per_kind.items()}, 0, steps)
+          for group in sorted(groups, key=str)}
 
 
 def _communication(config, model, task, learning_rate, dp, state: TrainState, batch,
@@ -350,18 +389,24 @@ def _communication(config, model, task, learning_rate, dp, state: TrainState, ba
   replica_check = dp.replica_check_bytes(state.params) * _replica_checks_per_step(config, dp,
                                                                                  steps)
   ran = dp.kind_counts(0, steps)
-  by_kind = {kind: dp.wire_bytes(state.params, state.opt_state, batch, kind=kind,
-                                 model_state=state.model_state).total - in_step_guard
-             for kind in dp.kinds if ran[kind]}  # a kind the run never runs is not compiled
+  sent = {kind: dp.wire_bytes(state.params, state.opt_state, batch, kind=kind,
+                              model_state=state.model_state)
+          for kind in dp.kinds if ran[kind]}  # a kind the run never runs is not compiled
+  # With islands the guard's flag spans both axes, not the exchange's.
+  guard_in_exchange = 0.0 if dp.workers.shard_axis else in_step_guard
+  by_kind = {kind: _exchange_bytes(dp, s) - guard_in_exchange for kind, s in sent.items()}
   wire = dp.bytes_per_step(by_kind, 0, steps)
   # The dense step's state is laid out for one model (replicated parameters).
   one_model = state._replace(params=jax.eval_shape(dp.model_params, state))
   dense = (by_kind[dp.kind_at(0)] if config.method == "dense" else
            _dense_bytes(config, model, task, learning_rate, dp.workers, one_model, batch)
-           - in_step_guard)
+           - guard_in_exchange)
   return {"wire_bytes": wire, "dense_bytes": dense,
           "compression_ratio": dense / wire if wire else None,
-          "bytes_by_kind": by_kind, "guard_bytes": in_step_guard + replica_check}
+          "bytes_by_kind": by_kind, "guard_bytes": in_step_guard + replica_check,
+          "bytes_by_axis": _by_axis(dp, sent, steps),
+          "state_bytes_per_device": compressors.parallel.fsdp.state_bytes_per_device(
+              (state.params, state.opt_state, state.model_state))}
 
 
 def _bytes_so_far(communication: dict[str, Any], dp, done: int) -> dict[str, Any]:
@@ -621,8 +666,11 @@ def _prepare(config, workdir, lock_workdir) -> tuple[_Run, TrainState]:
   init_variables = _variables_initializer(model, task, {k: v[0] for k, v in first_batch.items()},
                                           workers.count)
   params_shape, model_state_shape = jax.eval_shape(init_variables, config.seed)
-  validation.check_compresses(config, [x.shape for x in jax.tree.leaves(params_shape)],
-                              workers.count)
+  # What the method compresses: each device's shard with islands, across the islands.
+  shapes = [x.shape for x in jax.tree.leaves(params_shape)]
+  if workers.shard_axis is not None:
+    shapes = [compressors.parallel.fsdp.leaf_layout(x, workers.shards).shard_shape for x in shapes]
+  validation.check_compresses(config, shapes, workers.count // workers.shards)
   batch_shape = jax.tree.map(lambda x: jax.ShapeDtypeStruct(
       (workers.count * x.shape[1],) + x.shape[2:], x.dtype), first_batch)
   example = TrainState(jax.ShapeDtypeStruct((), jnp.int32), params_shape, model_state_shape, ())

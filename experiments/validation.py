@@ -35,8 +35,38 @@ def check_workers(config) -> None:
   that a run can check it before JAX starts its devices (:func:`check_batches`)."""
   check_finite(config)
   common.check(config)
+  check_islands(config)
   if config.num_devices is not None:
     check_batches(config, config.num_devices * config.workers_per_device)
+
+
+# Optimizers whose step reads a whole leaf's norm: on a shard they would read the shard's.
+_WHOLE_LEAF_OPTIMIZERS = ("lamb", "lars")
+
+
+def check_islands(config) -> None:
+  """``config.mesh`` (islands x fsdp, :mod:`compressors.parallel.fsdp`): the product is the
+  device count, one worker per device, and an optimizer that reads whole leaves' norms is not
+  run on shards. ``mesh.fsdp == 1`` is the default mesh (islands of one device each)."""
+  islands, shards = config.mesh.islands, config.mesh.fsdp
+  if shards == 1 and islands is None:
+    return
+  devices = config.num_devices
+  if devices is not None and islands is not None and islands * shards != devices:
+    raise ValueError(f"config.mesh.islands={islands} x config.mesh.fsdp={shards} must equal "
+                     f"config.num_devices={devices}")
+  if devices is not None and devices % shards:
+    raise ValueError(f"config.mesh.fsdp={shards} must divide config.num_devices={devices}")
+  if shards == 1:  # islands of one device each: the default mesh
+    return
+  if config.workers_per_device != 1:
+    raise ValueError(f"config.workers_per_device={config.workers_per_device} with "
+                     f"config.mesh.fsdp={shards}: islands run one worker per device; allowed: 1")
+  if config.optimizer.name in _WHOLE_LEAF_OPTIMIZERS:
+    raise ValueError(f"config.optimizer.name={config.optimizer.name!r} with config.mesh.fsdp="
+                     f"{shards}: its trust ratio reads a whole leaf's norm, and each device "
+                     "holds a shard; allowed: an optimizer other than "
+                     f"{' or '.join(_WHOLE_LEAF_OPTIMIZERS)}, or mesh.fsdp=1")
 
 
 def check_batches(config, num_workers: int) -> None:

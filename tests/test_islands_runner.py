@@ -1,0 +1,146 @@
+"""The runner on islands (``config.mesh.fsdp > 1``): the language model's smoke tier on 2 islands
+x 4 fsdp devices against plain 8-way data parallelism, its bytes by axis, the state one device
+holds, checkpoints and resume, and the settings islands refuse."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from configs import lm_stdlib
+from experiments import checkpoint
+from experiments import train
+from experiments import validation
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _config(tmp_path, **args):
+  arg = ",".join(f"{k}={v}" for k, v in {"smoke": True, "method": "dense", **args}.items())
+  config = lm_stdlib.get_config(arg)
+  config.data.cache_dir = str(tmp_path / "tokenizers")
+  return config
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+  """Smoke runs: plain dense, and dense, top-k and DiLoCo (int8) across 2 islands of 4."""
+  root = tmp_path_factory.mktemp("islands")
+  configs = {"plain": _config(root), "dense": _config(root, fsdp=4),
+             "topk": _config(root, fsdp=4, method="topk"),
+             "diloco": _config(root, fsdp=4, method="diloco")}
+  configs["diloco"].compression.diloco.update(dict(every=1, exchange="int8"))
+  results = {name: train.train_and_evaluate(config, str(root / name))
+             for name, config in configs.items()}
+  return root, configs, results
+
+
+def test_dense_across_islands_trains_as_eight_way_data_parallelism(runs):
+  root, _, results = runs
+  plain, islands = results["plain"], results["dense"]
+  assert islands["test_loss"] == pytest.approx(plain["test_loss"], rel=1e-5)
+  a, b = (checkpoint.load_params(str(root / name)) for name in ("plain", "dense"))
+  jax.tree.map(lambda x, y: np.testing.assert_allclose(y, x, rtol=0, atol=1e-5), a, b)
+  # Each device holds a quarter of the parameters, of AdamW's moments and of the rest.
+  assert islands["state_bytes_per_device"] <= 0.30 * plain["state_bytes_per_device"]
+  assert set(islands["bytes_by_axis"]) == {"islands", "fsdp", "islands+fsdp"}
+  assert set(plain["bytes_by_axis"]) == {"data"}
+
+
+def test_topk_sends_a_twentieth_of_dense_across_islands_and_the_same_inside(runs):
+  _, _, results = runs
+  dense, topk = results["dense"]["bytes_by_axis"], results["topk"]["bytes_by_axis"]
+  assert dense["islands"] >= 20 * topk["islands"]
+  assert topk["fsdp"] == pytest.approx(dense["fsdp"], rel=0.10)
+  # The tables' bytes are the slow link's: the exchange the method compresses.
+  assert results["topk"]["wire_bytes"] == topk["islands"]
+  assert results["topk"]["compression_ratio"] >= 20
+
+
+def test_diloco_across_islands_synchronises_its_shards_in_int8(runs):
+  root, _, results = runs
+  diloco = results["diloco"]
+  assert diloco["bytes_by_kind"]["sync"] > 0 and "islands" in diloco["bytes_by_axis"]
+  # int8 payloads: about a quarter of dense's float32 all-reduce across the islands.
+  assert diloco["bytes_by_kind"]["sync"] <= 0.3 * results["dense"]["dense_bytes"]
+  with open(os.path.join(root, "diloco", train.RESULTS_FILE)) as f:
+    assert json.load(f)["state_bytes_per_device"] == diloco["state_bytes_per_device"]
+
+
+@pytest.mark.parametrize("name", ["dense", "diloco"])
+def test_a_run_on_islands_resumes_bit_for_bit(runs, tmp_path, name):
+  root, configs, _ = runs
+  resumed = str(tmp_path / name)
+  shutil.copytree(root / name, resumed)
+  shutil.rmtree(os.path.join(resumed, "checkpoints", "2"))
+  train.train_and_evaluate(configs[name], resumed)
+  jax.tree.map(np.testing.assert_array_equal, checkpoint.load_state(resumed),
+               checkpoint.load_state(str(root / name)))
+
+
+def test_resuming_on_another_layout_is_refused_naming_both(runs, tmp_path):
+  root, configs, _ = runs
+  resumed = str(tmp_path / "other")
+  shutil.copytree(root / "dense", resumed)
+  config = configs["dense"].copy_and_resolve_references()
+  config.mesh.fsdp = 2
+  with pytest.raises(ValueError, match="mesh.fsdp: 4 there, 2 now"):
+    train.train_and_evaluate(config, resumed)
+
+
+@pytest.mark.parametrize("fields, message", [
+    (dict(islands=3), r"config.mesh.islands=3 x config.mesh.fsdp=4 must equal "
+                      r"config.num_devices=8"),
+    (dict(fsdp=3), r"config.mesh.fsdp=3 must divide config.num_devices=8"),
+    (dict(fsdp=1, islands=2), r"config.mesh.islands=2 x config.mesh.fsdp=1 must equal "
+                              r"config.num_devices=8"),
+    (dict(workers_per_device=2), r"config.workers_per_device=2 with config.mesh.fsdp=4"),
+    (dict(optimizer="lamb"), r"config.optimizer.name='lamb' with config.mesh.fsdp=4: its "
+                             r"trust ratio reads a whole leaf's norm"),
+])
+def test_islands_refuse_what_they_cannot_run_naming_the_field(tmp_path, fields, message):
+  config = _config(tmp_path, fsdp=4)
+  config.mesh.islands = fields.get("islands", config.mesh.islands)
+  config.mesh.fsdp = fields.get("fsdp", config.mesh.fsdp)
+  config.workers_per_device = fields.get("workers_per_device", 1)
+  config.optimizer.name = fields.get("optimizer", config.optimizer.name)
+  with pytest.raises(ValueError, match=message):
+    validation.check_workers(config)
+
+
+@pytest.mark.slow  # a multi-process run (README: the slow marker's)
+def test_one_process_per_island_matches_one_process_and_resumes_bit_for_bit(runs, tmp_path):
+  """experiments.launch, 2 processes x 4 devices: each process is an island (its devices the
+  fsdp shards), DiLoCo int8 across them; the parameters of the one-process run, and a restart
+  from step 1's checkpoint ends bit for bit as the uninterrupted run."""
+  root, configs, _ = runs
+  workdir = tmp_path / "two"
+  env = dict(os.environ, JAX_DISABLE_MOST_OPTIMIZATIONS="1", XLA_FLAGS="")
+  command = [sys.executable, "-m", "experiments.launch", "--num_processes=2", "--",
+             "--config=configs/lm_stdlib.py:smoke=True,method=diloco,fsdp=4",
+             f"--workdir={workdir}", "--config.compression.diloco.every=1",
+             "--config.compression.diloco.exchange=int8",
+             f"--config.data.cache_dir={configs['diloco'].data.cache_dir}"]
+
+  def launch():
+    completed = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True,
+                               timeout=600)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    with open(workdir / train.RESULTS_FILE) as f:
+      return json.load(f), checkpoint.load_state(str(workdir))
+
+  results, state = launch()
+  # Summed in another order, an int8 payload's entry can round to the next quantum (1e-5 here):
+  # a few entries may differ by one, the rest to float32 rounding.
+  for a, b in zip(jax.tree.leaves(state["params"]),
+                  jax.tree.leaves(checkpoint.load_state(str(root / "diloco"))["params"])):
+    np.testing.assert_allclose(a, b, rtol=0, atol=5e-5)
+    assert np.mean(np.abs(a - b) > 1e-6) < 0.01
+  shutil.rmtree(workdir / "checkpoints" / str(results["step"]))
+  _, resumed = launch()
+  jax.tree.map(np.testing.assert_array_equal, resumed, state)
