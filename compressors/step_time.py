@@ -20,21 +20,30 @@ is the alpha-beta model's. What hides depends on what a step kind does (its opti
   waits for all of it. Our JAX programs run each fragment's collective inside its synchronising
   step; this prices the schedule the paper runs (Douillard et al. 2025), not a measurement.
 
+Islands (:func:`island_kind_times`): a two-level topology, islands across its major (slow)
+axis and an island's fsdp devices along its minor (fast) one. Each step all-gathers the whole
+model over the fast link and reduce-scatters its gradient (ZeRO-3: a ring all-reduce's two
+halves, not hidden: the forward pass waits for the gather, the update for the reduce-scatter),
+and the method's exchange runs across the islands on each device's shard, every device of an
+island at once (through a shared medium, such as one NIC per node, each gets its share).
+
 Limits, said where the figures are used: one link class (the topology's), the buckets in
 reverse leaf order (the backward pass's order) of :data:`BUCKET_BYTES` of float32 gradient with a
 leaf never split, the backward pass :data:`BACKWARD_SHARE` of a step's compute spread over the
 parameters in proportion to their size, and no contention between compute and communication.
 """
 
+import dataclasses
 import math
 from typing import Any, NamedTuple, Sequence
 
 from compressors import registry
 from compressors._streaming import fragment_layout
 from compressors.network import topology as topology_lib
+from compressors.parallel import fsdp
 
-__all__ = ("BACKWARD_SHARE", "BUCKET_BYTES", "StepTime", "bucket_sizes", "kind_times",
-           "mean_step_seconds", "overlapped_seconds")
+__all__ = ("BACKWARD_SHARE", "BUCKET_BYTES", "StepTime", "bucket_sizes", "island_kind_times",
+           "kind_times", "mean_step_seconds", "overlapped_seconds")
 
 # The backward pass costs about twice the forward's FLOPs (two matrix products per one).
 BACKWARD_SHARE = 2 / 3
@@ -174,6 +183,43 @@ def kind_times(name: str, shapes: Sequence[tuple[int, ...]], topology: topology_
       sent = price(who, shapes, None if who != name else settings)
       out[kind.name] = StepTime(compute, sent, compute + sent)
   return out
+
+
+def island_kind_times(name: str, shapes: Sequence[tuple[int, ...]],
+                      topology: topology_lib.Topology, compute: float, settings: Any = None,
+                      **options) -> dict[str, StepTime]:
+  """Each step kind's :class:`StepTime` on islands (the module docstring).
+
+  Args:
+    name: a registered method.
+    shapes: the parameters' (natural) shapes, in leaf order.
+    topology: two axes: the islands (major, slow) and each island's fsdp devices (minor, fast).
+    compute: seconds of one step's compute.
+    settings: the method's settings (None: its defaults).
+    **options: :func:`kind_times`'s keyword arguments.
+
+  Returns:
+    Step kind name -> its time: the exchange across the islands on one shard, plus ZeRO-3's
+    gather and reduce-scatter on the fast link.
+
+  Raises:
+    ValueError: ``topology`` does not have two axes.
+  """
+  if len(topology.axes) != 2:
+    raise ValueError(f"island_kind_times: topology {topology.name!r} has axes "
+                     f"{[a.name for a in topology.axes]}; allowed: two, the islands then fsdp")
+  slow, fast = topology.axes
+  layouts = [fsdp.leaf_layout(tuple(s), fast.size) for s in shapes]
+  link = slow.link
+  if fast.name in slow.shared_by:  # an island's devices send their shards through one medium
+    link = dataclasses.replace(link, bandwidth=link.bandwidth / fast.size)
+  across = kind_times(name, [l.shard_shape for l in layouts],
+                      topology_lib.Topology.flat(slow.size, link), compute, settings, **options)
+  stored = sum(math.prod(l.stored_shape) for l in layouts)
+  zero3 = topology_lib.dense_cost("ring", topology_lib.Topology.flat(fast.size, fast.link),
+                                  stored).time if fast.size > 1 else 0.0
+  return {kind: StepTime(t.compute, t.communication + zero3, t.total + zero3)
+          for kind, t in across.items()}
 
 
 def mean_step_seconds(times: dict[str, StepTime], counts: dict[str, int]) -> float:

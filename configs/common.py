@@ -30,6 +30,9 @@ Fields (all overridable on the command line, e.g. ``--config.batch_size=256``):
                                   the fast fsdp axis inside each island (ZeRO-3), the method
                                   runs across the slow islands axis on each shard; fsdp = 1
                                   (default): every device its own island, the 1-D mesh "data"
+  max_state_bytes_per_device      the memory budget of one device for the parameters, the
+                                  optimizer and the model state as laid out (0 = none): a run
+                                  that would hold more is refused before anything is allocated
   distributed                     jax.distributed settings (None = from the environment), the
                                   heartbeat timeout after which a dead process stops the job,
                                   and join_timeout_seconds: how long a process waits for the
@@ -126,6 +129,7 @@ RULES = {
     "checkpoint_every": _R(int, low=0), "keep_checkpoints": _R(int, low=1),
     "num_devices": _R(int, low=1, optional=True), "workers_per_device": _R(int, low=1),
     "mesh.islands": _R(int, low=1, optional=True), "mesh.fsdp": _R(int, low=1),
+    "max_state_bytes_per_device": _R(int, low=0),
     "distributed.coordinator_address": _R(str, optional=True),
     "distributed.num_processes": _R(int, low=1, optional=True),
     "distributed.process_id": _R(int, low=0, optional=True),
@@ -200,6 +204,7 @@ def base() -> ml_collections.ConfigDict:
   c.workers_per_device = 1
   c.mesh = ml_collections.ConfigDict(dict(
       islands=ml_collections.FieldReference(None, field_type=int), fsdp=1))
+  c.max_state_bytes_per_device = 0
   c.distributed = ml_collections.ConfigDict(dict(
       coordinator_address=ml_collections.FieldReference(None, field_type=str),
       num_processes=ml_collections.FieldReference(None, field_type=int),

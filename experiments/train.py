@@ -274,6 +274,27 @@ def _data_parallel(config, model, task, tx, workers, example: TrainState,
       per_worker_params=methods.per_worker_params(config), shard_axis=workers.shard_axis)
 
 
+def _state_bytes_per_device(config, dp: compressors.DataParallel, example: TrainState) -> int:
+  """Bytes one device will hold of the parameters, the optimizer state and the model state
+  (from shapes, before anything is allocated).
+
+  Raises:
+    ValueError: more than ``config.max_state_bytes_per_device`` (when > 0), naming both.
+  """
+  model_state = compressors.parallel.step_bytes.abstract(example.model_state, dp.mesh,
+                                                          dp.workers.spec)
+  held = (dp.state_bytes_per_device(example.params)
+          + compressors.parallel.fsdp.state_bytes_per_device(model_state))
+  budget = config.max_state_bytes_per_device
+  if budget and held > budget:
+    raise ValueError(
+        f"config.max_state_bytes_per_device={budget:,}: each device would hold {held:,} bytes "
+        f"of parameters and optimizer state on this mesh (mesh.islands={config.mesh.islands}, "
+        f"mesh.fsdp={config.mesh.fsdp}); allowed: a budget of at least that, or a larger "
+        "mesh.fsdp, which shards them inside each island")
+  return held
+
+
 def _init_state(init_variables, dp: compressors.DataParallel, seed) -> TrainState:
   layout = dp.workers
   replicated = NamedSharding(layout.mesh, P())
@@ -404,9 +425,7 @@ def _communication(config, model, task, learning_rate, dp, state: TrainState, ba
   return {"wire_bytes": wire, "dense_bytes": dense,
           "compression_ratio": dense / wire if wire else None,
           "bytes_by_kind": by_kind, "guard_bytes": in_step_guard + replica_check,
-          "bytes_by_axis": _by_axis(dp, sent, steps),
-          "state_bytes_per_device": compressors.parallel.fsdp.state_bytes_per_device(
-              (state.params, state.opt_state, state.model_state))}
+          "bytes_by_axis": _by_axis(dp, sent, steps)}
 
 
 def _bytes_so_far(communication: dict[str, Any], dp, done: int) -> dict[str, Any]:
@@ -446,13 +465,18 @@ def _check_replicas(dp, params, step: int) -> None:
     return
   differing = []
   for path, leaf in jax.tree_util.tree_leaves_with_path(params):
-    shards = [(s.device.id, np.asarray(s.data)) for s in leaf.addressable_shards]
-    if dp.per_worker_params:  # one row per worker: compare the rows
-      shards = [(f"{d} row {r}", row) for d, x in shards for r, row in enumerate(x)]
-    devices = [d for d, x in shards[1:] if x.tobytes() != shards[0][1].tobytes()]
-    if devices:
-      differing.append(f"{jax.tree_util.keystr(path)} on devices {devices} (vs device "
-                       f"{shards[0][0]})")
+    # Copies of one piece are compared: with islands, the shards at one position.
+    pieces = {}
+    for s in leaf.addressable_shards:
+      where = str(s.index[1:] if dp.per_worker_params else s.index)
+      rows = enumerate(np.asarray(s.data)) if dp.per_worker_params else [(None, s.data)]
+      pieces.setdefault(where, []).extend(
+          (s.device.id if r is None else f"{s.device.id} row {r}", np.asarray(x)) for r, x in rows)
+    for copies in pieces.values():
+      devices = [d for d, x in copies[1:] if x.tobytes() != copies[0][1].tobytes()]
+      if devices:
+        differing.append(f"{jax.tree_util.keystr(path)} on devices {devices} (vs device "
+                         f"{copies[0][0]})")
   where = "; ".join(differing) or "on devices of another process"
   raise ReplicaDriftError(
       f"replica drift detected at step {step}: the devices' copies of the parameters are no "
@@ -675,13 +699,14 @@ def _prepare(config, workdir, lock_workdir) -> tuple[_Run, TrainState]:
       (workers.count * x.shape[1],) + x.shape[2:], x.dtype), first_batch)
   example = TrainState(jax.ShapeDtypeStruct((), jnp.int32), params_shape, model_state_shape, ())
   dp = _data_parallel(config, model, task, tx, workers, example, batch_shape)
+  held = _state_bytes_per_device(config, dp, example)
   state = _init_state(init_variables, dp, config.seed)
   resumed = checkpointer.restore_latest(state)
   if resumed is not None:
     logging.warning("%s: resuming from the checkpoint of step %d", workdir, resumed[0])
     state = resumed[1]
-  communication = _communication(config, model, task, learning_rate, dp, state, batch_shape,
-                                 steps)
+  communication = {**_communication(config, model, task, learning_rate, dp, state, batch_shape,
+                                   steps), "state_bytes_per_device": held}
   return _Run(config, workdir, workers, dataset, steps, learning_rate, dp,
               dp.reduce(_evaluation_sums(model, task)), communication, checkpointer,
               sum(x.size for x in jax.tree.leaves(dp.model_params(state)))), state

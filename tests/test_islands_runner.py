@@ -12,17 +12,19 @@ import jax
 import numpy as np
 import pytest
 
+from configs import lm_islands
 from configs import lm_stdlib
 from experiments import checkpoint
 from experiments import train
 from experiments import validation
+from tests import test_failures
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _config(tmp_path, **args):
+def _config(tmp_path, module=lm_stdlib, **args):
   arg = ",".join(f"{k}={v}" for k, v in {"smoke": True, "method": "dense", **args}.items())
-  config = lm_stdlib.get_config(arg)
+  config = module.get_config(arg)
   config.data.cache_dir = str(tmp_path / "tokenizers")
   return config
 
@@ -33,8 +35,8 @@ def runs(tmp_path_factory):
   root = tmp_path_factory.mktemp("islands")
   configs = {"plain": _config(root), "dense": _config(root, fsdp=4),
              "topk": _config(root, fsdp=4, method="topk"),
-             "diloco": _config(root, fsdp=4, method="diloco")}
-  configs["diloco"].compression.diloco.update(dict(every=1, exchange="int8"))
+             "diloco": _config(root, lm_islands, method="diloco")}  # int8, 2 x 4
+  configs["diloco"].compression.diloco.every = 1
   results = {name: train.train_and_evaluate(config, str(root / name))
              for name, config in configs.items()}
   return root, configs, results
@@ -93,6 +95,18 @@ def test_resuming_on_another_layout_is_refused_naming_both(runs, tmp_path):
     train.train_and_evaluate(config, resumed)
 
 
+def test_a_run_over_its_memory_budget_is_refused_before_it_allocates(tmp_path):
+  """The islands config's budget holds a quarter of the state, not all of it: replicated
+  (fsdp=1), the run is refused naming the budget, the bytes and the way out."""
+  config = _config(tmp_path, lm_islands, method="diloco", fsdp=1)
+  config.max_state_bytes_per_device = 20_000  # the smoke model's whole state is more
+  with pytest.raises(ValueError, match=r"config.max_state_bytes_per_device=20,000: each device "
+                     r"would hold [\d,]+ bytes .* mesh.fsdp=1\); allowed: .* a larger mesh.fsdp"):
+    train.train_and_evaluate(config, str(tmp_path / "refused"))
+  checkpoints = tmp_path / "refused" / "checkpoints"
+  assert not checkpoints.exists() or not os.listdir(checkpoints)
+
+
 @pytest.mark.parametrize("fields, message", [
     (dict(islands=3), r"config.mesh.islands=3 x config.mesh.fsdp=4 must equal "
                       r"config.num_devices=8"),
@@ -122,9 +136,8 @@ def test_one_process_per_island_matches_one_process_and_resumes_bit_for_bit(runs
   workdir = tmp_path / "two"
   env = dict(os.environ, JAX_DISABLE_MOST_OPTIMIZATIONS="1", XLA_FLAGS="")
   command = [sys.executable, "-m", "experiments.launch", "--num_processes=2", "--",
-             "--config=configs/lm_stdlib.py:smoke=True,method=diloco,fsdp=4",
-             f"--workdir={workdir}", "--config.compression.diloco.every=1",
-             "--config.compression.diloco.exchange=int8",
+             "--config=configs/lm_islands.py:smoke=True", f"--workdir={workdir}",
+             "--config.compression.diloco.every=1",
              f"--config.data.cache_dir={configs['diloco'].data.cache_dir}"]
 
   def launch():
@@ -144,3 +157,16 @@ def test_one_process_per_island_matches_one_process_and_resumes_bit_for_bit(runs
   shutil.rmtree(workdir / "checkpoints" / str(results["step"]))
   _, resumed = launch()
   jax.tree.map(np.testing.assert_array_equal, resumed, state)
+
+
+def test_a_shard_that_drifts_between_islands_stops_the_run_naming_its_copies(tmp_path,
+                                                                             monkeypatch):
+  """A bit flipped in device 5's shard (island 1, fsdp position 1): the replica check compares
+  it with the same shard on island 0 (device 1), not with the other shards of its island."""
+  test_failures._wrap_train_steps(monkeypatch, test_failures._drift)  # pylint: disable=protected-access
+  config = _config(tmp_path, fsdp=4)
+  config.num_steps, config.check_replicas_every = 5, 1
+  with pytest.raises(train.ReplicaDriftError,
+                     match=rf"replica drift detected at step {test_failures.DRIFT_AFTER_STEP}: "
+                           r".* on devices \[5\] \(vs device 1\)"):
+    train.train_and_evaluate(config, str(tmp_path / "drift"))

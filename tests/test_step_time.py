@@ -95,3 +95,29 @@ def test_one_bit_adams_warm_up_is_a_dense_all_reduce():
   dense = registry.cost("dense", SHAPES, TOPOLOGY).time
   own = registry.cost("onebit_adam", SHAPES, TOPOLOGY).time
   assert sorted(t.communication for t in times.values()) == pytest.approx(sorted([own, dense]))
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_islands_pay_zero3_on_the_fast_link_and_the_exchange_of_a_shard_on_the_slow(shared):
+  """2 islands x 4 fsdp: ZeRO-3's gather and reduce-scatter are a ring all-reduce's halves of
+  the whole model on NVLink, the method's exchange a 2-device exchange of one shard (a quarter
+  of each matrix) on Ethernet; through one NIC per island the four shards share its bandwidth."""
+  islands = topo.Topology((topo.Axis("islands", 2, topo.ETHERNET_1G,
+                                     ("fsdp",) if shared else ()),
+                           topo.Axis("fsdp", 4, topo.NVLINK4)))
+  zero3 = topo.dense_cost("ring", topo.Topology.flat(4, topo.NVLINK4), 12 * 2**20).time
+  link = topo.ETHERNET_1G
+  if shared:
+    link = topo.Link(link.alpha, link.bandwidth / 4, link.gamma)
+  shard = [(1024 // 4, 1024)] * 12  # of equal dimensions the first is sharded
+  settings = registry.default_settings("diloco", every=10, exchange="int8")
+  times = step_time.island_kind_times("diloco", SHAPES, islands, 0.2, settings)
+  sync = registry.cost("int8", shard, topo.Topology.flat(2, link)).time
+  assert times["local"].total == pytest.approx(0.2 + zero3)
+  assert times["sync"].total == pytest.approx(0.2 + sync + zero3)
+  assert times["sync"].communication == pytest.approx(sync + zero3)
+  [dense] = step_time.island_kind_times("dense", SHAPES, islands, 0.2, overlap=False).values()
+  across = topo.all_reduce_cost("psum", topo.Topology.flat(2, link), 3 * 2**20).time
+  assert dense.total == pytest.approx(0.2 + across + zero3)
+  with pytest.raises(ValueError, match="allowed: two, the islands then fsdp"):
+    step_time.island_kind_times("dense", SHAPES, TOPOLOGY, 0.2)

@@ -146,6 +146,16 @@ class DataParallel(NamedTuple):
     first = jax.tree.map(lambda x: x.reshape((-1, layout.shards) + x.shape[1:])[0], synchronised)
     return layout.rows_to_natural(first)
 
+  def state_bytes_per_device(self, params: chex.ArrayTree) -> int:
+    """Bytes one device holds of the parameters and the transformation's state, laid out as
+    the step lays them out (:func:`compressors.parallel.fsdp.state_bytes_per_device`), from
+    shapes alone: ``params`` are natural ones or their ``ShapeDtypeStruct``s; nothing is
+    allocated. Needs a mesh."""
+    stored = step_bytes.abstract(jax.eval_shape(self.worker_params, params), self.mesh,
+                                 self.params_spec)
+    state = step_bytes.abstract(jax.eval_shape(self.init, params), self.mesh, self.specs)
+    return fsdp.state_bytes_per_device((stored, state))
+
   def kind_at(self, step: int) -> str:
     """The name of the kind that runs at ``step``."""
     return kind_at(tuple(self.kinds.values()), step)

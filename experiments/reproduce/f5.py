@@ -90,19 +90,27 @@ def step_seconds(run) -> float:
 
 
 def kind_times(config, link: topo.Link, workers: int, compute: float, *,
-               as_method: str | None = None) -> dict[str, step_time.StepTime]:
+               as_method: str | None = None, fsdp: int = 1,
+               fast_link: topo.Link = topo.NVLINK4) -> dict[str, step_time.StepTime]:
   """Step kind name -> the time model's seconds of one step of that kind
   (:func:`compressors.step_time.kind_times`) for ``config`` (a run's config.json, a dict or
   ConfigDict) on ``workers`` workers joined by ``link``, with ``compute`` seconds of compute a
   step: its method overlapping what it can with the backward pass, but ``dense`` (the float32,
   non-overlapped baseline). ``as_method``: price the run's steps as another method's with its
-  defaults (:data:`FAIR`'s bf16 all-reduce, overlapped)."""
+  defaults (:data:`FAIR`'s bf16 all-reduce, overlapped). ``fsdp > 1``: an island layout, the
+  workers in islands of ``fsdp`` devices joined by ``fast_link`` (the model sharded inside
+  each), ``link`` between the islands (:func:`compressors.step_time.island_kind_times`)."""
   config = ml_collections.ConfigDict(config) if isinstance(config, dict) else config
   shapes = methods.parameter_shapes(config)
   topology = topo.Topology.flat(workers, link)
+  price = step_time.kind_times
+  if fsdp > 1:
+    topology = topo.Topology((topo.Axis("islands", workers // fsdp, link),
+                              topo.Axis("fsdp", fsdp, fast_link)), f"islands of {fsdp}")
+    price = step_time.island_kind_times
   if as_method is not None:
-    return step_time.kind_times(as_method, shapes, topology, compute)
-  return step_time.kind_times(
+    return price(as_method, shapes, topology, compute)
+  return price(
       config.method, shapes, topology, compute, methods.settings(config),
       exchange_settings=methods.exchange_settings(config), kinds=methods.step_kinds(config),
       overlap=config.method != "dense")
