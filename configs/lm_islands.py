@@ -6,8 +6,16 @@ DiLoCo's state are sharded over the 4 devices (ZeRO-3); across the islands DiLoC
 int8 pseudo-gradients every :data:`EVERY` steps, each device its shard. The stated budget,
 :data:`BUDGET` bytes a device for the parameters and the optimizer's and model's state, is what
 makes it need islands: with ``fsdp=1`` (every device holding the whole model and its state) the
-runner refuses the run before allocating anything, naming the bytes it would hold. What the run
-reached and what each device held and sent are in the README's islands section.
+runner refuses the run before allocating anything, naming the bytes it would hold.
+
+  python -m experiments.run --config=configs/lm_islands.py --workdir=runs/islands
+
+Expected (8 simulated CPU devices, 1,000 steps, seed 0; the README's islands section): test loss
+4.295 (dense across the islands, ``method=dense``: 4.083, as 8-way data parallelism); per
+device and step 2,426 bytes across the islands (97.0x fewer than dense's 235,264) and
+1,411,584 on the fast axis (ZeRO-3's gather and reduce-scatter of the model, whatever the
+method); 1,529,242 bytes of state per device, 0.265x of the 5,763,994 that ``fsdp=1`` would
+hold. Runtime: about 2 minutes on 2 CPU cores.
 
 Arguments: those of ``configs/lm_stdlib.py``, with the defaults ``variant=micro``,
 ``method=diloco`` and ``fsdp=4``.

@@ -52,6 +52,7 @@ import orbax.checkpoint as ocp
 from orbax.checkpoint._src.serialization import jax_array_handlers
 from orbax.checkpoint._src.serialization import type_handler_registry
 
+from compressors.parallel import fsdp
 from experiments import cli
 from experiments import logs
 
@@ -456,9 +457,34 @@ def _first_line(error: BaseException, limit: int = 300) -> str:
   return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
+# Beside config.json in an islands run: each parameter's natural shape and the fast axis's size.
+PARAM_LAYOUT_FILE = "param_layout.json"
+
+
+def write_param_layout(workdir: str, params: Any, shards: int) -> None:
+  """Records the natural shapes of ``params`` (arrays or shapes) and ``shards`` (the fast axis's
+  size), so that :func:`load_params` can undo the islands' layout."""
+  shapes = {jax.tree_util.keystr(path): list(np.shape(leaf))
+            for path, leaf in jax.tree_util.tree_leaves_with_path(params)}
+  logs.write_json(os.path.join(workdir, PARAM_LAYOUT_FILE), {"fsdp": shards, "shapes": shapes})
+
+
 def load_params(workdir: str, step: int | None = None) -> Any:
-  """The parameters of a run's checkpoint (the latest by default), as numpy arrays on the host."""
-  return _load(workdir, step, fields=("params",))["params"]
+  """The parameters of a run's checkpoint (the latest by default), as numpy arrays on the host;
+  an islands run's in their natural shapes (with per-island parameters, one row per island)."""
+  params = _load(workdir, step, fields=("params",))["params"]
+  path = os.path.join(workdir, PARAM_LAYOUT_FILE)
+  if not os.path.exists(path):
+    return params
+  with open(path) as f:
+    layout = json.load(f)
+
+  def natural(key, stored):
+    leaf = fsdp.leaf_layout(tuple(layout["shapes"][jax.tree_util.keystr(key)]), layout["fsdp"])
+    if stored.shape == leaf.stored_shape:
+      return np.asarray(leaf.to_natural(stored))
+    return np.stack([np.asarray(leaf.to_natural(row)) for row in stored])  # a row per island
+  return jax.tree_util.tree_map_with_path(natural, params)
 
 
 def load_state(workdir: str, step: int | None = None) -> dict[str, Any]:

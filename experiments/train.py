@@ -690,6 +690,8 @@ def _prepare(config, workdir, lock_workdir) -> tuple[_Run, TrainState]:
   init_variables = _variables_initializer(model, task, {k: v[0] for k, v in first_batch.items()},
                                           workers.count)
   params_shape, model_state_shape = jax.eval_shape(init_variables, config.seed)
+  if workers.shard_axis is not None and jax.process_index() == 0:
+    checkpoint.write_param_layout(workdir, params_shape, workers.shards)
   # What the method compresses: each device's shard with islands, across the islands.
   shapes = [x.shape for x in jax.tree.leaves(params_shape)]
   if workers.shard_axis is not None:

@@ -12,6 +12,7 @@ import jax
 import numpy as np
 import pytest
 
+from configs import digits
 from configs import lm_islands
 from configs import lm_stdlib
 from experiments import checkpoint
@@ -52,6 +53,21 @@ def test_dense_across_islands_trains_as_eight_way_data_parallelism(runs):
   assert islands["state_bytes_per_device"] <= 0.30 * plain["state_bytes_per_device"]
   assert set(islands["bytes_by_axis"]) == {"islands", "fsdp", "islands+fsdp"}
   assert set(plain["bytes_by_axis"]) == {"data"}
+
+
+def test_a_classifier_with_leaves_fsdp_does_not_divide_trains_and_loads_in_natural_shapes(
+    tmp_path):
+  """digits' 10-class head: its bias is flattened and padded to 12 on islands; the checkpoint's
+  parameters come back in the model's shapes, those of the plain run to float rounding."""
+  loaded = {}
+  for name, fsdp in (("plain", 1), ("islands", 4)):
+    config = digits.get_config("smoke")
+    config.mesh.fsdp = fsdp
+    train.train_and_evaluate(config, str(tmp_path / name))
+    loaded[name] = checkpoint.load_params(str(tmp_path / name))
+  assert jax.tree.map(np.shape, loaded["islands"]) == jax.tree.map(np.shape, loaded["plain"])
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(b, a, rtol=0, atol=1e-5),
+               loaded["plain"], loaded["islands"])
 
 
 def test_topk_sends_a_twentieth_of_dense_across_islands_and_the_same_inside(runs):

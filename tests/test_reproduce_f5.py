@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from compressors import registry
+from compressors.parallel import fsdp as compressors_fsdp
 from compressors.network import topology as topo
 from configs.paper import t1_lm as sweep_config
 from experiments import methods
@@ -235,3 +236,21 @@ def test_the_gpu_tier_prices_its_rows_at_their_given_scales_on_its_own_page(tmp_
   assert priced == {("dense", 1.0), (f5.FAIR, 1.0), (label, scale)}
   written = reproduce_report.write_report(report, PROV, tmp_path / "out")
   assert sorted(p.name for p in written) == ["f5_gpu.csv", "f5_gpu.md", "f5_gpu.png"]
+
+
+def test_an_island_layout_is_priced_with_zero3_on_the_fast_link():
+  """F5 prices a run on islands (``fsdp=4``: 2 islands of 4 joined by 1 Gbit/s, NVLink inside):
+  dense's all-reduce of a quarter of the model between 2 islands, plus ZeRO-3's all-gather and
+  reduce-scatter of the whole model on NVLink, which at this size is cheaper than 8 workers
+  all-reducing the whole model over Ethernet."""
+  config = solved(sweep_config.config_arg("dense", "cpu", 1.0, 0, 8))
+  n = registry.num_elements(_shapes("dense"))
+  [islands] = f5.kind_times(config, topo.ETHERNET_1G, 8, 0.1, fsdp=4).values()
+  [flat] = f5.kind_times(config, topo.ETHERNET_1G, 8, 0.1).values()
+  zero3 = topo.dense_cost("ring", topo.Topology.flat(4, topo.NVLINK4), n).time
+  shards = registry.num_elements([layout.shard_shape for layout in (
+      compressors_fsdp.leaf_layout(s, 4) for s in _shapes("dense"))])
+  across = topo.dense_cost("psum", topo.Topology.flat(2, topo.ETHERNET_1G), shards).time
+  assert islands.communication == pytest.approx(across + zero3)
+  assert islands.total == pytest.approx(0.1 + across + zero3)
+  assert islands.total < flat.total
