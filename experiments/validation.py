@@ -62,6 +62,11 @@ def check_islands(config) -> None:
   if config.workers_per_device != 1:
     raise ValueError(f"config.workers_per_device={config.workers_per_device} with "
                      f"config.mesh.fsdp={shards}: islands run one worker per device; allowed: 1")
+  if config.get("equal_bytes") is not None:
+    raise ValueError(f"config.equal_bytes={config.equal_bytes!r} with config.mesh.fsdp={shards}: "
+                     "the equal-bytes solver prices whole parameters exchanged by every device, "
+                     "not shards across islands; allowed: None (the method's own settings), or "
+                     "mesh.fsdp=1")
   if config.optimizer.name in _WHOLE_LEAF_OPTIMIZERS:
     raise ValueError(f"config.optimizer.name={config.optimizer.name!r} with config.mesh.fsdp="
                      f"{shards}: its trust ratio reads a whole leaf's norm, and each device "

@@ -130,6 +130,8 @@ def test_a_run_over_its_memory_budget_is_refused_before_it_allocates(tmp_path):
     (dict(fsdp=1, islands=2), r"config.mesh.islands=2 x config.mesh.fsdp=1 must equal "
                               r"config.num_devices=8"),
     (dict(workers_per_device=2), r"config.workers_per_device=2 with config.mesh.fsdp=4"),
+    (dict(equal_bytes=100), r"config.equal_bytes=100 with config.mesh.fsdp=4: the "
+                            r"equal-bytes solver prices whole parameters"),
     (dict(optimizer="lamb"), r"config.optimizer.name='lamb' with config.mesh.fsdp=4: its "
                              r"trust ratio reads a whole leaf's norm"),
 ])
@@ -139,6 +141,8 @@ def test_islands_refuse_what_they_cannot_run_naming_the_field(tmp_path, fields, 
   config.mesh.fsdp = fields.get("fsdp", config.mesh.fsdp)
   config.workers_per_device = fields.get("workers_per_device", 1)
   config.optimizer.name = fields.get("optimizer", config.optimizer.name)
+  if "equal_bytes" in fields:
+    config.equal_bytes = fields["equal_bytes"]
   with pytest.raises(ValueError, match=message):
     validation.check_workers(config)
 
