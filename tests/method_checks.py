@@ -384,7 +384,8 @@ def check_islands_with_fsdp_inside(name: str, settings=None, steps: int = 8) -> 
   fast axis nothing but ZeRO-3's all-gather and reduce-scatter of the whole model (within 1%:
   the non-finite guard's flag; a kind with per-step inputs, TASC's curvature, differentiates
   through the gather again and sends more), and the islands axis at most a float32
-  all-reduce of one shard (dense's bytes across the islands)."""
+  all-reduce of one shard (dense's bytes across the islands), within 5% of the cost model's
+  price of exchanging the shard."""
   mesh = harness.islands_mesh()
   dp = training_step(name, settings, mesh, axis="islands", shard_axis="fsdp")
   batch = _regression_batch()
@@ -413,6 +414,28 @@ def check_islands_with_fsdp_inside(name: str, settings=None, steps: int = 8) -> 
         f"{name} {kind}: fsdp {fast:,.0f} vs {zero3:,.0f}")
     slow = sent.get(("islands",), 0.0)
     assert slow <= 1.01 * dense, f"{name} {kind}: islands {slow:,.0f}, dense {dense:,.0f}"
+  _check_islands_bytes_within_cost_model(name, settings, dp, params, state)
+
+
+def _check_islands_bytes_within_cost_model(name, settings, dp, params, state) -> None:
+  """The bytes across the islands, per device, within 5% of the cost model's for the exchange
+  of one device's shard between the 2 islands (as :func:`check_bytes_within_cost_model`
+  charges a kind or a local-update method's round)."""
+  shards = [compressors.parallel.fsdp.leaf_layout(x.shape, 4).shard_shape
+            for x in jax.tree.leaves(PARAMS)]
+  topology = compressors.Topology.flat(2, compressors.Link(alpha=1e-6, bandwidth=1e9))
+  settings = _settings(name, settings) if _family(name) != "per_step" else settings
+  modelled = registry.cost(name, shards, topology, settings).bytes_sent
+  by_kind = {k: dp.wire_bytes(params, state, _regression_batch(), kind=k).by_axis.get(
+      ("islands",), 0.0) for k in dp.kinds}
+  if dp.per_worker_params:
+    every = registry.steps_per_exchange(name, settings)
+    counts = dp.kind_counts(4 * every, 5 * every)
+    measured = sum(n * by_kind[k] for k, n in counts.items())
+  else:
+    measured = by_kind[list(dp.kinds)[-1]]
+  assert abs(measured - modelled) <= COST_TOLERANCE * modelled, (
+      f"{name} across islands: {measured:,.0f} bytes, the cost model says {modelled:,.0f}")
 
 
 CHECKS = (check_nothing_lost, check_nothing_lost_after_the_optimizer,
