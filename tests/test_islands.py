@@ -8,10 +8,12 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from jax.sharding import PartitionSpec as P
 
 import compressors
 from compressors import registry
 from compressors.parallel import fsdp
+from compressors.parallel import step_bytes
 from tests import harness
 
 
@@ -141,3 +143,34 @@ def test_islands_refuse_what_they_cannot_run_naming_the_argument():
                               shard_axis="islands")
   with pytest.raises(ValueError, match="shard_axis='fsdp' needs a mesh"):
     compressors.data_parallel(_loss, tx, None, PARAMS, _batch(), shard_axis="fsdp")
+
+
+def test_the_islands_step_lowers_for_cuda_on_a_mesh_of_abstract_h100s(monkeypatch):
+  """What a GPU process compiles: DiLoCo (int8) across 2 islands of 4 abstract H100s, its
+  synchronising step traced and lowered for CUDA, with ZeRO-3's all-gather and reduce-scatter
+  inside the islands and the exchange across them."""
+  h100 = jax.sharding.AbstractDevice(device_kind="NVIDIA H100 80GB HBM3", num_cores=132,
+                                     platform="gpu")
+  mesh = jax.sharding.AbstractMesh((2, 4), ("islands", "fsdp"),
+                                   axis_types=(jax.sharding.AxisType.Auto,) * 2,
+                                   abstract_device=h100)
+  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+  settings = registry.default_settings("diloco", every=3, exchange="int8")
+  tx = registry.training("diloco", settings, optimizer=optax.adam(1e-2), learning_rate=1e-2,
+                         axis_name="islands")
+  shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), PARAMS)
+  batch = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), _batch())
+  with jax.sharding.use_abstract_mesh(mesh):
+    dp = compressors.data_parallel(_loss, tx, mesh, shapes, batch, axis_name="islands",
+                                   shard_axis="fsdp", per_worker_params=True,
+                                   kinds=registry.step_kinds("diloco", settings))
+    params = step_bytes.abstract(jax.eval_shape(dp.worker_params, shapes), mesh,
+                                 dp.params_spec)
+    state = compressors.TrainState(
+        step_bytes.abstract(jnp.zeros((), jnp.int32), mesh, P()), params, (),
+        step_bytes.abstract(jax.eval_shape(dp.init, shapes), mesh, dp.specs))
+    text = dp.train_step.trace(state, step_bytes.abstract(batch, mesh, dp.workers.spec),
+                               kind="sync").lower(lowering_platforms=("cuda",)).as_text()
+  for collective in ("all_gather", "reduce_scatter", "all_reduce"):
+    assert f"stablehlo.{collective}" in text or f"\"stablehlo.{collective}\"" in text, collective
+  assert "custom_call @xla_python" not in text and "host_callback" not in text
