@@ -279,7 +279,8 @@ def test_two_process_bert_matches_one_process_and_resumes_bit_for_bit(tmp_path):
   jax.tree.map(np.testing.assert_array_equal, resumed, state)
 
 
-@pytest.mark.parametrize("num_devices, per_device", [(2, 4), (1, 8)])
+@pytest.mark.parametrize("num_devices, per_device", [
+    (2, 4), pytest.param(1, 8, marks=pytest.mark.slow)])  # 1 x 8: a variant, in the slow suite
 def test_simulated_workers_train_as_the_devices_would(sweep_dir, tmp_path, num_devices,
                                                        per_device):
   """TASC (per-step curvature, per-worker residuals and scores) on 8 workers as 2 devices x 4
