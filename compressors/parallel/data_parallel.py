@@ -37,6 +37,17 @@ Per-worker parameters (local updates, ``per_worker_params=True``): the step know
 transformation's state says how its updates land on each worker's parameters and which are the
 model (:class:`compressors.method_protocol.SynchronisingState`).
 
+Islands (``shard_axis="fsdp"`` on a mesh ``("islands", "fsdp")``): the parameters, the
+gradient and the state built from them are sharded over the fast axis inside each island
+(ZeRO-3: the loss all-gathers each shard, autodiff reduce-scatters the gradient;
+:mod:`compressors.parallel.fsdp`), and ``tx``, built with ``axis_name="islands"``, exchanges each
+device's shard across the islands::
+
+  dp = compressors.data_parallel(loss, tx, mesh, params, batch, axis_name="islands",
+                                 shard_axis="fsdp")
+  sharded = dp.worker_params(params)
+  sharded, state, metrics = dp.step(sharded, dp.init(params), batch)
+
 Model state and randomness (the runner's models). With ``model_state`` the loss is
 ``loss_fn(params, batch, model_state, rng) -> (loss, (aux, new_model_state))``: ``model_state``
 holds one row per worker (batch statistics, kept per worker and restored on a skipped step) and
