@@ -139,9 +139,7 @@ class DataParallel(NamedTuple):
   def params_spec(self) -> chex.ArrayTree:
     """The parameters' ``PartitionSpec`` on :attr:`mesh`: ``P()``, or one row per worker;
     with islands, a tree of them (sharded over the fast axis, a row per island)."""
-    if self.param_layout is not None:
-      return self.param_layout.specs
-    return self.workers.spec if self.per_worker_params else P()
+    return _params_spec(self.workers, self.per_worker_params, self.param_layout)
 
   def model_params(self, state: TrainState) -> chex.ArrayTree:
     """The parameters the model is (to evaluate), in their natural shapes: ``state.params``,
@@ -299,18 +297,26 @@ def data_parallel(loss_fn: Callable[..., Any], tx: optax.GradientTransformation,
   model_state = step_bytes.abstract(model_state, mesh, layout.spec)
   specs = layout.layout(_state_specs(worker, kinds, layout, params, model_state, batch,
                                      per_worker_params, param_layout))
-  params_spec = param_layout.specs if param_layout else layout.spec if per_worker_params else P()
-  programs = _Programs(worker, layout, specs, kinds, params_spec, per_worker_params,
-                       param_layout)
+  programs = _Programs(worker, layout, specs, kinds, per_worker_params, param_layout)
   return DataParallel(
       init=programs.init(), step=programs.simple_step(donate), train_step=programs.train_step(),
       kinds={k.name: k for k in kinds}, specs=specs, mesh=mesh, workers=layout,
       equivalent=functools.cache(lambda: one_each(mesh=layout.equivalent_mesh()))
       if layout.per_device > 1 else None,
       reduce=functools.partial(evaluation.reduce_over_workers, layout),
-      replicas_agree=drift.replicas_agree_program(layout, per_worker_params, params_spec),
+      replicas_agree=drift.replicas_agree_program(layout, per_worker_params,
+                                                  programs.params_spec),
       worker_params=programs.worker_params(), per_worker_params=per_worker_params,
       param_layout=param_layout)
+
+
+def _params_spec(layout: workers_lib.Workers, per_worker_params: bool,
+                 param_layout: fsdp.ParamLayout | None) -> chex.ArrayTree:
+  """The parameters' specs: ``P()`` replicated, the workers' spec with per-worker parameters,
+  with islands a tree (sharded over the fast axis, a row per island)."""
+  if param_layout is not None:
+    return param_layout.specs
+  return layout.spec if per_worker_params else P()
 
 
 def _check_pmap(shard_axis, workers_per_device, model_state, batch) -> None:
@@ -468,10 +474,13 @@ class _Programs(NamedTuple):
   layout: workers_lib.Workers
   specs: chex.ArrayTree
   kinds: tuple[StepKind, ...]
-  # P() replicated, the workers' spec with per-worker parameters; with islands a tree.
-  params_spec: chex.ArrayTree
   per_worker_params: bool
   param_layout: fsdp.ParamLayout | None
+
+  @property
+  def params_spec(self) -> chex.ArrayTree:
+    """As :attr:`DataParallel.params_spec`."""
+    return _params_spec(self.layout, self.per_worker_params, self.param_layout)
 
   @property
   def params_axis(self):
