@@ -22,7 +22,8 @@ every ``H`` steps, the whole model once a round), and a tier can be met by ``H``
 exchange's own setting, or by both (``H = 100`` with float32 is 100x; ``H = 10`` with TASC at 10x is too). The
 rule: an exchange whose bytes are fixed (dense, fp16, int8) meets the tier through ``H``; one
 with a budget (top-k's density, TASC's) keeps the configured ``H`` and meets the tier through
-its budget, at ``ratio / H``.
+its budget, at ``ratio / H``. Given the run's length, a run is charged the synchronisations it
+completes, and ``H`` moves where a short run would otherwise miss the tier (``solve``'s ``steps``).
 """
 
 import dataclasses
@@ -85,7 +86,7 @@ def method_bytes(method: str, shapes: Sequence[tuple[int, ...]], num_workers: in
 
 def solve(method: str, shapes: Sequence[tuple[int, ...]], num_workers: int, ratio: float,
           settings: Any = None, *, tolerance: float = TOLERANCE,
-          exchange_settings: Any = None) -> Solution:
+          exchange_settings: Any = None, steps: int | None = None) -> Solution:
   """The settings of ``method`` whose bytes per step come closest to dense's over ``ratio``.
 
   Args:
@@ -96,6 +97,12 @@ def solve(method: str, shapes: Sequence[tuple[int, ...]], num_workers: int, rati
     settings: the method's other settings (default: its defaults); the budget field is replaced.
     tolerance: how far from the target, relatively, still counts as on the tier.
     exchange_settings: a local-update method's exchange's settings (default: its defaults).
+    steps: the run's length, or None. A local-update method whose ``H`` meets the tier runs
+      only the synchronisations that fall inside the run (``steps // H`` of DiLoCo's), so a short
+      run can miss the tier that ``H`` meets per step (1,000 steps at ``H = 258``: 3
+      synchronisations, 1,293x for 1,000x). Given ``steps``, ``H`` stays the per-step solution
+      while the run's total lands within ``tolerance`` of the target, and otherwise moves to the
+      nearest ``H`` whose total is closest; ``bytes`` is then the run's mean per step.
 
   Returns:
     A :class:`Solution`; ``feasible`` False (with a ``note``) when no setting lands within the
@@ -113,7 +120,7 @@ def solve(method: str, shapes: Sequence[tuple[int, ...]], num_workers: int, rati
   shapes = [tuple(s) for s in shapes]
   if entry.carrier is not None:
     return _solve_local(method, shapes, num_workers, ratio, settings, exchange_settings,
-                        tolerance)
+                        tolerance, steps)
   dense = method_bytes("dense", shapes, num_workers)
   target = dense / ratio
   cost = lambda s: method_bytes(method, shapes, num_workers, s)
@@ -136,7 +143,7 @@ def solve(method: str, shapes: Sequence[tuple[int, ...]], num_workers: int, rati
 
 
 def _solve_local(method, shapes, num_workers, ratio, settings, exchange_settings,
-                 tolerance) -> Solution:
+                 tolerance, steps) -> Solution:
   """:func:`solve` for a local-update method (see the module docstring)."""
   carrier = registry.get(method).carrier(settings)
   exchange = registry.get(carrier)
@@ -147,11 +154,15 @@ def _solve_local(method, shapes, num_workers, ratio, settings, exchange_settings
     every = max(1, round(once * ratio / dense))
     try:  # a method may bound H by its other settings (Streaming DiLoCo: H >= its fragments)
       settings = dataclasses.replace(settings, every=every)
+      if steps is not None:
+        settings = _every_for_run(method, settings, steps, once, dense / ratio, tolerance)
     except ValueError as refused:
       return Solution(method, settings, math.nan, dense, dense / ratio, False,
                       f"every={every} meets {ratio:g}x but is refused: {refused}",
                       exchange_settings)
-    solved = Solution(method, settings, once / settings.every, dense, dense / ratio, True,
+    per_step = (once / settings.every if steps is None
+                else once * _rounds_in_run(method, settings, steps) / steps)
+    solved = Solution(method, settings, per_step, dense, dense / ratio, True,
                       exchange_settings=exchange_settings)
   else:  # the exchange meets ratio / H
     if ratio / settings.every <= 1:
@@ -167,6 +178,32 @@ def _solve_local(method, shapes, num_workers, ratio, settings, exchange_settings
     return solved._replace(feasible=False, note=solved.note or (
         f"closest: {dense / solved.bytes:.3g}x, {off:+.0%} from the target"))
   return solved
+
+
+def _rounds_in_run(method: str, settings: Any, steps: int) -> int:
+  """How many of ``method``'s rounds (``H`` steps each) the steps ``0, ..., steps - 1`` complete:
+  DiLoCo's synchronisations (each ``H``-th step); Streaming DiLoCo's fragments each send once a
+  round, at their own phase, so its count is within one round of this."""
+  return steps // registry.steps_per_exchange(method, settings)
+
+
+def _every_for_run(method: str, settings: Any, steps: int, once: float, target: float,
+                   tolerance: float) -> Any:
+  """``settings`` with the ``every`` whose run of ``steps`` sends closest to ``target`` bytes a
+  step (``once`` a round), keeping the given one while it is within ``tolerance``."""
+  def off(candidate) -> float:
+    return abs(once * _rounds_in_run(method, candidate, steps) / steps / target - 1)
+
+  if off(settings) <= tolerance or steps < 1:
+    return settings
+  candidates = []
+  for every in range(1, steps + 1):
+    try:
+      candidate = dataclasses.replace(settings, every=every)
+    except ValueError:  # below the method's own bound on H
+      continue
+    candidates.append((off(candidate), abs(every - settings.every), candidate))
+  return min(candidates, key=lambda c: c[:2])[2] if candidates else settings
 
 
 def fit_field(settings: Any, field: str, cost: Callable[[Any], float],

@@ -158,7 +158,8 @@ def equal_bytes_settings(config) -> tuple[Any, equal_bytes.Solution | None]:
   if request is None or (method.budget is None and method.carrier is None):
     return own, None
   solution = equal_bytes.solve(config.method, parameter_shapes(config), request.workers,
-                               request.ratio, own, exchange_settings=exchange_settings(config))
+                               request.ratio, own, exchange_settings=exchange_settings(config),
+                               steps=config.get("num_steps") or None)
   return solution.settings, solution
 
 
@@ -166,7 +167,8 @@ def equal_bytes_tier(config) -> dict[str, Any] | None:
   """The equal-bytes tier ``config.equal_bytes`` asks for and the one the method's settings
   (solved by :func:`fill_equal_bytes`, or as configured) meet, for the run's log and its
   ``results.json``: ``ratio`` (asked), ``met_ratio`` (dense's bytes over the method's, by the cost
-  model; None where no setting can be priced), ``workers``, ``on_tier`` (within
+  model, a local-update method's over the synchronisations its ``num_steps`` complete; None
+  where no setting can be priced), ``workers``, ``on_tier`` (within
   :data:`compressors.equal_bytes.TOLERANCE`) and ``note`` (why not, when not). A method whose
   bytes are fixed (dense, fp16) meets only its own ratio. None for a config without the request.
   """
@@ -175,7 +177,8 @@ def equal_bytes_tier(config) -> dict[str, Any] | None:
     return None
   solution = equal_bytes.solve(config.method, parameter_shapes(config), request.workers,
                                request.ratio, settings(config),
-                               exchange_settings=exchange_settings(config))
+                               exchange_settings=exchange_settings(config),
+                               steps=config.get("num_steps") or None)
   return {"ratio": request.ratio, "workers": request.workers,
           "met_ratio": solution.ratio if math.isfinite(solution.bytes) else None,
           "on_tier": solution.feasible, "note": solution.note}

@@ -695,7 +695,7 @@ def _prepare(config, workdir, lock_workdir) -> tuple[_Run, TrainState]:
   # What the method compresses: each device's shard with islands, across the islands.
   shapes = [x.shape for x in jax.tree.leaves(params_shape)]
   if workers.shard_axis is not None:
-    shapes = [compressors.parallel.fsdp.leaf_layout(x, workers.shards).shard_shape for x in shapes]
+    shapes = compressors.parallel.fsdp.leaf_shard_shapes(shapes, workers.shards)
   validation.check_compresses(config, shapes, workers.count // workers.shards)
   batch_shape = jax.tree.map(lambda x: jax.ShapeDtypeStruct(
       (workers.count * x.shape[1],) + x.shape[2:], x.dtype), first_batch)

@@ -421,8 +421,8 @@ def _check_islands_bytes_within_cost_model(name, settings, dp, params, state) ->
   """The bytes across the islands, per device, within 5% of the cost model's for the exchange
   of one device's shard between the 2 islands (as :func:`check_bytes_within_cost_model`
   charges a kind or a local-update method's round)."""
-  shards = [compressors.parallel.fsdp.leaf_layout(x.shape, 4).shard_shape
-            for x in jax.tree.leaves(PARAMS)]
+  shards = compressors.parallel.fsdp.leaf_shard_shapes(
+      [x.shape for x in jax.tree.leaves(PARAMS)], 4)
   topology = compressors.Topology.flat(2, compressors.Link(alpha=1e-6, bandwidth=1e9))
   settings = _settings(name, settings) if _family(name) != "per_step" else settings
   modelled = registry.cost(name, shards, topology, settings).bytes_sent

@@ -14,6 +14,7 @@ from compressors import registry
 from configs.paper import lm
 from configs.paper import t1_lm
 from experiments import methods
+from compressors.parallel.step_kinds import kind_counts
 from tests import harness
 from tests import subprocess_devices
 from tests.test_runner import fast_compiles  # noqa: F401  (an autouse fixture)
@@ -124,3 +125,25 @@ def test_local_updates_meet_a_tier_by_h_or_by_their_exchange_in_the_compiled_hlo
   per_step = harness.update_bytes(tx, params, harness.mesh(8)).total / settings.every
   assert per_step == pytest.approx(solution.target_bytes, rel=0.1)
   assert per_step == pytest.approx(solution.bytes, rel=0.02)
+
+
+
+def test_a_run_is_charged_the_synchronisations_it_completes_and_h_moves_when_they_miss():
+  """DiLoCo int8 at 1000x needs H = 258 a step, but 1,000 steps complete 3 synchronisations at
+  that H (1,293x): given the run's length the solver moves H to 250 (4 of them, 969x), counted
+  as the runner counts the steps' kinds; a run long enough to meet the tier keeps H = 258."""
+  shapes = cpu_shapes()
+  int8 = registry.default_settings("diloco", exchange="int8")
+  rate = equal_bytes.solve("diloco", shapes, 8, 1000, int8)
+  short = equal_bytes.solve("diloco", shapes, 8, 1000, int8, steps=1000)
+  long = equal_bytes.solve("diloco", shapes, 8, 1000, int8, steps=4000)
+  assert (rate.settings.every, short.settings.every, long.settings.every) == (258, 250, 258)
+  for solution, steps in ((short, 1000), (long, 4000)):
+    counts = kind_counts(registry.step_kinds("diloco", solution.settings), 0, steps)
+    once = equal_bytes.method_bytes("int8", shapes, 8, solution.exchange_settings)
+    assert solution.bytes == pytest.approx(once * counts["sync"] / steps)
+    assert solution.feasible and abs(solution.ratio / 1000 - 1) <= 0.1, solution.ratio
+  once = equal_bytes.method_bytes("int8", shapes, 8, rate.exchange_settings)
+  assert rate.dense_bytes * 1000 / (once * (1000 // 258)) > 1.1 * 1000  # H = 258 misses it
+  config = lm.get_config("method=diloco,exchange=int8,ratio=1000")
+  assert methods.equal_bytes_settings(config)[0].every == 250  # the runner passes its steps

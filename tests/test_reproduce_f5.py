@@ -248,8 +248,7 @@ def test_an_island_layout_is_priced_with_zero3_on_the_fast_link():
   [islands] = f5.kind_times(config, topo.ETHERNET_1G, 8, 0.1, fsdp=4).values()
   [flat] = f5.kind_times(config, topo.ETHERNET_1G, 8, 0.1).values()
   zero3 = topo.dense_cost("ring", topo.Topology.flat(4, topo.NVLINK4), n).time
-  shards = registry.num_elements([layout.shard_shape for layout in (
-      compressors_fsdp.leaf_layout(s, 4) for s in _shapes("dense"))])
+  shards = registry.num_elements(compressors_fsdp.leaf_shard_shapes(_shapes("dense"), 4))
   across = topo.dense_cost("psum", topo.Topology.flat(2, topo.ETHERNET_1G), shards).time
   assert islands.communication == pytest.approx(across + zero3)
   assert islands.total == pytest.approx(0.1 + across + zero3)

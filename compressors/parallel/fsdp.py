@@ -90,6 +90,12 @@ def leaf_layout(shape: tuple[int, ...], shards: int) -> LeafLayout:
   return LeafLayout(tuple(shape), shards, max(fits, key=lambda d: (shape[d], -d)))
 
 
+def leaf_shard_shapes(shapes, shards: int) -> list[tuple[int, ...]]:
+  """The shape each device holds of each leaf of natural ``shapes`` split into ``shards``:
+  what a method compresses across the islands."""
+  return [leaf_layout(tuple(s), shards).shard_shape for s in shapes]
+
+
 def _is_layout(x) -> bool:
   return isinstance(x, LeafLayout)
 
