@@ -27,6 +27,21 @@ def pytest_collection_modifyitems(config, items):
       item.add_marker(skip)
 
 
+@pytest.fixture(scope="module")
+def fast_compiles():
+  """A module's compiles with ``jax_disable_most_optimizations`` (``pytestmark =
+  pytest.mark.usefixtures("fast_compiles")``): the programs and their collectives are the same,
+  they compile in a fraction of the time. Tests of what optimisation does (fusion, memory
+  traffic, the README's timed job) run without it, and so do those that match numpy to a
+  float's last bits where XLA's rewrites round differently (``tests/test_quantized.py``: QSGD's
+  scales differ by more than 1e-6 relative with optimisations off)."""
+  import jax  # pylint: disable=import-outside-toplevel  # after the flags above
+  previous = jax.config.read("jax_disable_most_optimizations")
+  jax.config.update("jax_disable_most_optimizations", True)
+  yield
+  jax.config.update("jax_disable_most_optimizations", previous)
+
+
 @pytest.fixture
 def small_disk(tmp_path):
   """A 120 KiB tmpfs: room for one tiny checkpoint and part of a second (needs root)."""

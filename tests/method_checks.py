@@ -341,14 +341,23 @@ def _regression_batch():
   return x, x @ jax.random.normal(key_w, (200, 200)) / 10
 
 
-def check_simulated_workers_match_devices(name: str, settings=None, steps: int = 4) -> None:
-  """8 workers as 8 devices, 2 x 4 and 1 x 8 simulated: the same bytes per step of each kind
-  (each read from its compiled program), and parameters equal to the rounding of reassociated
-  sums (float32's, or that of the narrower type a payload is all-reduced in)."""
+# Devices x workers per device of :func:`check_simulated_workers_match_devices`: 2 x 4 has both
+# the device axis and the simulated one; all 8 on one device is the slow suite's
+# (``tests/test_methods_common.py``).
+LAYOUTS = ((2, N // 2),)
+ALL_LAYOUTS = ((2, N // 2), (1, N))
+
+
+def check_simulated_workers_match_devices(name: str, settings=None, steps: int = 4,
+                                          layouts=LAYOUTS) -> None:
+  """8 workers as 8 devices and as each of ``layouts`` (devices x workers simulated on each):
+  the same bytes per step of each kind (each read from its compiled program), and parameters
+  equal to the rounding of reassociated sums (float32's, or that of the narrower type a payload
+  is all-reduced in)."""
   batch = _regression_batch()
   steps = steps if _family(name) == "per_step" else max(steps, 8)  # every kind runs
   runs = {}
-  for devices, per_device in ((N, 1), (2, N // 2), (1, N)):
+  for devices, per_device in ((N, 1), *layouts):
     axis = "data" if per_device == 1 else ("data", "worker")
     dp = training_step(name, settings, harness.mesh(devices), axis=axis, per_device=per_device)
     params, state = dp.worker_params(PARAMS), dp.init(PARAMS)

@@ -229,7 +229,8 @@ def test_gradient_shapes_of_resnet50():
     bench_bytes.gradient_shapes("3x4x5")
 
 
-@pytest.mark.parametrize("rate_bits", [None, 1e9])
+# The rate-limited link (needs network namespaces) is the calibration's: the slow suite's.
+@pytest.mark.parametrize("rate_bits", [None, pytest.param(1e9, marks=pytest.mark.slow)])
 def test_links_two_processes(rate_bits):
   if rate_bits is not None and not calibrate.netns_available()[0]:
     pytest.skip("no permission for network namespaces here")

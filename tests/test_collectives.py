@@ -13,6 +13,8 @@ from compressors.network import collectives
 from compressors.network import topology
 from tests import harness
 
+pytestmark = pytest.mark.usefixtures("fast_compiles")
+
 WORKER_COUNTS = (2, 3, 4, 5, 8)
 FLAT_SCHEDULES = ("psum", "ring", "butterfly", "rabenseifner")
 INT_SHAPE, FLOAT_SHAPE = (7, 3), (13,)  # 21 and 13 elements: padding for every p

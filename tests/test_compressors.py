@@ -16,6 +16,8 @@ import scipy.stats
 import compressors
 from tests import harness
 
+pytestmark = pytest.mark.usefixtures("fast_compiles")
+
 randomk_module = importlib.import_module("compressors._randomk")
 
 N = 8

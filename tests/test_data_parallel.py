@@ -17,6 +17,8 @@ import optimizers
 import tasc
 from tests import harness
 
+pytestmark = pytest.mark.usefixtures("fast_compiles")
+
 N = 8
 _loss = harness.regression_loss  # one worker's loss: a linear regression
 

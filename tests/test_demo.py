@@ -14,6 +14,8 @@ from compressors import registry
 from compressors.network import topology as topology_lib
 from tests import harness
 
+pytestmark = pytest.mark.usefixtures("fast_compiles")
+
 N = 8
 BETA = 0.999
 CHUNK, TOPK = 64, 32

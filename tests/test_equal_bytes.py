@@ -17,7 +17,9 @@ from experiments import methods
 from compressors.parallel.step_kinds import kind_counts
 from tests import harness
 from tests import subprocess_devices
-from tests.test_runner import fast_compiles  # noqa: F401  (an autouse fixture)
+
+pytestmark = pytest.mark.usefixtures("fast_compiles")
+
 
 def cpu_shapes() -> tuple[tuple[int, ...], ...]:
   """The parameter shapes of the reproduction's CPU tier."""

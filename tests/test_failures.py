@@ -39,7 +39,8 @@ from experiments.data import fake
 from experiments.data import stdlib
 from tests import harness
 from tests.harness import cached_token_stream
-from tests.test_runner import fast_compiles  # noqa: F401  (an autouse fixture)
+
+pytestmark = pytest.mark.usefixtures("fast_compiles")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -13,6 +13,8 @@ import compressors
 import tasc
 from tests import harness
 
+pytestmark = pytest.mark.usefixtures("fast_compiles")
+
 NUM_DEVICES = 8
 
 # Compiled entry points: running scan / while_loop bodies eagerly is far slower than one compile.

@@ -26,6 +26,8 @@ from experiments.data import text
 from tests.harness import cached_token_stream
 from tests.test_stdlib_lm import _fake_stdlib
 
+pytestmark = pytest.mark.usefixtures("fast_compiles")
+
 SHARDS = data.ShardSpec(8, tuple(range(8)))
 STATE = {"w": np.arange(64, dtype=np.float32), "b": np.zeros(3, np.float32)}
 

@@ -16,6 +16,8 @@ from compressors.parallel import fsdp
 from compressors.parallel import step_bytes
 from tests import harness
 
+pytestmark = pytest.mark.usefixtures("fast_compiles")
+
 
 @pytest.mark.parametrize("shape, shards, dim", [
     ((64, 256), 4, 1), ((256, 64), 4, 0), ((64, 64), 4, 0), ((3, 8), 4, 1), ((5,), 4, None),

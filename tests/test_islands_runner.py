@@ -20,6 +20,8 @@ from experiments import train
 from experiments import validation
 from tests import test_failures
 
+pytestmark = pytest.mark.usefixtures("fast_compiles")
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

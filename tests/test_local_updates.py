@@ -22,6 +22,8 @@ from experiments import checkpoint
 from experiments import train
 from tests import harness
 
+pytestmark = pytest.mark.usefixtures("fast_compiles")
+
 N = 8
 _loss = harness.regression_loss  # one worker's loss: a linear regression
 DIM = 6

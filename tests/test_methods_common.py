@@ -11,11 +11,19 @@ from compressors import registry
 import tasc  # registers the method "tasc"
 from tests import method_checks
 
+pytestmark = pytest.mark.usefixtures("fast_compiles")
+
 
 @pytest.mark.parametrize("check", method_checks.CHECKS, ids=lambda c: c.__name__[len("check_"):])
 @pytest.mark.parametrize("name", registry.names())
 def test_every_method_passes_every_check(name, check):
   check(name)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", registry.names())
+def test_every_method_gives_simulated_workers_the_devices_results_in_every_layout(name):
+  method_checks.check_simulated_workers_match_devices(name, layouts=method_checks.ALL_LAYOUTS)
 
 
 def test_every_builtin_method_is_registered():

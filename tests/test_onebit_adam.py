@@ -19,6 +19,8 @@ from compressors.parallel import step_kinds
 from tests import harness
 from tests import method_checks
 
+pytestmark = pytest.mark.usefixtures("fast_compiles")
+
 N = 8
 # 13 x 7 + 7 = 98 entries: 8 chunks of 13, the last padded, as the two-phase exchange cuts them.
 SMALL = {"w": jnp.zeros((13, 7)), "b": jnp.zeros((7,))}

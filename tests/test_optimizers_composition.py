@@ -18,6 +18,8 @@ import pytest
 import compressors
 import optimizers
 
+pytestmark = pytest.mark.usefixtures("fast_compiles")
+
 NUM_DEVICES = 8
 PER_DEVICE_BATCH = 4
 STEPS = 4

@@ -9,6 +9,8 @@ import compressors
 from tests import harness
 from tests.test_two_phase import bytes_at
 
+pytestmark = pytest.mark.usefixtures("fast_compiles")
+
 N = 8
 # Leaves in pytree order: a bias (dense), a conv kernel (36 x 8, rate 3.3 at rank 2), a small
 # matrix (rate 0.86: dense) and a dense kernel (48 x 20, rate 7.1).

@@ -22,6 +22,8 @@ from experiments import methods
 from experiments import train
 from tests import method_checks
 
+pytestmark = pytest.mark.usefixtures("fast_compiles")
+
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _TRACED_INPUTS = []
 

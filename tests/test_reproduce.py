@@ -45,6 +45,8 @@ from experiments.reproduce import t1 as t1_target
 from experiments.reproduce import t1_cifar10 as t1_cifar10_target
 from experiments.reproduce import t2 as t2_target
 
+pytestmark = pytest.mark.usefixtures("fast_compiles")
+
 PROV = reproduce_report.Provenance(
     provenance.record(command_line="python -m experiments.reproduce --target=t1"), "quick")
 

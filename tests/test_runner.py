@@ -1,8 +1,8 @@
 """The experiment runner end to end: every config's smoke variant on tiny data in the real formats,
 logs, bytes on the wire, replicas, resume, sweeps, and 2 processes against 1.
 
-Compiles here run with ``jax_disable_most_optimizations`` (set for this module only): the programs
-and their collectives are the same, they just compile in a fraction of the time.
+Compiles here run with ``jax_disable_most_optimizations`` (``fast_compiles``, tests/conftest.py):
+the programs and their collectives are the same, they just compile in a fraction of the time.
 """
 
 import csv
@@ -31,15 +31,9 @@ from experiments import sweep
 from experiments import train
 from experiments.data import fake
 
+pytestmark = pytest.mark.usefixtures("fast_compiles")
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-@pytest.fixture(autouse=True, scope="module")
-def fast_compiles():
-  previous = jax.config.read("jax_disable_most_optimizations")
-  jax.config.update("jax_disable_most_optimizations", True)
-  yield
-  jax.config.update("jax_disable_most_optimizations", previous)
 
 
 @pytest.fixture(scope="module")
@@ -77,11 +71,11 @@ def _assert_replicas_identical(tree):
 @pytest.mark.parametrize("module, data, arg", [
     ("digits", None, "smoke,method=topk"),
     ("cifar10_resnet20", "cifar10", "smoke,method=dgc"),
-    ("cifar10_wrn", "cifar10", "smoke"),
+    pytest.param("cifar10_wrn", "cifar10", "smoke", marks=pytest.mark.slow),
     ("cifar10_vgg19", "cifar10", "smoke"),
-    ("cifar100_resnet56", "cifar100", "smoke"),
-    ("cifar100_wrn", "cifar100", "smoke"),
-    ("cifar100_vgg19", "cifar100", "smoke"),
+    pytest.param("cifar100_resnet56", "cifar100", "smoke", marks=pytest.mark.slow),
+    pytest.param("cifar100_wrn", "cifar100", "smoke", marks=pytest.mark.slow),
+    pytest.param("cifar100_vgg19", "cifar100", "smoke", marks=pytest.mark.slow),
     ("imagenet_resnet50", "imagenet", "smoke"),
     ("bert", "text", "smoke"),
 ])

@@ -13,6 +13,8 @@ from compressors.network import planner
 from compressors.network import topology as topo
 from tests import harness
 
+pytestmark = pytest.mark.usefixtures("fast_compiles")
+
 N = 8
 
 

@@ -24,6 +24,8 @@ from experiments import validation
 from tests import harness
 from tests import test_equal_bytes
 
+pytestmark = pytest.mark.usefixtures("fast_compiles")
+
 # A two-leaf model of 1,250 entries: chunks of 256 cut it into five, the last padded (226 real).
 PARAMS = {"b": jnp.zeros((50,)), "w": jnp.zeros((30, 40))}
 SIZE = 1250

@@ -20,7 +20,8 @@ from experiments import train
 from experiments.data import stdlib
 from experiments.data import text
 from tests import test_method_families
-from tests.test_runner import fast_compiles  # noqa: F401  (an autouse fixture)
+
+pytestmark = pytest.mark.usefixtures("fast_compiles")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARDS = data.ShardSpec(8, tuple(range(8)))

@@ -24,6 +24,8 @@ from tasc import _scores as scores
 from tasc import _selection as selection
 from tests import harness
 
+pytestmark = pytest.mark.usefixtures("fast_compiles")
+
 N = 8
 PARAMS = {"a": jnp.zeros((12, 10)), "b": jnp.zeros((7,))}  # fused: b (7) then a (120)
 D = 127

@@ -9,6 +9,8 @@ import pytest
 
 from tests.subprocess_devices import run_with_devices
 
+pytestmark = pytest.mark.usefixtures("fast_compiles")
+
 MEASURE = """
 import functools, json
 import jax, jax.numpy as jnp, numpy as np

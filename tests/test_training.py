@@ -8,10 +8,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 from jax.sharding import PartitionSpec as P
 
 import compressors
 from tests import harness
+
+pytestmark = pytest.mark.usefixtures("fast_compiles")
 
 N = 8
 

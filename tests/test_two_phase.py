@@ -21,6 +21,8 @@ from tests import harness
 from tests.subprocess_devices import run_with_devices
 from tests.test_quantized import SIGN_COMPRESSORS, fused, qsgd_reference, sign_reference
 
+pytestmark = pytest.mark.usefixtures("fast_compiles")
+
 N = 8
 
 

@@ -18,6 +18,8 @@ from compressors import method_protocol
 from compressors.parallel import step_kinds
 from tests import harness
 
+pytestmark = pytest.mark.usefixtures("fast_compiles")
+
 WORKERS = 8
 PARAMS = {"b": jnp.zeros((24,)), "w": jnp.zeros((64, 16))}  # 1048 elements, fused
 SIZE = 1048

@@ -26,7 +26,8 @@ from experiments import launch
 from experiments import provenance
 from experiments import train
 from experiments import watchdog
-from tests.test_runner import fast_compiles  # noqa: F401  (an autouse fixture)
+
+pytestmark = pytest.mark.usefixtures("fast_compiles")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -12,6 +12,8 @@ from jax.sharding import PartitionSpec as P
 import compressors
 from tests import harness
 
+pytestmark = pytest.mark.usefixtures("fast_compiles")
+
 N = 8
 D = 1 << 20  # a 1M-element gradient
 DENSE = 2 * (N - 1) / N * 4 * D

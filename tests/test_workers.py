@@ -14,6 +14,8 @@ from compressors.network import axes
 from compressors.network import collectives
 from tests import harness
 
+pytestmark = pytest.mark.usefixtures("fast_compiles")
+
 N = 8
 LAYOUTS = [(N, 1), (2, N // 2), (1, N)]
 
