@@ -160,6 +160,10 @@ def _solve_local(method, shapes, num_workers, ratio, settings, exchange_settings
       return Solution(method, settings, math.nan, dense, dense / ratio, False,
                       f"every={every} meets {ratio:g}x but is refused: {refused}",
                       exchange_settings)
+    if steps is not None and _rounds_in_run(method, settings, steps) == 0:
+      return Solution(method, settings, math.nan, dense, dense / ratio, False,
+                      f"a run of {steps} steps completes no synchronisation at "
+                      f"every={settings.every}; {ratio:g}x needs more steps", exchange_settings)
     per_step = (once / settings.every if steps is None
                 else once * _rounds_in_run(method, settings, steps) / steps)
     solved = Solution(method, settings, per_step, dense, dense / ratio, True,
@@ -190,7 +194,8 @@ def _rounds_in_run(method: str, settings: Any, steps: int) -> int:
 def _every_for_run(method: str, settings: Any, steps: int, once: float, target: float,
                    tolerance: float) -> Any:
   """``settings`` with the ``every`` whose run of ``steps`` sends closest to ``target`` bytes a
-  step (``once`` a round), keeping the given one while it is within ``tolerance``."""
+  step (``once`` a round) in at least one round, keeping the given one while it is within
+  ``tolerance``."""
   def off(candidate) -> float:
     return abs(once * _rounds_in_run(method, candidate, steps) / steps / target - 1)
 
@@ -201,6 +206,8 @@ def _every_for_run(method: str, settings: Any, steps: int, once: float, target: 
     try:
       candidate = dataclasses.replace(settings, every=every)
     except ValueError:  # below the method's own bound on H
+      continue
+    if _rounds_in_run(method, candidate, steps) == 0:
       continue
     candidates.append((off(candidate), abs(every - settings.every), candidate))
   return min(candidates, key=lambda c: c[:2])[2] if candidates else settings

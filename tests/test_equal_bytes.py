@@ -149,3 +149,10 @@ def test_a_run_is_charged_the_synchronisations_it_completes_and_h_moves_when_the
   assert rate.dense_bytes * 1000 / (once * (1000 // 258)) > 1.1 * 1000  # H = 258 misses it
   config = lm.get_config("method=diloco,exchange=int8,ratio=1000")
   assert methods.equal_bytes_settings(config)[0].every == 250  # the runner passes its steps
+  # Too short a run for the tier: the closest H still synchronises once, off the tier, and a
+  # run shorter than the method's shortest round is refused with its reason.
+  half = equal_bytes.solve("diloco", shapes, 8, 1000, steps=500)
+  assert (half.settings.every, half.feasible) == (500, False) and "500x" in half.note
+  streaming = equal_bytes.solve("streaming_diloco", shapes, 8, 1000, steps=3)
+  assert not streaming.feasible
+  assert "completes no synchronisation" in streaming.note, streaming.note
