@@ -11,6 +11,7 @@ from configs.paper import t1_lm as sweep_config
 from experiments.reproduce import common
 from experiments.reproduce import f4_lm
 from experiments.reproduce import report as reproduce_report
+from tests import lm_runs
 from tests.lm_runs import PROV
 from tests.lm_runs import fake_run
 
@@ -168,3 +169,19 @@ def test_the_default_rows_block_is_the_runs(tmp_path):
   notes = [n for n in report.notes if n.startswith(f"Block size: the runs of `{DEFAULT}`")]
   assert len(notes) == (default["run_block"] != 256)
   assert f"block_size={default['run_block']}" in default["settings"]
+
+
+def test_each_row_reports_its_retention_against_t1_lms_dense_and_solo(tmp_path):
+  """Against dense 4.0 and solo 5.0 (T1-LM's, tuned at scale 1), the default at 4.00/4.02 keeps
+  0.99 of communication's benefit, magnitude at 5.50/5.52 less than nothing; without solo, the
+  column stays empty."""
+  workdir = base(str(tmp_path / "lm_cpu"), magnitude=[5.50, 5.52])
+  assert "retention" not in by_label(f4_lm.report(workdir, tier="cpu", seeds=3))[DEFAULT]
+  for label, loss in [("dense", 4.0), ("solo", 5.0)]:
+    lm_runs.tuned_row(workdir, label, chosen=1.0, val_losses=[6, loss], seeds=1)
+  report = f4_lm.report(workdir, tier="cpu", seeds=3)
+  rows = by_label(report)
+  assert rows[DEFAULT]["retention"] == pytest.approx((5.0 - 4.01) / 1.0)
+  assert rows[MAGNITUDE]["retention"] == pytest.approx(-0.51)
+  assert rows[DEFAULT]["retention_text"].startswith("0.99")
+  assert ("retention_text", "retention (vs solo)") in report.columns

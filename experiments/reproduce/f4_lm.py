@@ -128,15 +128,21 @@ def row_for(workdir: str, label: str, factors: tuple[str, int, str] | None, seed
 
 def rows_for(workdir: str, tier: str, seeds: int) -> list[dict]:
   """The TASC variants' rows (:func:`variants`, the default first), then SparseLoCo's; each
-  finished row with its difference to the default's mean (``vs_default``)."""
+  finished row with its difference to the default's mean (``vs_default``) and, where T1-LM's
+  dense and solo have run, its retention (:func:`experiments.reproduce.t1_lm.retention_fields`)."""
   failures = common.read_failures(workdir)
   rows = [row_for(workdir, label, factors, seeds, failures)
           for label, factors in variants(workdir, tier)]
   rows.append(row_for(workdir, TOPK, None, seeds, failures))
   default = rows[0]
+  references = {r["method"]: r for r in t1_lm.rows_for(workdir, ["dense", "solo"], seeds, tier)
+                if r["seeds"]}
   for row in rows:
     if row["seeds"] and default["seeds"]:
       row["vs_default"] = row["loss_mean"] - default["loss_mean"]
+    if row["seeds"] and len(references) == 2:
+      row.update(t1_lm.retention_fields(row["seed_losses"], references["solo"]["losses"],
+                                        references["dense"]["losses"]))
   return rows
 
 
@@ -356,7 +362,8 @@ def report(workdir: str, *, tier: str, seeds: int) -> Report:
              f"SparseLoCo's form at {sweep_config.F4_TIER}, stdlib language model ({tier} tier)"),
       columns=[("method", "row"), ("score", "score"), ("block", "block"),
                ("support", "support"), ("val_loss", "val loss nats/token (mean ± std)"),
-               ("loss_ci95", "95% CI ±"), ("vs_default", "vs default"), ("seeds", "seeds"),
+               ("loss_ci95", "95% CI ±"), ("vs_default", "vs default"),
+               ("retention_text", "retention (vs solo)"), ("seeds", "seeds"),
                ("compression_ratio", "x fewer total bytes (HLO)"), ("settings", "settings"),
                ("status", "status"), ("run_dirs", "run directories")],
       rows=rows, claims=claims(rows), sections=sections(rows),
@@ -378,6 +385,11 @@ def report(workdir: str, *, tier: str, seeds: int) -> Report:
              "round's scores ride with the payload.",
              "95% CI: Student's t over seeds (half-width); a row with one seed has none and "
              "resolves no comparison. `vs default`: the row's mean minus the default's.",
+             "Retention: the share of communication's benefit a row keeps, "
+             "(L_solo - L_row) / (L_solo - L_dense), against T1-LM's dense and solo (one worker "
+             "alone on its share of the batch) at their chosen rate scales, with a 95% interval "
+             "over seeds (experiments/reproduce/stats.py); negative: worse than not "
+             "communicating at all. Blank where dense or solo has not run (the GPU tier).",
              *block_notes(rows),
              *[f"Derivation, {d}" for d in DERIVATIONS],
              *t1_lm.provenance_notes(workdir, tier)],
