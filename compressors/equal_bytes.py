@@ -160,12 +160,12 @@ def _solve_local(method, shapes, num_workers, ratio, settings, exchange_settings
       return Solution(method, settings, math.nan, dense, dense / ratio, False,
                       f"every={every} meets {ratio:g}x but is refused: {refused}",
                       exchange_settings)
-    if steps is not None and _rounds_in_run(method, settings, steps) == 0:
+    rounds = None if steps is None else _rounds_in_run(method, settings, steps)
+    if rounds == 0:
       return Solution(method, settings, math.nan, dense, dense / ratio, False,
                       f"a run of {steps} steps completes no synchronisation at "
                       f"every={settings.every}; {ratio:g}x needs more steps", exchange_settings)
-    per_step = (once / settings.every if steps is None
-                else once * _rounds_in_run(method, settings, steps) / steps)
+    per_step = once / settings.every if rounds is None else once * rounds / steps
     solved = Solution(method, settings, per_step, dense, dense / ratio, True,
                       exchange_settings=exchange_settings)
   else:  # the exchange meets ratio / H
@@ -199,7 +199,7 @@ def _every_for_run(method: str, settings: Any, steps: int, once: float, target: 
   def off(candidate) -> float:
     return abs(once * _rounds_in_run(method, candidate, steps) / steps / target - 1)
 
-  if off(settings) <= tolerance or steps < 1:
+  if steps < 1 or off(settings) <= tolerance:  # off() divides by the steps
     return settings
   candidates = []
   for every in range(1, steps + 1):

@@ -157,10 +157,17 @@ def equal_bytes_settings(config) -> tuple[Any, equal_bytes.Solution | None]:
   method = registry.get(config.method)
   if request is None or (method.budget is None and method.carrier is None):
     return own, None
-  solution = equal_bytes.solve(config.method, parameter_shapes(config), request.workers,
-                               request.ratio, own, exchange_settings=exchange_settings(config),
-                               steps=config.get("num_steps") or None)
+  solution = _solve(config, own)
   return solution.settings, solution
+
+
+def _solve(config, own) -> equal_bytes.Solution:
+  """:func:`compressors.equal_bytes.solve` for ``config.equal_bytes`` from the method's settings
+  ``own``, over the run's ``num_steps`` (None when it counts epochs)."""
+  request = config.equal_bytes
+  return equal_bytes.solve(config.method, parameter_shapes(config), request.workers,
+                           request.ratio, own, exchange_settings=exchange_settings(config),
+                           steps=config.get("num_steps") or None)
 
 
 def equal_bytes_tier(config) -> dict[str, Any] | None:
@@ -175,10 +182,7 @@ def equal_bytes_tier(config) -> dict[str, Any] | None:
   request = config.get("equal_bytes")
   if request is None:
     return None
-  solution = equal_bytes.solve(config.method, parameter_shapes(config), request.workers,
-                               request.ratio, settings(config),
-                               exchange_settings=exchange_settings(config),
-                               steps=config.get("num_steps") or None)
+  solution = _solve(config, settings(config))
   return {"ratio": request.ratio, "workers": request.workers,
           "met_ratio": solution.ratio if math.isfinite(solution.bytes) else None,
           "on_tier": solution.feasible, "note": solution.note}

@@ -11,10 +11,10 @@ import pytest
 
 from compressors import equal_bytes
 from compressors import registry
+from compressors.parallel.step_kinds import kind_counts
 from configs.paper import lm
 from configs.paper import t1_lm
 from experiments import methods
-from compressors.parallel.step_kinds import kind_counts
 from tests import harness
 from tests import subprocess_devices
 
@@ -129,7 +129,6 @@ def test_local_updates_meet_a_tier_by_h_or_by_their_exchange_in_the_compiled_hlo
   assert per_step == pytest.approx(solution.bytes, rel=0.02)
 
 
-
 def test_a_run_is_charged_the_synchronisations_it_completes_and_h_moves_when_they_miss():
   """DiLoCo int8 at 1000x needs H = 258 a step, but 1,000 steps complete 3 synchronisations at
   that H (1,293x): given the run's length the solver moves H to 250 (4 of them, 969x), counted
@@ -156,3 +155,5 @@ def test_a_run_is_charged_the_synchronisations_it_completes_and_h_moves_when_the
   streaming = equal_bytes.solve("streaming_diloco", shapes, 8, 1000, steps=3)
   assert not streaming.feasible
   assert "completes no synchronisation" in streaming.note, streaming.note
+  assert "completes no synchronisation" in equal_bytes.solve(
+      "diloco", shapes, 8, 1000, steps=0).note
