@@ -37,7 +37,20 @@ in 2 bits and their positions as indices local to the chunk. Its public port (te
 
 Supports differ between workers, so the payload (codes, indices, levels) is all-gathered and
 every worker decodes all of them in worker order into one accumulator: the same bits on every
-worker. One worker sends ``(p - 1)`` payloads of ``ceil(2 n k / 8) + ceil(b n k / 8) + 16 n``
+worker. **The mean** (``average``): by default each entry's sum is divided by the number of
+workers that sent it (``"senders"``), as the authors' ``sparseloco.py`` does
+(``scatter_reduce_(reduce="mean", include_self=False)``; templar the same): an entry one worker
+of ``n`` sent moves by that worker's value, not by ``1/n`` of it. ``average="workers"`` divides
+every entry by ``n``, this module's mean before 2026-11-28 and the one every SparseLoCo row of
+T1-LM, F6-LM and F7-LM ran with until then, kept for comparison. With shared supports the two
+are equal; with SparseLoCo's differing supports most entries have one sender (322 of 353
+changed entries in one check), so ``"workers"`` applies about ``1/n`` of the reference's step.
+
+**1-D leaves** differ from the reference, which cuts each tensor into its own chunks (a bias of
+32 entries is one chunk of its own, of which it keeps its share): here the run's leaves are fused
+into one flat buffer before chunking, so a bias shares a chunk with its neighbours and keeps
+whatever of its entries rank in that chunk's top ``k``. ``tests/test_chunked_topk.py`` measures
+what this sends for the CPU tier's model. One worker sends ``(p - 1)`` payloads of ``ceil(2 n k / 8) + ceil(b n k / 8) + 16 n``
 bytes for ``n`` chunks and ``b`` index bits: at ``k = 64`` of 4096 (density 1/64) that is 2
 bytes per kept value against top-k's 8 (float32 value and int32 index), a quarter of its bytes
 at equal density (:func:`compressors.network.topology.chunked_topk_allgather_cost`).
@@ -65,6 +78,7 @@ LEVELS = 2**VALUE_BITS  # templar's quantization_bins
 RANGE_IN_SIGMAS = 6.0  # templar's quantization_range
 LEVEL_BYTES = 4 * LEVELS  # four float32 levels per chunk
 _CHUNK_RULE = checks.Rule(int, low=2, high=MAX_CHUNK)
+_AVERAGE_RULE = checks.Rule(str, choices=protocol.AVERAGES)
 
 
 class ChunkTopkPayload(NamedTuple):
@@ -202,8 +216,8 @@ def sent_mask(payload: ChunkTopkPayload, size: int, lay: Layout) -> jax.Array:
   return jnp.zeros((lay.num_chunks * lay.chunk,), bool).at[flat].set(True)[:size]
 
 
-def chunk_topk(density: float = DEFAULT_DENSITY, *,
-               chunk: int = DEFAULT_CHUNK) -> protocol.Compressor:
+def chunk_topk(density: float = DEFAULT_DENSITY, *, chunk: int = DEFAULT_CHUNK,
+               average: str = "senders") -> protocol.Compressor:
   """SparseLoCo's transport: per chunk, the top ``k`` by magnitude, values in 2 bits with four
   levels per chunk, chunk-local packed indices, all-gathered (see the module docstring).
 
@@ -212,6 +226,8 @@ def chunk_topk(density: float = DEFAULT_DENSITY, *,
       must be at least 1.
     chunk: entries per chunk, an int in [2, 2**24] (default 4096, the ports' 64 x 64 tile); any
       size, a power of two wastes no index bit.
+    average: ``"senders"`` (default, the authors' mean: each entry over the workers that sent
+      it) or ``"workers"`` (each entry over all ``n``).
 
   Returns:
     A :class:`compressors.Compressor` named ``"chunk_topk"`` with an all-gather exchange; use it
@@ -223,6 +239,7 @@ def chunk_topk(density: float = DEFAULT_DENSITY, *,
   """
   density = checks.check_fraction(density, "density", "chunk_topk")
   chunk = _CHUNK_RULE.check(chunk, "chunk_topk: chunk")
+  average = _AVERAGE_RULE.check(average, "chunk_topk: average")
   per_chunk(density, chunk)
 
   def encode(x, state, ctx):
@@ -234,7 +251,7 @@ def chunk_topk(density: float = DEFAULT_DENSITY, *,
       decode=lambda p, ctx: decode_buffer(p, ctx.size, layout(ctx.size, chunk, density)),
       decode_gathered=lambda p, ctx: decode_gathered(
           p, ctx.size, layout(ctx.size, chunk, density), ctx.num_workers),
-      exchange="all_gather",
+      exchange="all_gather", average=average,
       sent_mask_of=lambda p, ctx: sent_mask(p, ctx.size, layout(ctx.size, chunk, density)))
 
 
@@ -242,9 +259,12 @@ def chunk_topk(density: float = DEFAULT_DENSITY, *,
 class ChunkTopkSettings:
   """``method="chunk_topk"`` (SparseLoCo's exchange, ``config.compression.chunk_topk``):
   ``chunk``, entries per chunk; ``density``, the fraction of each chunk sent
-  (``k = round(density * chunk) >= 1``). Defaults: the ports' 4096 and 1/64 (``k = 64``)."""
+  (``k = round(density * chunk) >= 1``); ``average``, how the gathered sum becomes a mean
+  (``senders``: each entry over the workers that sent it, the authors'; ``workers``: over all).
+  Defaults: the ports' 4096 and 1/64 (``k = 64``), the authors' ``senders``."""
   chunk: int = checks.setting(DEFAULT_CHUNK, _CHUNK_RULE)
   density: float = checks.setting(DEFAULT_DENSITY, checks.FRACTION)
+  average: str = checks.setting("senders", _AVERAGE_RULE)
 
   def __post_init__(self):
     checks.check_settings(self, "chunk_topk")
@@ -261,4 +281,5 @@ METHODS = (method_table.Method(
     name="chunk_topk", summary="top-k per chunk of 4096, values in 2 bits with four levels per "
     "chunk, 12-bit chunk-local indices, all-gathered (SparseLoCo's transport, Sarfi et al. 2025)",
     settings=ChunkTopkSettings,
-    compressor=lambda s: chunk_topk(s.density, chunk=s.chunk), budget="density", cost=_cost),)
+    compressor=lambda s: chunk_topk(s.density, chunk=s.chunk, average=s.average),
+    budget="density", cost=_cost),)

@@ -147,6 +147,14 @@ def _check_arguments(compressor, axis_name, dense_axis, seed, schedule, topology
   if compressor.exchange not in protocol.EXCHANGES:
     raise ValueError(f"compress: compressor {compressor.name!r} has exchange="
                      f"{compressor.exchange!r}; allowed: {protocol.EXCHANGES}")
+  if compressor.average not in protocol.AVERAGES:
+    raise ValueError(f"compress: compressor {compressor.name!r} has average="
+                     f"{compressor.average!r}; allowed: {protocol.AVERAGES}")
+  if compressor.average == "senders" and (compressor.exchange != "all_gather"
+                                          or compressor.sent_mask_of is None):
+    raise ValueError(f"compress: compressor {compressor.name!r} has average='senders', which "
+                     "needs exchange='all_gather' and sent_mask_of (each worker's payload says "
+                     f"what it sent); it has exchange={compressor.exchange!r}")
   if report_sent and dense_axis is not None:
     raise ValueError(f"compress: report_sent=True with dense_axis={dense_axis!r}: in "
                      "hierarchical mode a device sends the reduced shard of its node, not its own "

@@ -24,7 +24,11 @@ How payloads meet (``exchange``)
     decoded on every worker in the same fixed order, so the mean is bit-identical everywhere.
     Per-worker bytes grow linearly with ``n``. ``decode_gathered(payloads, ctx)`` receives the
     payload leaves with a leading worker axis and returns the *sum* of the decoded buffers; it
-    defaults to decoding each worker's payload in turn.
+    defaults to decoding each worker's payload in turn. The sum is divided by ``n``
+    (``average="workers"``), or, with ``average="senders"``, each entry by the number of workers
+    whose payload carries it (``sent_mask_of``; an entry nobody sent stays 0): SparseLoCo's
+    mean, the authors' ``scatter_reduce_(reduce="mean", include_self=False)``. Two workers that
+    send disjoint entries then move each entry by its sender's value, not by half of it.
   ``"two_phase"``
     Not summable, but bytes must not grow with ``n`` (1-bit Adam's compressed all-reduce, Tang et
     al. 2021): the buffer is cut into ``n`` chunks, each encoded; an all-to-all delivers chunk
@@ -70,6 +74,8 @@ from compressors.network import collectives
 from compressors.network import topology as topology_lib
 
 EXCHANGES = ("psum", "all_gather", "two_phase")
+# How an all-gathered sum becomes a mean: over all workers, or per entry over those that sent it.
+AVERAGES = ("workers", "senders")
 
 
 class Context(NamedTuple):
@@ -195,6 +201,8 @@ class Compressor(NamedTuple):
       handle a buffer of ``size`` elements; ``where`` names the leaf for the message.
     sent_mask_of: ``(payload, ctx) -> bool[d]``, the entries a payload carries; None when every
       payload carries every entry.
+    average: ``"workers"`` (the sum over ``n``) or ``"senders"`` (each entry's sum over the
+      workers that sent it; ``exchange="all_gather"`` with ``sent_mask_of`` only).
   """
   name: str
   encode: Callable[..., tuple[chex.ArrayTree, chex.ArrayTree]] | None
@@ -208,6 +216,7 @@ class Compressor(NamedTuple):
   extra_args: tuple[str, ...] = ()
   validate: Callable[[int, str], None] | None = None
   sent_mask_of: Callable[..., jax.Array] | None = None
+  average: str = "workers"
 
 
 class ResidualAggregate(NamedTuple):
@@ -289,7 +298,12 @@ def exchange(compressor: Compressor, x: jax.Array, state: BufferState, ctx: Cont
     summed = jax.tree.map(ctx.all_reduce, payload)
     return out._replace(mean=compressor.decode(summed, ctx) / ctx.num_workers)
   if compressor.exchange == "all_gather":
-    total = _decode_gathered(compressor, jax.tree.map(ctx.all_gather, payload), ctx)
+    gathered = jax.tree.map(ctx.all_gather, payload)
+    total = _decode_gathered(compressor, gathered, ctx)
+    if compressor.average == "senders":
+      senders = sum_decoded(lambda p: compressor.sent_mask_of(p, ctx).astype(total.dtype),
+                            gathered, ctx.num_workers)
+      return out._replace(mean=total / jnp.maximum(senders, 1))
     return out._replace(mean=total / ctx.num_workers)
   raise ValueError(f"compressor {compressor.name!r}: exchange={compressor.exchange!r} is not one "
                    f"of {EXCHANGES}")

@@ -35,17 +35,19 @@ BETA = 0.95
 
 # ------------------------------------------------------------------------- the numpy reference
 
-def reference_compress(e: np.ndarray, chunk: int, k: int) -> np.ndarray:
+def reference_compress(e: np.ndarray, chunk: int, k: int) -> tuple[np.ndarray, np.ndarray]:
   """The paper's ``Q2(chunked-top-k(e))`` in float64, as its port (templar) computes it: per
   chunk (the last padded, padding never chosen before a real entry) the ``k`` largest
   magnitudes; their values centred on their mean, scaled by ``6 std / 4`` (``std`` with
   ``k - 1``; 1 when 0), rounded (ties to even) to codes ``0..3`` with offset 2; each code
-  decoded to the mean of the values it stands for. Returns the dense decoded buffer."""
+  decoded to the mean of the values it stands for. Returns the dense decoded buffer and the
+  mask of the entries chosen."""
   n = -(-e.size // chunk)
   padded = np.zeros(n * chunk)
   padded[:e.size] = e
   magnitude = np.where(np.arange(n * chunk) < e.size, np.abs(padded), -1).reshape(n, chunk)
   sent = np.zeros(n * chunk)
+  chosen = np.zeros(n * chunk, bool)
   for c in range(n):
     idx = np.argsort(-magnitude[c], kind="stable")[:k] + c * chunk
     v = padded[idx]
@@ -58,13 +60,17 @@ def reference_compress(e: np.ndarray, chunk: int, k: int) -> np.ndarray:
     lookup = np.array([centred[codes == b].mean() if (codes == b).any() else 0.0
                        for b in range(4)])
     sent[idx] = lookup[codes] + shift
-  return sent[:e.size]
+    chosen[idx] = True
+  return sent[:e.size], chosen[:e.size]
 
 
 def reference_sparseloco(theta: np.ndarray, deltas: list[np.ndarray], chunk: int, k: int,
-                         beta: float, alpha: float) -> tuple[np.ndarray, np.ndarray]:
+                         beta: float, alpha: float,
+                         average: str = "senders") -> tuple[np.ndarray, np.ndarray]:
   """SparseLoCo's synchronisations in float64: per worker ``e <- beta e + Delta``,
-  ``s = Q2(chunked-top-k(e))``, ``e <- e - s``; then ``theta <- theta - alpha mean(s)``.
+  ``s = Q2(chunked-top-k(e))``, ``e <- e - s``; then ``theta <- theta - alpha mean(s)``, each
+  entry's mean over the workers that sent it (the authors' ``scatter_reduce_(reduce="mean",
+  include_self=False)``: 0 where none did), or with ``average="workers"`` over all of them.
 
   Args:
     theta: the synchronised parameters before the first synchronisation, ``[D]``.
@@ -77,9 +83,12 @@ def reference_sparseloco(theta: np.ndarray, deltas: list[np.ndarray], chunk: int
   e = np.zeros(deltas[0].shape)
   for delta in deltas:
     e = beta * e + delta
-    sent = np.stack([reference_compress(row, chunk, k) for row in e])
+    sent, chosen = (np.stack(a) for a in zip(*[reference_compress(row, chunk, k) for row in e]))
     e = e - sent
-    theta = theta - alpha * sent.mean(0)
+    if average == "senders":
+      theta = theta - alpha * sent.sum(0) / np.maximum(chosen.sum(0), 1)
+    else:
+      theta = theta - alpha * sent.mean(0)
   return theta, e
 
 
@@ -120,15 +129,19 @@ def _anchor(state, workers: int) -> np.ndarray:
   return rows[0]
 
 
-def test_sparseloco_matches_a_float64_reference_of_the_paper_over_several_synchronisations():
+@pytest.mark.parametrize("average", ["senders", "workers"])
+def test_sparseloco_matches_a_float64_reference_of_the_paper_over_several_synchronisations(
+    average):
   """4 workers, 4 synchronisations (inner SGD of rate 1 on given gradients, so that each
   pseudo-gradient is known): the synchronised parameters and every worker's error buffer match
-  the reference to float32's rounding."""
+  the reference to float32's rounding, with the authors' mean over senders (the default) and
+  with the mean over all workers kept for comparison."""
   workers, syncs = 4, 4
   tx = registry.training(
       "sparseloco", registry.default_settings("sparseloco", every=1),
       optimizer=optax.sgd(1.0), learning_rate=1.0, axis_name="data",
-      exchange_settings=registry.default_settings("chunk_topk", chunk=CHUNK, density=DENSITY))
+      exchange_settings=registry.default_settings("chunk_topk", chunk=CHUNK, density=DENSITY,
+                                                  average=average))
   init, sync = _synchronising_steps(tx, harness.mesh(workers))
   state = init(PARAMS)
   theta = _anchor(state, workers)
@@ -141,11 +154,56 @@ def test_sparseloco_matches_a_float64_reference_of_the_paper_over_several_synchr
     deltas.append((anchor - (anchor + -g)).astype(np.float64))
     state = sync(state, grads)
   want_theta, want_e = reference_sparseloco(theta, deltas, CHUNK, round(DENSITY * CHUNK), BETA,
-                                            alpha=1.0)
+                                            alpha=1.0, average=average)
   scale = np.abs(np.stack(deltas)).max()
   np.testing.assert_allclose(_anchor(state, workers), want_theta, rtol=0, atol=1e-5 * scale)
   np.testing.assert_allclose(_residual(state, workers), want_e, rtol=0, atol=1e-5 * scale)
   assert np.abs(want_e).max() > 0.1 * scale  # the buffers hold something to compare
+
+
+def test_two_workers_sending_disjoint_entries_move_each_entry_by_its_senders_value():
+  """The issue's check of the mean: worker 0's large entries fill the first half of every
+  chunk, worker 1's the second half, and each keeps half a chunk, so their supports are
+  disjoint. Each entry of the mean is then its sender's decoded value (the authors' mean over
+  senders); the mean over all workers gives half of it."""
+  chunk, workers = 16, 2
+  params = {"w": jnp.zeros((4 * chunk,))}
+  first = (jnp.arange(4 * chunk) % chunk) < chunk // 2
+  ramp = 1.0 + jnp.arange(4 * chunk, dtype=jnp.float32) / 8
+  grads = {"w": jnp.stack([jnp.where(first, ramp, 0.01), jnp.where(first, 0.01, -ramp)])}
+  means = {}
+  for average in ("senders", "workers"):
+    tx = compressors.compress(compressors.chunk_topk(0.5, chunk=chunk, average=average),
+                              axis_name="data")
+    state, update = harness.shard_map_update(tx, harness.mesh(workers), params)
+    means[average] = np.asarray(update(params, state, grads)[0]["w"])
+  sent = {i: np.asarray(chunked.decode_buffer(
+      chunked.encode_buffer(grads["w"][i], chunked.layout(4 * chunk, chunk, 0.5)), 4 * chunk,
+      chunked.layout(4 * chunk, chunk, 0.5))) for i in range(workers)}
+  owner = np.where(np.asarray(first), 0, 1)
+  want = np.where(owner == 0, sent[0], sent[1])
+  assert ((sent[0] != 0) != (sent[1] != 0)).all()  # disjoint, and every entry sent by one
+  np.testing.assert_array_equal(means["senders"], want)
+  np.testing.assert_allclose(means["workers"], want / 2, rtol=1e-7)
+
+
+def test_an_entry_nobody_sent_stays_zero_and_shared_entries_are_averaged():
+  """Three workers, one chunk of 8 entries, 2 kept: entry 0 sent by all three, entry 1 by two,
+  entry 2 by one, the rest by none. Each entry's mean is over its senders (the float64
+  reference's), and 0 where nobody sent."""
+  params = {"w": jnp.zeros((8,))}
+  grads = {"w": jnp.array([[4.0, 3.0, 0, 0, 0, 0, 0, 0],
+                           [8.0, 6.0, 0, 0, 0, 0, 0, 0],
+                           [6.0, 0.0, 5.0, 0, 0, 0, 0, 0]])}
+  tx = compressors.compress(compressors.chunk_topk(0.25, chunk=8), axis_name="data",
+                            error_feedback=False)
+  state, update = harness.shard_map_update(tx, harness.mesh(3), params)
+  mean = np.asarray(update(params, state, grads)[0]["w"])
+  sent, chosen = (np.stack(a) for a in zip(*[reference_compress(np.asarray(g, np.float64), 8, 2)
+                                              for g in grads["w"]]))
+  np.testing.assert_array_equal(chosen.sum(0), [3, 2, 1, 0, 0, 0, 0, 0])
+  np.testing.assert_allclose(mean, sent.sum(0) / np.maximum(chosen.sum(0), 1), rtol=1e-6)
+  assert mean[2] == sent[2, 2] != 0 and (mean[3:] == 0).all()
 
 
 def _decayed_sum(e: np.ndarray, delta: np.ndarray, after: np.ndarray,
@@ -257,6 +315,8 @@ def test_sparseloco_meets_a_tier_through_its_exchanges_density(ratio):
                                   r"got 64.0"),
     (dict(density=0.0), ValueError, r"chunk_topk: density=0.0 is outside \(0, 1\]"),
     (dict(density=1.5), ValueError, r"chunk_topk: density=1.5 is outside \(0, 1\]"),
+    (dict(average="mean"), ValueError, r"chunk_topk: average='mean' is unknown; allowed: "
+                                       r"\('workers', 'senders'\)"),
     (dict(density=1e-5), ValueError, r"chunk_topk: density=1e-05 keeps round\(1e-05 \* 4096\) = "
                                      r"0 of each chunk's 4096 entries; allowed: density in "
                                      r"\[0.000122, 1\] for chunk=4096"),
