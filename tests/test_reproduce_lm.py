@@ -142,14 +142,15 @@ def test_block_16_leaves_the_pseudo_gradient_nothing():
 
 def test_the_gpu_tier_fits_a_short_lease():
   """The GPU tier cannot run here (no GPU); its configs must build, its model be >= 25M, and its
-  grid be dense and the CPU tier's best three at 100x, one seed, 8 workers, 1,000 steps."""
+  grid be dense, solo and the CPU tier's best three at 100x and two at 1000x, one seed, 8
+  workers, 1,000 steps."""
   assert registry.num_elements(methods.parameter_shapes(lm.get_config("tier=gpu"))) >= 25_000_000
   c = lm.get_config("tier=gpu,method=tasc,workers=32")
   assert (c.num_devices, c.batch_size, c.data.seq_len, c.model.hidden, c.num_steps) == (
       32, 64, 256, 512, 1000)
   assert c.model.compute_dtype == "bfloat16"
   runs = _runs("tier=gpu")
-  assert set(runs) == {"dense_lr1_s0"} | {sweep_config.run_name(label, scale, 0)
+  assert set(runs) == {"dense_lr1_s0", "solo_lr1_s0"} | {sweep_config.run_name(label, scale, 0)
                                           for label, scale in sweep_config.GPU_ROWS.items()}
   # The best three at 100x, then the best and TASC's best at 1000x (the headline tiers).
   assert [sweep_config.tier_of(label) for label in sweep_config.GPU_ROWS] == [

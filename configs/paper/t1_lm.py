@@ -32,9 +32,9 @@ round's or the last round's support, at the row's configured rates.
 
 Grids (:func:`grid`):
 
-* ``gpu``: dense and :data:`GPU_ROWS` (the CPU tier's best three at 100x and its best row and
-  TASC's best at 1000x, at its chosen rate scales), one seed, 8 workers: about 12 minutes of one
-  GPU.
+* ``gpu``: dense, solo (retention's two ends, at rate scale 1) and :data:`GPU_ROWS` (the CPU
+  tier's best three at 100x and its best row and TASC's best at 1000x, at its chosen rate
+  scales), one seed, 8 workers: about 14 minutes of one GPU.
 * ``cpu``: what 2 CPU cores run in a few hours with ``--jobs=2``: dense and :data:`CPU_ROWS` at
   their tiers over the rate scales, then the headline rows' seeds 1 and 2; F4-LM's scores x
   block sizes at this round's support and the last round's at the default (one seed; three at
@@ -175,7 +175,7 @@ def f4_rows() -> dict[str, dict]:
 def tuning_rows(tier: str) -> list[str]:
   """The rows whose rate scales the tuning phase runs on ``tier``'s grid."""
   if tier == "gpu":
-    return ["dense"]
+    return ["dense", "solo"]
   if tier == "cpu":  # dense, the tiers' rows, then the other rows of fixed bytes
     return (["dense"] + [f"{stem}_{t}" for t, stems in CPU_ROWS.items() for stem in stems]
             + [label for label in FIXED if label != "dense"])
@@ -239,10 +239,10 @@ def grid(tier: str, subset: str = "all", chosen: str = "") -> list[tuple[str, fl
 
 def given_scale(tier: str, label: str) -> float | None:
   """The rate scale a tier gives a row without tuning it (the GPU tier: :data:`GPU_ROWS`', dense's
-  1); None where the tuning budget chooses."""
+  and solo's 1); None where the tuning budget chooses."""
   if tier != "gpu":
     return None
-  return GPU_ROWS.get(label, 1.0 if label == "dense" else None)
+  return GPU_ROWS.get(label, 1.0 if label in REFERENCES else None)
 
 
 def run_name(label: str, scale: float, seed: int, workers: int = 8) -> str:
