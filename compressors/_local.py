@@ -204,9 +204,17 @@ class SparselocoSettings(DilocoSettings):
   theta <- theta - lr mean(s)`` with outer lr 1 and no outer momentum. The default exchange,
   ``chunk_topk`` (``compressors._chunked_topk``, its settings in
   ``config.compression.chunk_topk``: chunks of 4096, 64 kept a chunk), is the paper's
-  transport: per-chunk top-k, values in 2 bits, 12-bit chunk-local indices. ``exchange="topk"``
-  sends float32 values and int32 indices over the fused buffer instead (about 4x the bytes at
-  equal density)."""
+  transport: per-chunk top-k, values in 2 bits, 12-bit chunk-local indices, each entry averaged
+  over the workers that sent it (``config.compression.chunk_topk.average="senders"``, the
+  authors' mean; ``"workers"`` divides by all of them, the mean before 2026-11-28).
+  ``exchange="topk"`` sends float32 values and int32 indices over the fused buffer instead
+  (about 4x the bytes at equal density; its mean is over all workers).
+
+  The outer rate ``outer_learning_rate`` (alpha) multiplies the averaged ``s`` once:
+  ``theta <- theta - alpha mean(s)``, the paper's equation. The authors' code applies an alpha
+  other than 1 twice (to the error buffer's decoded values and again in the outer step), so
+  the two agree at the published alpha = 1, and an alpha of ``a`` here is about ``sqrt(a)``
+  there."""
   every: int = checks.setting(30, _EVERY)
   exchange: str = checks.setting("chunk_topk", _EXCHANGE)
   outer_learning_rate: float = checks.setting(1.0, _OUTER_LEARNING_RATE)
