@@ -5,6 +5,7 @@ import ast
 import itertools
 import pathlib
 import re
+import sys
 
 ROOT = pathlib.Path(__file__).parents[1]
 PACKAGES = ("compressors", "tasc", "optimizers", "experiments", "configs", "tests", "benchmarks")
@@ -291,3 +292,18 @@ def test_at_most_three_family_comparisons_each_with_its_reason():
         found.append((f"{path.relative_to(ROOT)}:{number}", commented))
   assert len(found) <= 3, found
   assert all(commented for _, commented in found), found
+
+
+def test_the_scaling_fits_import_numpy_and_scipy_only():
+  """``experiments/scaling.py`` is cheap to import: at its top level it imports the standard
+  library, numpy and scipy, nothing of the project and no JAX (its command line imports
+  ``experiments.cli`` when it runs)."""
+  tree = ast.parse((ROOT / "experiments" / "scaling.py").read_text())
+  found = set()
+  for node in tree.body:
+    if isinstance(node, ast.Import):
+      found.update(alias.name.split(".")[0] for alias in node.names)
+    elif isinstance(node, ast.ImportFrom):
+      found.add(node.module.split(".")[0])
+  third_party = found - set(sys.stdlib_module_names)
+  assert third_party == {"numpy", "scipy"}, found
