@@ -50,17 +50,19 @@ torchft                           ``tau`` steps before turn    the turn
 
 so ``land_at_turn=True`` is torchft's schedule, and the default is it shifted ``tau`` steps
 later (the runs made before the option keep their default). Fragments are numbered one turn
-apart: torchft's fragment ``i`` turns at ``(i + 1) H / F``, the one numbered ``i + 1`` here (``(i
-+ 1) % F``; fragment 0 turns last in the round here, as DiLoCo, and first in torchft). Per
+apart: torchft's fragment ``i`` turns after ``(i + 1) H / F`` steps, as the one numbered
+``(i + 1) % F`` here (fragment 0 turns last in the round here, as DiLoCo, and first in
+torchft). Per
 fragment the two compute the same thing once aligned (tests/test_streaming_diloco.py runs a
 float64 transcription of torchft's loop against ``land_at_turn=True``): the pseudo-gradient
 ``anchor_p - worker_p`` when sent, the outer step of ``anchor_p`` by its mean, the worker's
 fragment set to ``alpha * worker_p + (1 - alpha) * anchor_p`` at the landing. Here the outer
 step is taken when the fragment is sent, torchft takes it when it lands; only the model a run
 evaluates between the two differs (``anchor_p``, which nothing else reads before it lands).
-With ``land_at_turn=True`` a fragment whose turn comes within ``tau`` steps of the start sends
-first one round later (torchft requires ``tau < H / F``, and then every fragment's first send
-is at step ``H / F - tau`` or later); the bytes are the same under both options.
+With ``land_at_turn=True`` a fragment whose first turn is at a step ``t < tau`` (nothing sent
+yet) is first sent a round later (torchft requires ``F`` to divide ``H`` and ``tau < H / F``,
+so that every first send is at step ``H / F - tau`` or later); the bytes are the same under
+both options.
 
 Every step is a static program (:func:`streaming_kinds`): ``"local"`` (no collective),
 ``"sync{p}"``, ``"apply{p}"`` and ``"sync{p}+apply{q}"`` where a synchronisation and another
