@@ -39,7 +39,9 @@ Layout, one concern a place:
 
 What is private: a module whose name starts with ``_`` belongs to its package and is imported by
 nothing outside it; every other module is public, and everything a user needs is also
-re-exported here (``__all__``).
+re-exported here (``__all__``), but the planner (``Bucket``, ``Plan``, ``plan``), which needs
+scipy: ``from compressors.network import planner``, so that ``import compressors`` does not load
+scipy (and no module here imports inside a function).
 """
 
 from compressors import network
@@ -108,32 +110,19 @@ from compressors.parallel.hlo_bytes import WireBytes
 from compressors.parallel.hlo_bytes import wire_bytes
 from compressors.parallel.workers import Workers
 
-_PLANNER = ("Bucket", "Plan", "plan")
-
 __all__ = (
-    "Aggregate", "AxisName", "Bucket", "CompressState", "Compressor", "Context", "DataParallel",
+    "Aggregate", "AxisName", "CompressState", "Compressor", "Context", "DataParallel",
     "DemoState", "Link", "LocalUpdatesState", "MomentumCorrectionState", "OnebitAdamState",
-    "FragmentPiece", "Plan", "ResidualAggregate", "SkipNonFiniteState", "StepInputs", "StepKind",
+    "FragmentPiece", "ResidualAggregate", "SkipNonFiniteState", "StepInputs", "StepKind",
     "StreamingState", "SynchronisingState",
     "Topology", "TrainState", "WireBytes", "Workers", "add_device_axis", "all_reduce",
     "apply_local_updates", "cast", "chunk_topk", "collective_cost", "compress", "data_parallel",
     "demo", "dense", "density_warmup", "dgc", "drop_device_axis", "efsignsgd", "fragment_layout",
     "local_update_kinds", "local_updates", "momentum_correction", "nesterov_outer", "onebit",
-    "onebit_adam", "plan",
+    "onebit_adam",
     "powersgd", "qsgd", "quantize", "randomk", "registry", "replicas_agree", "signsgd",
     "skip_nonfinite", "state_specs", "streaming_kinds", "streaming_local_updates",
     "synchronised_params", "terngrad", "threshold", "topk",
     "uniform_subset", "warmup_boundaries", "warmup_densities", "warmup_kinds", "wire_bytes"
 )
 
-
-def __getattr__(name):
-  """The planner's names, imported on first use: ``import compressors`` does not load scipy."""
-  if name in _PLANNER:
-    from compressors.network import planner  # pylint: disable=import-outside-toplevel
-    return getattr(planner, name)
-  raise AttributeError(f"module 'compressors' has no attribute {name!r}")
-
-
-def __dir__():
-  return sorted(set(globals()) | set(_PLANNER))

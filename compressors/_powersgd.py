@@ -19,7 +19,11 @@ a Flax ``Dense`` kernel ``(in, out)`` as it is, a ``Conv`` kernel ``(h, w, in, o
 ``(h w in) x out``. The paper (PyTorch layout ``(out, in, h, w)``) compresses the transpose,
 ``out x (in h w)``; the compression rate ``m c / (r (m + c))`` is the same and the two are one
 power iteration from either side. Leaves with fewer than 2 dimensions, and matrices whose rate is
-below ``min_compression_rate``, are all-reduced densely, as in PyTorch's hook.
+below ``min_compression_rate``, are all-reduced densely, as in PyTorch's hook. A matrix left to
+compress at a rate below 1 (``min_compression_rate`` below 1, or None) is refused, naming
+``rank`` and its bound ``rows cols / (rows + cols)``: it would send more than the matrix (PyTorch
+bounds the rank by ``min(rows, cols)``, which still sends more). A rank that sends every matrix
+of a model densely is not seen leaf by leaf; a run (``experiments``) refuses it.
 
 Orthonormalisation: the paper uses Gram-Schmidt; here Householder QR (``jnp.linalg.qr``) with
 the signs fixed so that ``R`` has a non-negative diagonal, which is Gram-Schmidt's basis when
@@ -64,7 +68,10 @@ def low_rank_shape(shape: tuple[int, ...], rank: int, min_compression_rate: floa
     shape: the leaf's shape.
     rank: the approximation rank.
     min_compression_rate: leaves whose rate ``rows cols / (rank (rows + cols))`` is below it go
-      dense; None compresses every leaf, and a leaf that cannot be is an error.
+      dense; None compresses every leaf, and a leaf that cannot be is an error. A leaf it
+      leaves compressed at a rate below 1 (below ``min_compression_rate=1``, or None: ``rank``
+      above ``rows cols / (rows + cols)``, so above ``min(rows, cols)`` too) is an error: it
+      would send more than the leaf itself.
     where: names the leaf in errors.
 
   Returns:
@@ -81,11 +88,16 @@ def low_rank_shape(shape: tuple[int, ...], rank: int, min_compression_rate: floa
   rate = rows * cols / (rank * (rows + cols))
   if min_compression_rate is not None and rate < min_compression_rate:
     return None
-  if rank > min(rows, cols):
+  if rank * (rows + cols) > rows * cols:  # rate < 1: more than the matrix itself
+    bound = rows * cols // (rows + cols)
+    allowed = (f"rank <= {bound} for this leaf" if bound else
+               "no rank: this leaf is too small to compress")
     raise ValueError(
-        f"powersgd: rank={rank} exceeds the smaller dimension of {where}, shape {tuple(shape)} "
-        f"compressed as a {rows} x {cols} matrix; allowed: rank <= {min(rows, cols)} (or a "
-        "min_compression_rate >= 1, which sends such leaves densely)")
+        f"powersgd: rank={rank} for {where}, shape {tuple(shape)} compressed as a {rows} x "
+        f"{cols} matrix, sends rank x (rows + cols) = {rank * (rows + cols):,} numbers, more "
+        f"than the {rows * cols:,} of the matrix itself; allowed: {allowed} (rank x (rows + "
+        "cols) <= rows x cols, which also keeps it <= min(rows, cols)), or a "
+        "min_compression_rate >= 1, which sends such leaves densely")
   return rows, cols
 
 
@@ -99,7 +111,9 @@ def powersgd(rank: int, *, start_step: int = 0,
       ``start_powerSGD_iter``). Compiled as a ``lax.cond``, which ``compressors.wire_bytes``
       charges at its dense branch: measure compressed bytes with ``start_step=0``.
     min_compression_rate: matrices compressed less than this go dense; None forces every leaf
-      to rank ``r`` (an error for leaves that are not matrices or are smaller than ``r``).
+      to rank ``r`` (an error for leaves that are not matrices). Below 1, or None, a matrix
+      that rank ``r`` compresses at a rate below 1 is an error naming ``rank`` and the bound
+      ``rows cols / (rows + cols)``: it would send more than dense.
 
   Returns:
     A :class:`compressors.Compressor` with a custom ``aggregate`` (two all-reduces).

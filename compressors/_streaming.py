@@ -33,6 +33,37 @@ Here, with ``F = fragments``, ``H = every`` and ``tau = overlap``:
   fragment. The pending result is the anchor itself: only fragment ``p``'s own next
   synchronisation, ``H > tau`` steps later, changes ``anchor_p``.
 
+The schedule, against torchft's (``torchft.local_sgd.DiLoCo`` with ``fragment_sync_delay=tau``,
+``fragment_update_alpha=alpha``, pytorch/torchft, which implements the paper). Each fragment has a
+*turn* every ``H`` steps: here the step ``t`` with ``(t + 1 - offset_p) % H == 0``; in torchft
+the ``(k + 1)``-th multiple of ``H / F`` inner steps (``k`` counting every fragment's turns), for
+its fragment ``k % F``. A fragment's pseudo-gradient is taken and its all-reduce started
+(sent), and its outer result lands (the outer step, the mix with ``alpha``), at:
+
+================================  ===========================  ===========================
+schedule                          sent (after the step)        lands (after the step)
+================================  ===========================  ===========================
+``land_at_turn=False`` (default)  the turn ``t``               ``t + tau``
+``land_at_turn=True``             ``t - tau``                  the turn ``t``
+torchft                           ``tau`` steps before turn    the turn
+================================  ===========================  ===========================
+
+so ``land_at_turn=True`` is torchft's schedule, and the default is it shifted ``tau`` steps
+later (the runs made before the option keep their default). Fragments are numbered one turn
+apart: torchft's fragment ``i`` turns after ``(i + 1) H / F`` steps, as the one numbered
+``(i + 1) % F`` here (fragment 0 turns last in the round here, as DiLoCo, and first in
+torchft). Per
+fragment the two compute the same thing once aligned (tests/test_streaming_diloco.py runs a
+float64 transcription of torchft's loop against ``land_at_turn=True``): the pseudo-gradient
+``anchor_p - worker_p`` when sent, the outer step of ``anchor_p`` by its mean, the worker's
+fragment set to ``alpha * worker_p + (1 - alpha) * anchor_p`` at the landing. Here the outer
+step is taken when the fragment is sent, torchft takes it when it lands; only the model a run
+evaluates between the two differs (``anchor_p``, which nothing else reads before it lands).
+With ``land_at_turn=True`` a fragment whose first turn is at a step ``t < tau`` (nothing sent
+yet) is first sent a round later (torchft requires ``F`` to divide ``H`` and ``tau < H / F``,
+so that every first send is at step ``H / F - tau`` or later); the bytes are the same under
+both options.
+
 Every step is a static program (:func:`streaming_kinds`): ``"local"`` (no collective),
 ``"sync{p}"``, ``"apply{p}"`` and ``"sync{p}+apply{q}"`` where a synchronisation and another
 fragment's late landing fall on the same step, each with its own options, so that each one's
@@ -283,13 +314,15 @@ def streaming_local_updates(inner: optax.GradientTransformation,
 
 
 def streaming_kinds(every: int, fragments: int, overlap: int,
-                    exchange_inputs: StepInputs | None = None) -> tuple[StepKind, ...]:
+                    exchange_inputs: StepInputs | None = None, *,
+                    land_at_turn: bool = False) -> tuple[StepKind, ...]:
   """The step kinds of Streaming DiLoCo (see the module docstring): ``"local"``; ``"sync{p}"``
   at fragment ``p``'s synchronisations (with ``overlap`` 0 it also lands them);
   ``"apply{p}"`` ``overlap`` steps after each; ``"sync{p}+apply{q}"`` where the two meet. A
   landing waits for its first synchronisation (its kind starts then); where it meets another
   fragment's synchronisation, that synchronisation runs alone before it (``"sync{p}"`` with a
-  ``stop``).
+  ``stop``). The synchronisation is at fragment ``p``'s turn, or ``overlap`` steps before it
+  with ``land_at_turn`` (torchft's schedule: the landing is then at the turn).
 
   Args:
     every: ``H``, steps between two synchronisations of a fragment (``>= fragments``).
@@ -297,6 +330,8 @@ def streaming_kinds(every: int, fragments: int, overlap: int,
     overlap: ``tau``, steps between a synchronisation and its landing (``0 <= tau < H``).
     exchange_inputs: the exchange's per-step inputs (TASC's curvature), or None: made fresh at
       every synchronisation of a fragment (each kind that synchronises carries them).
+    land_at_turn: send each fragment ``overlap`` steps before its turn and land it at the turn
+      (torchft's schedule), instead of sending at the turn and landing ``overlap`` steps later.
 
   Raises:
     ValueError: a setting out of range.
@@ -313,8 +348,10 @@ def streaming_kinds(every: int, fragments: int, overlap: int,
                      "every (a landing comes before the fragment's next synchronisation)")
   inputs = exchange_inputs.make if exchange_inputs is not None and exchange_inputs.every > 0 \
       else None
-  # The first synchronisation of each fragment (a step in [0, H)) and its first landing.
-  first_sync = [(p * every // fragments - 1) % every for p in range(fragments)]
+  # Each fragment's first turn, its first synchronisation (a step in [0, H): with land_at_turn,
+  # one within overlap steps of the start sends first a round later) and its first landing.
+  turns = [(p * every // fragments - 1) % every for p in range(fragments)]
+  first_sync = [(t - overlap) % every if land_at_turn else t for t in turns]
   syncs = {s: p for p, s in enumerate(first_sync)}
   lands = {(s + overlap) % every: (p, s + overlap) for p, s in enumerate(first_sync)}
   if every == 1:  # one fragment, synchronised and landed every step
@@ -357,10 +394,14 @@ class StreamingDilocoSettings(DilocoSettings):
       its outer result (0: the same step, as DiLoCo); ``0 <= overlap < every``.
     alpha: at the landing, the worker's fragment becomes ``alpha * its own + (1 - alpha) *
       the synchronised one`` (the paper's mixing, 0.5); 0: onto the synchronised one.
+    land_at_turn: False sends a fragment at its turn and lands it ``overlap`` steps later;
+      True sends it ``overlap`` steps before its turn and lands it at the turn, torchft's
+      schedule (the module docstring compares them). The bytes are the same.
   """
   fragments: int = checks.setting(4, _FRAGMENTS)
   overlap: int = checks.setting(1, _OVERLAP)
   alpha: float = checks.setting(0.5, _ALPHA)
+  land_at_turn: bool = checks.setting(False, checks.Rule(bool))
 
   def __post_init__(self):
     checks.check_settings(self, "streaming diloco")
@@ -393,6 +434,7 @@ METHODS = (
         settings=StreamingDilocoSettings, local=_build, carrier=lambda s: s.exchange,
         sends_every=lambda s: s.every,
         kinds=lambda s, carrier_inputs: streaming_kinds(s.every, s.fragments, s.overlap,
-                                                        carrier_inputs),
+                                                        carrier_inputs,
+                                                        land_at_turn=s.land_at_turn),
         error_feedback=False),
 )

@@ -84,15 +84,16 @@ class ChecksumMismatch(ValueError):
 class DiskFull(OSError):
   """A checkpoint could not be written: the disk is full."""
 
-  def __init__(self, folder: str, step: int, kept: list[int]):
+  def __init__(self, folder: str, step: int, kept: list[int], nbytes: int):
     kept_text = ("no checkpoint: the run would start afresh" if not kept
                  else f"the checkpoint of step {kept[0]}" if len(kept) == 1
                  else f"the checkpoints of steps {', '.join(map(str, kept))}")
     super().__init__(
         errno.ENOSPC,
         f"{folder}: the disk is full (no space left on device): the checkpoint of step {step} "
-        f"could not be written, and its partial files were removed; kept: {kept_text}. Free "
-        "space on that disk and run again with the same --workdir to resume")
+        f"({nbytes:,} bytes of arrays) could not be written, and its partial files were "
+        f"removed; kept: {kept_text}. Free space on that disk and run again with the same "
+        "--workdir to resume")
 
   def __str__(self):
     return self.strerror
@@ -123,7 +124,9 @@ class Checkpointer:
 
     Raises:
       DiskFull: the disk is full (or the quota spent); the step's partial files are removed,
-        and the message names the folder and the checkpoints kept.
+        and the message names the folder, the bytes of the state's arrays and the checkpoints
+        kept. Unless ``--verbose``, what orbax logs of it afterwards (its threads still
+        writing) is dropped: the error's line is the run's last.
     """
     if self._manager.latest_step() == step:
       return
@@ -146,7 +149,10 @@ class Checkpointer:
     except Exception as e:  # pylint: disable=broad-except  # TensorStore's are ValueErrors
       if not _disk_full(e):
         raise
-      raise DiskFull(self._folder, step, self._remove_partial(step)) from e
+      if not cli.verbose():  # the run ends on this error's line: orbax's late reports of it go
+        std_logging.getLogger("absl").addFilter(_not_from_orbax)
+      nbytes = sum(x.nbytes for x in jax.tree.leaves(state) if hasattr(x, "nbytes"))
+      raise DiskFull(self._folder, step, self._remove_partial(step), nbytes) from e
 
   def _remove_partial(self, step: int) -> list[int]:
     """Removes what a failed save of step ``step`` left (orbax's temporary folder, or the step
@@ -406,6 +412,13 @@ def _quiet_storage() -> Iterator[None]:
         absl_logger.handle(record)
 
 
+def _not_from_orbax(record: std_logging.LogRecord) -> bool:
+  """Drops the errors orbax logs: its threads that were still writing when a save failed report
+  the failure again, after it was reported in one line (added once, by ``addFilter``)."""
+  return not (record.levelno >= std_logging.ERROR
+              and f"{os.sep}orbax{os.sep}" in record.pathname)
+
+
 class _HeldErrors(std_logging.Filter):
   """Holds the errors orbax logs, to drop them when the failure they come with is reported on
   its own (:func:`_quiet_storage`)."""
@@ -421,9 +434,9 @@ class _HeldErrors(std_logging.Filter):
     return True
 
 
-# What asyncio logs of the futures and tasks orbax abandoned when one of its operations failed.
-_ABANDONED = ("Future exception was never retrieved", "Task exception was never retrieved",
-              "Task was destroyed but it is pending")
+# What asyncio logs of the futures and tasks orbax abandoned when one of its operations failed
+# ("Future", "_GatheringFuture", "Task" ... "exception was never retrieved").
+_ABANDONED = ("exception was never retrieved", "Task was destroyed but it is pending")
 
 
 def _hide_abandoned_operations() -> None:
@@ -446,7 +459,8 @@ def _hide_abandoned_operations() -> None:
 
 
 def _not_abandoned(record: std_logging.LogRecord) -> bool:
-  return not record.getMessage().startswith(_ABANDONED)
+  message = record.getMessage()
+  return not any(s in message for s in _ABANDONED)
 
 
 def _first_line(error: BaseException, limit: int = 300) -> str:

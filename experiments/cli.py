@@ -3,7 +3,8 @@
 traceback (:func:`errors_in_one_line`; ``--verbose`` or ``TASC_JAX_VERBOSE=1`` shows the
 traceback), a one-line error for a config file that does not exist or is not a config, for a
 config argument it refuses, for a config field that does not exist and for any other flag (absl's,
-or argparse's: :class:`ArgumentParser`), and the exit of an interrupted run.
+or argparse's: :class:`ArgumentParser`; an unknown flag named as a config field, ``--method=topk``,
+points to ``--config.method=topk``), and the exit of an interrupted run.
 
 The config file's check runs before absl parses the flags: ml_collections defers a missing file's
 error to the first use of the config, and ``--config.<field>`` overrides use it while the flags
@@ -21,7 +22,9 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NoReturn
 
 from absl import flags
+import ml_collections
 
+from configs import common as config_common
 from experiments import interrupt
 from experiments import lock
 from experiments import provenance
@@ -78,19 +81,24 @@ def flags_parser(program: str) -> Callable[[list[str]], list[str]]:
   """absl's flag parsing for ``app.run(main, flags_parser=...)``, which exits with a one-line
   error (status 1): naming the path where ``--config`` names no file, or a file that makes no
   config (:func:`load_config`); naming the flag and the nearest field where a
-  ``--config.<field>`` override names no field; and absl's own message for any other flag."""
+  ``--config.<field>`` override names no field; and absl's own message for any other flag,
+  with ``--config.<field>=<value>`` where the flag is named as a field of the config."""
 
   def parse(argv: list[str]) -> list[str]:
     with errors_in_one_line(program, show_traceback=verbose(argv)):
+      config = None
       for i, arg in enumerate(argv[1:], 1):
         if arg.startswith("--config="):
-          load_config(arg.partition("=")[2])
+          config = load_config(arg.partition("=")[2])
         elif arg == "--config" and i + 1 < len(argv):
-          load_config(argv[i + 1])
+          config = load_config(argv[i + 1])
       try:
         # Not app.parse_flags_with_usage: it prints the error on two lines, the second one
         # about --helpshort.
         return flags.FLAGS(argv)
+      except flags.UnrecognizedFlagError as e:
+        hint = _config_field_hint(e, config)
+        raise ValueError(f"{one_line(e)}{hint} (--helpshort lists the flags)") from e
       except flags.Error as e:
         raise ValueError(f"{one_line(e)} (--helpshort lists the flags)") from e
       except (KeyError, AttributeError) as e:  # ml_collections: a field the config lacks
@@ -143,6 +151,21 @@ def load_config(spec: str, what: str = "--config") -> Any:
   except Exception as e:  # pylint: disable=broad-except
     raise ValueError(f"{what}={spec!r}: get_config of {path} raised {type(e).__name__}: "
                      f"{one_line(e)}") from e
+
+
+def _config_field_hint(error: flags.UnrecognizedFlagError, config: Any) -> str:
+  """For an unknown flag named as a field of ``config`` (``--method=topk``), ``; the config
+  has a field 'method': set it with --config.method=topk``; else nothing. Without a config
+  (``--config`` missing or not loaded) the fields of ``configs/common.py``'s ``base()``."""
+  field = error.flagname
+  fields = config if config is not None else config_common.base()
+  for part in field.split("."):
+    if not isinstance(fields, ml_collections.ConfigDict) or part not in fields:
+      return ""
+    fields = fields[part]
+  given = str(error.flagvalue)
+  value = given.partition("=")[2] if "=" in given else "<value>"
+  return f"; the config has a field {field!r}: set it with --config.{field}={value}"
 
 
 def _unknown_field(error: BaseException, argv: Sequence[str]) -> str:

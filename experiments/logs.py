@@ -95,7 +95,9 @@ class MetricsWriter:
     # Here, not at the top: about a second to import, needed only by the process that writes,
     # and readers of metrics.jsonl (experiments.reproduce.report) import this module.
     from tensorboardX import SummaryWriter  # pylint: disable=import-outside-toplevel
-    self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"), purge_step=resume_step + 1)
+    self._tb_path = os.path.join(workdir, "tensorboard")
+    with _naming_full_disk(self._tb_path):
+      self._tb = SummaryWriter(self._tb_path, purge_step=resume_step + 1)
 
   def write(self, step: int, metrics: dict[str, Any]) -> None:
     """Records ``metrics`` at ``step``."""
@@ -108,7 +110,8 @@ class MetricsWriter:
       # in metrics.jsonl).
       if isinstance(value, (int, float)) and math.isfinite(value):
         self._tb.add_scalar(name, value, step)
-    self._tb.flush()
+    with _naming_full_disk(self._tb_path):
+      self._tb.flush()
 
   def close(self) -> None:
     if self._tb is not None:

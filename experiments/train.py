@@ -724,54 +724,55 @@ def _loop(run: _Run, state: TrainState, start: int, writer, stop: interrupt.Stop
   config, dp = run.config, run.dp
   mean_metrics = jax.jit(lambda m: jax.tree.map(jnp.mean, m),
                          out_shardings=NamedSharding(run.workers.mesh, P()))
-  progress = tqdm.tqdm(total=run.steps, initial=start, disable=not run.is_main, unit="step",
-                       desc=os.path.basename(os.path.normpath(run.workdir)), dynamic_ncols=True)
-  train_loss, examples_per_sec, last = float("nan"), 0.0, (time.time(), start)
-  batches = _prefetch(lambda s: _to_global(_train_batch(run.dataset, config, s), run.workers),
-                      range(start, run.steps))
-  on_cpu = run.workers.mesh.devices.flat[0].platform == "cpu"
-  stalls, compiled, where = watchdog.Watchdog(), set(), _whose_step(run)
-  for step in range(start, run.steps + 1):  # every step boundary, where a signal stops the run
-    if stop.should_stop():
-      progress.close()
-      _stop(run, state, step, start, writer, stop)
-    if step == run.steps:
-      break
-    kind = dp.kind_at(step)
-    with stalls.watching(f"the training batch of step {step} {where}",
-                         config.stall_timeout_seconds, "config.stall_timeout_seconds",
-                         _STALLED_BATCH_HINT):
-      batch = next(batches)
-    if kind not in compiled:  # before the step's clock starts; the step reuses the program
-      dp.train_step.lower(state, batch, kind=kind).compile()
-      compiled.add(kind)
-    # Until the step's outputs are read (its log, its replica check) an accelerator may still
-    # be running it.
-    with stalls.watching(f"step {step} (kind {kind!r}) {where}", config.stall_timeout_seconds,
-                         "config.stall_timeout_seconds", _STALLED_STEP_HINT):
-      state, metrics = dp.train_step(state, batch, kind=kind)
-      if on_cpu:
-        # One program in flight at a time: simulated CPU devices share one thread pool, and runs
-        # with several steps in flight occasionally hung in a collective
-        # (experiments.distributed).
-        jax.block_until_ready(state.step)
-      done = step + 1
-      progress.update(1)
-      if (config.log_every and done % config.log_every == 0) or done == run.steps:
-        now = time.time()
-        examples_per_sec = config.batch_size * (done - last[1]) / (now - last[0])
-        last = (now, done)
-        train_loss = _log(run, writer, done, jax.device_get(mean_metrics(metrics)),
-                          examples_per_sec)
-        progress.set_postfix(loss=f"{train_loss:.4f}")
-      if _replica_check_due(config, dp, done):
-        _check_replicas(dp, state.params, done)
-    stop.step_completed()
-    if config.eval_every and done % config.eval_every == 0 and done != run.steps:
-      writer.write(done, _evaluate(run.evaluate, state, run.dataset, run.workers, dp))
-    if config.checkpoint_every and done % config.checkpoint_every == 0:
-      run.checkpointer.save(done, state)
-  progress.close()
+  # Closed however the loop ends, so that an error's line, printed after, is the last one and
+  # not run into the bar's.
+  with tqdm.tqdm(total=run.steps, initial=start, disable=not run.is_main, unit="step",
+                 desc=os.path.basename(os.path.normpath(run.workdir)),
+                 dynamic_ncols=True) as progress:
+    train_loss, examples_per_sec, last = float("nan"), 0.0, (time.time(), start)
+    batches = _prefetch(lambda s: _to_global(_train_batch(run.dataset, config, s), run.workers),
+                        range(start, run.steps))
+    on_cpu = run.workers.mesh.devices.flat[0].platform == "cpu"
+    stalls, compiled, where = watchdog.Watchdog(), set(), _whose_step(run)
+    for step in range(start, run.steps + 1):  # every step boundary, where a signal stops the run
+      if stop.should_stop():
+        _stop(run, state, step, start, writer, stop)
+      if step == run.steps:
+        break
+      kind = dp.kind_at(step)
+      with stalls.watching(f"the training batch of step {step} {where}",
+                           config.stall_timeout_seconds, "config.stall_timeout_seconds",
+                           _STALLED_BATCH_HINT):
+        batch = next(batches)
+      if kind not in compiled:  # before the step's clock starts; the step reuses the program
+        dp.train_step.lower(state, batch, kind=kind).compile()
+        compiled.add(kind)
+      # Until the step's outputs are read (its log, its replica check) an accelerator may still
+      # be running it.
+      with stalls.watching(f"step {step} (kind {kind!r}) {where}", config.stall_timeout_seconds,
+                           "config.stall_timeout_seconds", _STALLED_STEP_HINT):
+        state, metrics = dp.train_step(state, batch, kind=kind)
+        if on_cpu:
+          # One program in flight at a time: simulated CPU devices share one thread pool, and runs
+          # with several steps in flight occasionally hung in a collective
+          # (experiments.distributed).
+          jax.block_until_ready(state.step)
+        done = step + 1
+        progress.update(1)
+        if (config.log_every and done % config.log_every == 0) or done == run.steps:
+          now = time.time()
+          examples_per_sec = config.batch_size * (done - last[1]) / (now - last[0])
+          last = (now, done)
+          train_loss = _log(run, writer, done, jax.device_get(mean_metrics(metrics)),
+                            examples_per_sec)
+          progress.set_postfix(loss=f"{train_loss:.4f}")
+        if _replica_check_due(config, dp, done):
+          _check_replicas(dp, state.params, done)
+      stop.step_completed()
+      if config.eval_every and done % config.eval_every == 0 and done != run.steps:
+        writer.write(done, _evaluate(run.evaluate, state, run.dataset, run.workers, dp))
+      if config.checkpoint_every and done % config.checkpoint_every == 0:
+        run.checkpointer.save(done, state)
   return state, train_loss, examples_per_sec
 
 

@@ -45,6 +45,17 @@ def sends_a_block(size: int, block_size: int, density: float) -> bool:
   return round(density * scores.num_blocks(size, block_size)) >= 1
 
 
+def check_block_fits(block_size: int | None, size: int, what: str) -> None:
+  """Refuses a ``block_size`` larger than the buffer of ``size`` elements it would cut (``what``
+  names it): its one block, padded to ``block_size``, would send more than the buffer holds.
+  The cost model checks the whole gradient so (:func:`tasc._transform._cost`)."""
+  if block_size is not None and block_size > size:
+    raise ValueError(
+        f"tasc: block_size={block_size} is larger than {what}, {size:,} elements: its one "
+        f"block, padded to {block_size:,} elements, would send more than the buffer; allowed: "
+        f"block_size <= {size} (or None, which picks it from the size)")
+
+
 def auto_block_size(size: int, density: float) -> int:
   """The largest of :data:`AUTO_BLOCK_SIZES` at which a buffer of ``size`` elements sends at
   least one block at ``density`` (1 if none does)."""

@@ -233,11 +233,17 @@ def _curvature_refresh(s: settings_lib.TascSettings) -> method_table.StepInputs 
 def _cost(s: settings_lib.TascSettings, shapes, topology, schedule) -> topology_lib.Cost:
   """The scores' and the blocks' all-reduces (float16 global support: and the bound's), or,
   with last step's support, one all-reduce carrying both, for the fused buffer's plan (at least
-  one block: the equal-bytes search prices densities too small to send one)."""
+  one block: the equal-bytes search prices densities too small to send one). A block larger
+  than the whole gradient is refused (:func:`tasc._plan.check_block_fits`): a run asks the cost
+  model first, and would otherwise be refused for sending more than dense, without the reason
+  (a buffer of the transformation may be shorter than a block, as a leaf of ``fuse=False``)."""
   s = settings_lib.checked(s)
   wire = wire_formats.FORMATS[s.wire_dtype]
   leaf_sizes = [math.prod(shape) for shape in shapes] if s.min_blocks_per_leaf else None
-  plan = plan_lib.buffer_plan(s, method_table.num_elements(shapes), leaf_sizes)
+  size = method_table.num_elements(shapes)
+  plan_lib.check_block_fits(s.block_size, size, f"the model's gradient ({len(shapes)} leaves "
+                            "fused)")
+  plan = plan_lib.buffer_plan(s, size, leaf_sizes)
   payload = max(1, plan.capacity) * plan.block_size
   reduce = lambda n, itemsize=wire.itemsize: topology_lib.all_reduce_cost(schedule, topology, n,
                                                                           itemsize)

@@ -199,6 +199,13 @@ _API = [
      r"cast: dtype=int8 is not supported; allowed"),
     ("powersgd-rank-0", lambda t: compressors.powersgd(0), ValueError,
      r"powersgd: rank=0; allowed: an int >= 1"),
+    ("powersgd-rank-sending-more-than-its-matrix",  # rate 2048 / 3072: more than dense
+     lambda t: _lower_per_worker(
+         compressors.compress(compressors.powersgd(32, min_compression_rate=0.0),
+                              axis_name="data", fuse=False), {"w": np.ones((64, 32), np.float32)}),
+     ValueError, r"^powersgd: rank=32 for params leaf \['w'\], shape \(64, 32\) compressed as a "
+     r"64 x 32 matrix, sends rank x \(rows \+ cols\) = 3,072 numbers, more than the 2,048 of "
+     r"the matrix itself; allowed: rank <= 21 for this leaf"),
     ("tasc-density-2", lambda t: tasc.tasc_compress(axis_name="data", density=2.0), ValueError,
      r"tasc: density=2.0 is outside"),
     ("tasc-unknown-sensitivity",
@@ -281,6 +288,11 @@ _CONFIGS = [
      lambda t: _run(_digits(**{"method": "powersgd", "compression.powersgd.rank": 4096}), t),
      ValueError, r"config.compression.powersgd=.*rank=4096.* compresses none of this model's "
      r"parameters: by the cost model it sends 1x dense's bytes"),
+    ("tasc-block-larger-than-the-model",
+     lambda t: _run(_digits(**{"method": "tasc", "compression.tasc.block_size": 10_000_000}), t),
+     ValueError, r"^tasc: block_size=10000000 is larger than the model's gradient \(\d+ leaves "
+     r"fused\), [\d,]+ elements: its one block, padded to 10,000,000 elements, would send more "
+     r"than the buffer; allowed: block_size <= \d+ \(or None, which picks it from the size\)$"),
     ("momentum-correction-with-dgc",
      lambda t: _run(_digits(**{"method": "dgc", "compression.momentum_correction": 0.9}), t),
      ValueError, r"config.method='dgc' with config.compression.dgc=.*momentum_correction=0.9 "
@@ -443,6 +455,12 @@ _ONE_LINE = [
      r"^experiments.reproduce: \[Errno 17\] File exists: 'README.md'$"),
     ("bench-bad-size", ["experiments.bench", "compression", "--sizes", "0m", "--out", "w"],
      r"^experiments.bench: --sizes: '0m' is not a size"),
+    ("bench-out-is-a-file", ["experiments.bench", "bytes", "--out", "README.md"],
+     r"^experiments.bench: --out='README.md' is not a folder; allowed: a folder, or a path where "
+     r"one can be made, for <name>.json and <name>.md$"),
+    ("run-flag-named-as-a-config-field", ["experiments.run", *_DIGITS, "--method=topk"],
+     r"^experiments.run: Unknown command line flag 'method'; the config has a field 'method': "
+     r"set it with --config.method=topk \(--helpshort lists the flags\)$"),
     ("launch-unknown-module", ["experiments.launch", "--module=experiments.rnu", "--"],
      r"^experiments.launch: --module='experiments.rnu' names no module"),
     # ml_collections puts the traceback of get_config's error into the flag's message.

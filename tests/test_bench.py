@@ -95,6 +95,21 @@ def test_bad_arguments_are_one_line_before_any_benchmark_runs(argv, message, tmp
   assert "\n" not in exited.value.code and not (tmp_path / "out").exists()
 
 
+def test_an_out_that_is_a_file_is_one_line_before_any_benchmark_runs(tmp_path, monkeypatch,
+                                                                     capsys):
+  """Checked first: not after the benchmark's rows have printed, when the files are written."""
+  monkeypatch.delenv(cli.VERBOSE_ENV, raising=False)
+  results = tmp_path / "results"
+  results.write_text("")
+  for out, why in [(results, ""), (results / "b3", f" ({results} is a file)")]:
+    with pytest.raises(SystemExit) as exited:
+      bench.main(["bytes", "--out", str(out)])
+    assert exited.value.code == (
+        f"experiments.bench: --out={str(out)!r} is not a folder{why}; allowed: a folder, or a "
+        "path where one can be made, for <name>.json and <name>.md")
+  assert capsys.readouterr().out == ""
+
+
 def test_compression_cli_writes_table_with_goal(tmp_path, capsys):
   size = 65536
   written = bench.main(["compression", "--sizes", str(size), "--methods", "topk", "tasc",

@@ -3,8 +3,10 @@ repository path named in the README, the committed results pages and module docs
 
 import ast
 import itertools
+import os
 import pathlib
 import re
+import subprocess
 import sys
 
 ROOT = pathlib.Path(__file__).parents[1]
@@ -240,26 +242,40 @@ def test_the_circle_check_finds_a_circle():
       ["a", "b", "c"]]
 
 
-# The one import inside a function in compressors/: the planner's names, imported on first use so
-# that ``import compressors`` does not load scipy (load time, not a circle).
-_LAZY_IMPORTS = {("compressors/__init__.py", "compressors.network")}
+# The library packages (no command-line code): a project import inside one of their functions
+# would hide a circle from test_no_import_circle's readers, and a lazy one (a module
+# ``__getattr__`` importing on first use, as the planner's names once were) hides what a module
+# loads. None is excepted.
+_LIBRARY = ("compressors", "tasc", "optimizers")
 
 
-def test_no_import_inside_a_function_in_compressors():
-  """A project import inside a function in compressors/ would hide a circle (third-party ones,
-  as JAX's internals the network model reads, are not this test's)."""
+def test_no_project_import_inside_a_function_in_the_library():
+  """Third-party imports inside functions (JAX's internals the network model reads) are not this
+  test's."""
   found = []
-  for path in sorted((ROOT / "compressors").rglob("*.py")):
-    name = path.relative_to(ROOT).as_posix()
-    for node in ast.walk(ast.parse(path.read_text())):
-      if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-        continue
-      for inner in ast.walk(node):
-        if isinstance(inner, (ast.Import, ast.ImportFrom)):
-          module = inner.module if isinstance(inner, ast.ImportFrom) else inner.names[0].name
-          if module.split(".")[0] in PACKAGES and (name, module) not in _LAZY_IMPORTS:
-            found.append(f"{name}:{inner.lineno} {module}")
+  for package in _LIBRARY:
+    for path in sorted((ROOT / package).rglob("*.py")):
+      name = path.relative_to(ROOT).as_posix()
+      for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+          continue
+        for inner in ast.walk(node):
+          if isinstance(inner, (ast.Import, ast.ImportFrom)):
+            module = inner.module if isinstance(inner, ast.ImportFrom) else inner.names[0].name
+            if module.split(".")[0] in PACKAGES:
+              found.append(f"{name}:{inner.lineno} {module}")
   assert not found, "\n".join(found)
+
+
+def test_importing_the_library_loads_no_planner_and_no_scipy():
+  """The planner (scipy's integer programming) is imported by whoever plans
+  (``from compressors.network import planner``), not re-exported or loaded lazily."""
+  code = ("import sys, compressors, tasc, optimizers; "
+          "print(sorted(m for m in sys.modules if m.split('.')[0] == 'scipy' "
+          "or m == 'compressors.network.planner'), hasattr(compressors, 'plan'))")
+  loaded = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                          text=True, check=True, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert loaded.stdout.strip() == "[] False", loaded.stdout
 
 
 def test_the_harness_imports_no_method_module():

@@ -584,6 +584,32 @@ def test_sigterm_stops_a_run_that_the_printed_command_resumes_bit_identically(tm
   assert _training_records(workdir) == _training_records(reference)
 
 
+# ---------------------------------------------------------------- a full disk (subprocess)
+
+@pytest.mark.slow
+def test_a_full_disk_under_the_workdir_ends_in_one_line_and_verbose_shows_orbaxs_trace(
+    small_disk):
+  """A new user's run on a disk without room for its checkpoint: the last line of stderr is the
+  error's, naming the folder, the bytes and what is kept (not the progress bar's line, which the
+  error once ran into, nor the late reports of orbax's threads and abandoned writes); nothing of
+  orbax shows. ``--verbose`` shows its traceback."""
+  command = [sys.executable, "-m", "experiments.run", "--config=configs/quickstart.py:smoke",
+             f"--workdir={small_disk / 'run'}"]
+  completed = subprocess.run(command, cwd=ROOT, env=_env(), capture_output=True, text=True,
+                             timeout=600)
+  assert completed.returncode == 1, completed.stderr[-3000:]
+  assert "Traceback" not in completed.stderr and "orbax" not in completed.stderr
+  last = completed.stderr.splitlines()[-1]  # \r ends a line too: the bar's updates
+  assert re.fullmatch(
+      rf"experiments.run: {small_disk / 'run'}(/checkpoints|/metrics.jsonl)?: the disk is full "
+      r".*(\([\d,]+ bytes of arrays\) could not be written|the log could not be written)"
+      r".*and run again with the same --workdir to resume", last), completed.stderr[-3000:]
+  verbose = subprocess.run([*command, "--verbose"], cwd=ROOT, env=_env(), capture_output=True,
+                           text=True, timeout=600)
+  assert verbose.returncode == 1 and "Traceback" in verbose.stderr
+  assert "experiments.checkpoint.DiskFull" in verbose.stderr or "OSError" in verbose.stderr
+
+
 # --------------------------------------------------------------- a process dies (multi-process)
 
 _MULTI_PROCESS_ARGS = ["--config=configs/digits.py:smoke", "--config.num_steps=40",

@@ -7,6 +7,7 @@ checkpointing is one line. (A checkpoint damaged in place during a run: tests/te
 import errno
 import gc
 import json
+import logging as std_logging
 import os
 import signal
 import sys
@@ -329,9 +330,21 @@ def test_a_full_disk_while_checkpointing_is_one_line_naming_what_was_kept(
   step = full.value.strerror.split("checkpoint of step ")[1].split()[0]
   assert full.value.errno == errno.ENOSPC and str(full.value) == (
       f"{small_disk / 'checkpoints'}: the disk is full (no space left on device): the checkpoint "
-      f"of step {step} could not be written, and its partial files were removed; kept: the "
+      f"of step {step} (48,000 bytes of arrays) could not be written, and its partial files "
+      f"were removed; kept: the "
       f"checkpoint{'s of steps 1, 2' if step == '3' else ' of step 1'}. Free space on that disk "
       "and run again with the same --workdir to resume")
   assert sorted(os.listdir(small_disk / "checkpoints")) == [str(s) for s in range(1, int(step))]
   assert "Traceback" not in capfd.readouterr().err
   assert not [r for r in caplog.records if r.levelname == "ERROR"]
+  # What orbax's threads, or the operations it abandoned, report later of the same failure.
+  late = [std_logging.LogRecord("absl", std_logging.ERROR, os.path.join("x", "orbax", "f.py"), 1,
+                                "_SignalingThread.run() raised", None, None),
+          std_logging.LogRecord("asyncio", std_logging.ERROR, "base_events.py", 1,
+                                "_GatheringFuture exception was never retrieved", None, None)]
+  absl_logger = std_logging.getLogger("absl")
+  try:
+    assert not absl_logger.filter(late[0])
+    assert not std_logging.getLogger("asyncio").filter(late[1])
+  finally:  # the run ends there; this test process goes on
+    absl_logger.removeFilter(checkpoint._not_from_orbax)  # pylint: disable=protected-access

@@ -173,10 +173,19 @@ def test_rank_2_on_a_1024_square_leaf_is_over_100x_below_dense():
     (lambda: compressors.powersgd(2, min_compression_rate=-1.0),
      r"min_compression_rate=-1.0; allowed: a number >= 0 or None"),
     (lambda: _per_leaf(compressors.powersgd(4, min_compression_rate=None)).init(
-        {"w": jnp.zeros((3, 5))}), r"rank=4 exceeds the smaller dimension of params leaf "
-     r"\['w'\], shape \(3, 5\).*rank <= 3"),
+        {"w": jnp.zeros((3, 5))}), r"^powersgd: rank=4 for params leaf \['w'\], shape \(3, 5\) "
+     r"compressed as a 3 x 5 matrix, sends rank x \(rows \+ cols\) = 32 numbers, more than the "
+     r"15 of the matrix itself; allowed: rank <= 1 for this leaf \(rank x \(rows \+ cols\) <= "
+     r"rows x cols, which also keeps it <= min\(rows, cols\)\), or a min_compression_rate >= 1, "
+     r"which sends such leaves densely$"),
     (lambda: _per_leaf(compressors.powersgd(4, min_compression_rate=0.5)).init(
-        {"w": jnp.zeros((3, 50))}), r"rank=4 exceeds the smaller dimension"),
+        {"w": jnp.zeros((3, 50))}), r"rank=4 .* 212 numbers, more than the 150 .* rank <= 2 "),
+    # A rank within the matrix that still sends more than it (rate 2048 / 3072 < 1).
+    (lambda: _per_leaf(compressors.powersgd(32, min_compression_rate=0.0)).init(
+        {"w": jnp.zeros((64, 32))}), r"rank=32 .* 3,072 numbers, more than the 2,048 .* "
+     r"rank <= 21 for this leaf"),
+    (lambda: _per_leaf(compressors.powersgd(1, min_compression_rate=None)).init(
+        {"w": jnp.zeros((1, 5))}), r"allowed: no rank: this leaf is too small to compress"),
     (lambda: _per_leaf(compressors.powersgd(1, min_compression_rate=None)).init(
         {"b": jnp.zeros((7,))}), r"params leaf \['b'\] has shape \(7,\), which is not a matrix"),
 ])

@@ -64,10 +64,11 @@ def _batch(workers: int, seed: int = 0, dim: int = DIM):
 
 
 def _streaming(params, workers, *, every, fragments, overlap, alpha, exchange="dense",
-               inner=None, dim=DIM):
+               inner=None, dim=DIM, land_at_turn=False):
   settings = registry.default_settings(
       "streaming_diloco", every=every, fragments=fragments, overlap=overlap, alpha=alpha,
-      exchange=exchange, outer_learning_rate=OUTER_LR, outer_momentum=OUTER_MOMENTUM)
+      exchange=exchange, outer_learning_rate=OUTER_LR, outer_momentum=OUTER_MOMENTUM,
+      land_at_turn=land_at_turn)
   tx = registry.training("streaming_diloco", settings, optimizer=inner or optax.sgd(INNER_LR),
                          learning_rate=INNER_LR, axis_name="data")
   return compressors.data_parallel(
@@ -155,6 +156,103 @@ def test_streaming_diloco_matches_a_float64_reference_of_the_algorithm(
   # The workers differ (their own gradients) and none of the steps synchronised them all.
   assert not bool(dp.replicas_agree(got))
   assert not any(dp.synchronises(k) for k in dp.kinds)
+
+
+def reference_torchft(params, x, y, steps, *, every, fragments, overlap, alpha):
+  """torchft's Streaming DiLoCo (pytorch/torchft, ``torchft/local_sgd.py``: ``DiLoCo`` with
+  ``fragment_sync_delay=tau``, ``fragment_update_alpha=alpha``) transcribed in float64, every
+  commit succeeding. After each step's inner update (its ``_step_post_hook``) the local step
+  counts up to ``S = H / F``; at ``S - tau`` the current fragment (turns so far ``% F``) takes
+  its pseudo-gradient ``original - local`` and starts its all-reduce (``prepare_sync``); at
+  ``S`` (``perform_sync``) the outer optimizer (torch's SGD with Nesterov momentum) steps the
+  fragment's ``original`` from itself by the mean, and the worker's fragment becomes
+  ``lerp(original, local, alpha)``; the count restarts. torchft's fragment ``i`` is the one
+  numbered ``(i + 1) % F`` here (compressors/_streaming.py: numbered one turn apart).
+  Returns ``(each worker's parameters, the synchronised parameters)``."""
+  assert every % fragments == 0 and overlap < every // fragments  # torchft's own conditions
+  ours = _fragment_rows(params, fragments)
+  rows = [ours[(i + 1) % fragments] for i in range(fragments)]
+  original = {k: np.asarray(v, np.float64) for k, v in params.items()}
+  momentum_buffer = {k: np.zeros_like(v) for k, v in original.items()}
+  workers = [dict(original) for _ in range(len(x))]
+  per_fragment_steps, local_step, turns, in_flight = every // fragments, 0, 0, None
+  for _ in range(steps):
+    for i, w in enumerate(workers):
+      g = _numpy_grads(w, x[i], y[i])
+      workers[i] = {k: w[k] - INNER_LR * g[k] for k in w}
+    local_step += 1
+    fragment = rows[turns % fragments]
+    if local_step == per_fragment_steps - overlap:  # prepare_sync
+      in_flight = {k: np.mean([original[k][on] - w[k][on] for w in workers], axis=0)
+                   for k, on in fragment.items()}
+    if local_step == per_fragment_steps:  # perform_sync
+      for k, on in fragment.items():
+        grad = in_flight[k]
+        momentum_buffer[k][on] = OUTER_MOMENTUM * momentum_buffer[k][on] + grad
+        original[k] = original[k].copy()
+        original[k][on] -= OUTER_LR * (grad + OUTER_MOMENTUM * momentum_buffer[k][on])
+        for w in workers:
+          w[k] = w[k].copy()
+          w[k][on] = original[k][on] + alpha * (w[k][on] - original[k][on])  # torch's lerp_
+      local_step, turns, in_flight = 0, turns + 1, None
+  return workers, original
+
+
+@pytest.mark.parametrize("layers, workers, every, fragments, overlap, alpha", [
+    (2, 2, 4, 2, 1, 0.5),
+    (2, 4, 6, 3, 1, 0.0),
+    (1, 3, 6, 2, 2, 0.5),
+])
+def test_land_at_turn_matches_a_float64_transcription_of_torchfts_schedule(
+    layers, workers, every, fragments, overlap, alpha):
+  """``land_at_turn=True`` against :func:`reference_torchft` over three rounds on 2 to 4
+  workers with different gradients: every worker's parameters and the synchronised ones (no
+  fragment in flight at the end), to float32's rounding. The default schedule, a landing
+  ``tau`` steps later, differs from it (and is what :func:`reference_streaming_diloco`
+  checks)."""
+  params = _params(layers)
+  steps = 3 * every
+  dp = _streaming(params, workers, every=every, fragments=fragments, overlap=overlap,
+                  alpha=alpha, land_at_turn=True)
+  got, state = dp.worker_params(params), dp.init(params)
+  for t in range(steps):
+    got, state, _ = dp.step(got, state, _batch(workers), kind=dp.kind_at(t))
+  x, y = (np.asarray(a, np.float64).reshape(workers, ROWS, -1) for a in _batch(workers))
+  expected, original = reference_torchft(params, x, y, steps, every=every,
+                                         fragments=fragments, overlap=overlap, alpha=alpha)
+  for k in params:
+    rows = np.asarray(got[k])
+    for i in range(workers):
+      np.testing.assert_allclose(rows[i], expected[i][k], rtol=2e-5, atol=2e-6,
+                                 err_msg=f"worker {i}, {k}")
+    np.testing.assert_allclose(compressors.synchronised_params(state)[k], original[k],
+                               rtol=2e-5, atol=2e-6, err_msg=f"synchronised, {k}")
+  default, _ = reference_streaming_diloco(params, x, y, steps, every=every, fragments=fragments,
+                                          overlap=overlap, alpha=alpha)
+  assert not np.allclose(default[0]["w0"], expected[0]["w0"], rtol=1e-3), "the two coincide"
+
+
+def test_land_at_turn_sends_tau_steps_before_the_turn_and_lands_at_it_for_the_same_bytes():
+  """H = 8, 2 fragments, tau = 1: the turns of fragment 0 at steps 7, 15 and of fragment 1 at
+  3, 11 (as by default); each sent a step before. A fragment whose turn comes within tau steps
+  of the start sends first a round later. The cost model's bytes are the default's."""
+  at = lambda kinds, t: max((k for k in kinds if k.runs_at(t)), key=lambda k: k.every).name
+  kinds = compressors.streaming_kinds(8, 2, 1, land_at_turn=True)
+  assert [at(kinds, t) for t in range(16)] == [
+      "local", "local", "sync1", "apply1", "local", "local", "sync0", "apply0",
+      "local", "local", "sync1", "apply1", "local", "local", "sync0", "apply0"]
+  # Fragment 1's first turn is step 0: it sends first at step 3 and lands first at step 4.
+  kinds = compressors.streaming_kinds(4, 4, 1, land_at_turn=True)
+  assert [at(kinds, t) for t in range(6)] == ["sync2", "sync3+apply2", "sync0+apply3",
+                                              "sync1+apply0", "sync2+apply1", "sync3+apply2"]
+  assert compressors.streaming_kinds(4, 2, 0, land_at_turn=True) == (
+      compressors.streaming_kinds(4, 2, 0))
+  shapes = [(64, 32), (32,)]
+  assert equal_bytes.method_bytes(
+      "streaming_diloco", shapes, 8,
+      registry.default_settings("streaming_diloco", land_at_turn=True)) == (
+          equal_bytes.method_bytes("streaming_diloco", shapes, 8,
+                                   registry.default_settings("streaming_diloco")))
 
 
 @pytest.mark.parametrize("overlap", [0, 1])
@@ -302,6 +400,8 @@ def test_equal_bytes_prices_a_round_as_dilocos_synchronisation():
                                              r"fragments"),
     (dict(every=4, fragments=2, overlap=4), ValueError, r"overlap=4 with every=4; allowed: 0 <= "
                                                         r"overlap < every"),
+    (dict(land_at_turn="yes"), TypeError, r"streaming diloco: land_at_turn must be True or "
+                                          r"False, got 'yes'"),
 ])
 def test_bad_settings_are_refused_naming_the_field_the_value_and_what_is_allowed(
     fields, error, message):

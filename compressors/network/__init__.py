@@ -4,6 +4,7 @@
 (several mesh axes, simulated workers); :mod:`~compressors.network.collectives` writes the
 all-reduce schedules (ring, butterfly, Rabenseifner, hierarchical) from ``ppermute``;
 :mod:`~compressors.network.topology` is the alpha-beta cost model of links and schedules;
-:mod:`~compressors.network.planner` chooses schedules by integer programming (it needs scipy,
-loaded when first used).
+:mod:`~compressors.network.planner` chooses schedules by integer programming (it needs scipy:
+imported by whoever plans, ``from compressors.network import planner``; ``import compressors``
+does not load it).
 """

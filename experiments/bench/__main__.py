@@ -24,6 +24,7 @@ See the modules :mod:`experiments.bench.compression`, :mod:`~experiments.bench.s
 """
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -82,6 +83,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.error(f"--repeats={args.repeats}; allowed: >= 1")
   if args.timeout is not None and not 0 < args.timeout < float("inf"):
     parser.error(f"--timeout={args.timeout}; allowed: a finite number > 0")
+  _check_out(parser, args.out)
   names = _names(args)
   for option, readers in READ_BY.items():
     if getattr(args, option) is not None and not set(names) & set(readers):
@@ -89,6 +91,19 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   for name in names:
     BENCHMARKS[name].check_args(args)
   return args
+
+
+def _check_out(parser: argparse.ArgumentParser, out: Path) -> None:
+  """Refuses an ``--out`` that cannot become a folder (it, or a path above it, is a file), or
+  one that cannot be written, before any benchmark runs rather than after its rows print."""
+  existing = next(p for p in (out, *out.parents) if p.exists() or p == p.parent)
+  if not existing.is_dir():
+    what = "" if existing == out else f" ({existing} is a file)"
+    parser.error(f"--out={str(out)!r} is not a folder{what}; allowed: a folder, or a path "
+                 "where one can be made, for <name>.json and <name>.md")
+  if not os.access(existing, os.W_OK | os.X_OK):
+    parser.error(f"--out={str(out)!r}: {existing} cannot be written; allowed: a folder this "
+                 "user can write")
 
 
 def _names(args: argparse.Namespace) -> list[str]:
