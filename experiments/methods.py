@@ -28,6 +28,7 @@ import optax
 from compressors import checks
 from compressors import equal_bytes
 from compressors import registry
+from compressors.parallel import fsdp
 from configs import common as config_common
 from experiments import models
 import optimizers
@@ -301,13 +302,16 @@ OPTIMIZERS = {
 }
 
 
-def optimizer(config, learning_rate: optax.ScalarOrSchedule) -> optax.GradientTransformation:
+def optimizer(config, learning_rate: optax.ScalarOrSchedule,
+              param_layout: fsdp.ParamLayout | None = None) -> optax.GradientTransformation:
   """``config.optimizer`` applied to the already-averaged gradient.
 
   ``sgd``/``momentum``/``nesterov`` add coupled L2 weight decay (``weight_decay * w`` added to the
   gradient, as for the CIFAR ResNets); ``adamw`` decays decoupled; ``lamb`` and ``lars`` are the
   project's ``optimizers.lamb``/``optimizers.lars`` (biases and norm parameters excluded from decay
-  and trust ratio, as the reference implementations do).
+  and trust ratio, as the reference implementations do). With islands (``param_layout``, the
+  parameters' layout over the fast axis) the optimizer runs on each device's shards: elementwise
+  ones as they are, ``lamb`` and ``lars`` with :func:`_on_shards`.
 
   Raises:
     ValueError, TypeError: an unknown name, or a field of ``config.optimizer`` outside its
@@ -326,26 +330,42 @@ def optimizer(config, learning_rate: optax.ScalarOrSchedule) -> optax.GradientTr
     return optax.adam(learning_rate, b1=o.b1, b2=o.b2, eps=o.eps)
   if o.name == "adamw":
     return optax.adamw(learning_rate, b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=o.weight_decay)
+  shards = {} if param_layout is None else _on_shards(param_layout)
   if o.name == "lamb":
-    return optimizers.lamb(learning_rate, b1=o.b1, b2=o.b2, eps=o.eps,
-                           weight_decay=o.weight_decay)
-  return optimizers.lars(learning_rate, momentum=o.momentum, weight_decay=o.weight_decay,
-                         trust_coefficient=o.trust_coefficient)
+    tx = optimizers.lamb(learning_rate, b1=o.b1, b2=o.b2, eps=o.eps,
+                         weight_decay=o.weight_decay, **shards)
+  else:
+    tx = optimizers.lars(learning_rate, momentum=o.momentum, weight_decay=o.weight_decay,
+                         trust_coefficient=o.trust_coefficient, **shards)
+  return tx if param_layout is None else param_layout.padding_zeroed(tx)
 
 
-def make_chain(config, learning_rate: optax.ScalarOrSchedule,
-               axis_name: str = AXIS_NAME) -> optax.GradientTransformationExtraArgs:
+def _on_shards(param_layout: fsdp.ParamLayout) -> dict[str, Any]:
+  """LAMB's and LARS's arguments on each device's shards: the whole layers' norms (summed over
+  the fast axis), and the default exclusions decided on the whole layers (a layer flattened and
+  padded to shard is a vector on each device: the default rule would exclude it)."""
+  # default_exclude reads the path and the number of dimensions: any dtype stands in.
+  whole = jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(leaf.shape, jnp.float32),
+                       param_layout.leaves, is_leaf=lambda x: isinstance(x, fsdp.LeafLayout))
+  return dict(shard_axis=param_layout.axis,
+              exclude=optimizers.exclusions.excluded(optimizers.default_exclude, whole))
+
+
+def make_chain(config, learning_rate: optax.ScalarOrSchedule, axis_name: str = AXIS_NAME,
+               param_layout: fsdp.ParamLayout | None = None
+               ) -> optax.GradientTransformationExtraArgs:
   """The per-worker training transformation of ``config`` (:func:`compressors.registry.training`
   with ``optimizer(config)``): run its ``update`` per worker inside ``shard_map`` over
   ``axis_name``; its output is identical on every worker (a local-update method's between
-  synchronisations excepted).
+  synchronisations excepted). With islands, ``param_layout`` is the parameters' layout over the
+  fast axis, on whose shards the optimizer runs (:func:`optimizer`).
 
   Raises:
     ValueError, TypeError: settings the method refuses, prefixed with the config block.
   """
   own = settings(config)
   return _in_config(config, own, lambda: registry.training(
-      config.method, own, optimizer=optimizer(config, learning_rate),
+      config.method, own, optimizer=optimizer(config, learning_rate, param_layout),
       learning_rate=learning_rate, axis_name=axis_name, common=common(config),
       exchange_settings=exchange_settings(config)))
 

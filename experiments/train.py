@@ -261,6 +261,15 @@ def _evaluation_sums(model, task):
   return sums
 
 
+def _param_layout(workers: compressors.Workers,
+                  params) -> compressors.parallel.fsdp.ParamLayout | None:
+  """With islands, the layout of ``params`` (natural shapes) over the fast axis, the one the
+  step gives them, on whose shards the optimizer runs; None otherwise."""
+  if workers.shard_axis is None:
+    return None
+  return compressors.parallel.fsdp.ParamLayout.of(params, workers.shard_axis, workers.shards)
+
+
 def _data_parallel(config, model, task, tx, workers, example: TrainState,
                    batch) -> compressors.DataParallel:
   """The run's data-parallel step (:func:`compressors.data_parallel`) of ``tx`` on ``workers``,
@@ -370,7 +379,8 @@ def _dense_bytes(config, model, task, learning_rate, workers, state, batch) -> f
     dense_config.method = "dense"
     # What only a compressor with error feedback, or a sparsifier, takes; dense is neither.
     dense_config.compression.update(compressors.registry.PLAIN_PER_STEP)
-    dense_tx = methods.make_chain(dense_config, learning_rate, workers.axis_name)
+    dense_tx = methods.make_chain(dense_config, learning_rate, workers.axis_name,
+                                  _param_layout(workers, state.params))
     dense = _data_parallel(dense_config, model, task, dense_tx, workers, state, batch)
     opt_state = jax.eval_shape(dense.init, state.params)
     params = jax.eval_shape(dense.worker_params, state.params)  # as the step takes them
@@ -675,7 +685,6 @@ def _prepare(config, workdir, lock_workdir) -> tuple[_Run, TrainState]:
   task = tasks.TASKS[dataset.task]
   steps = total_steps(config, dataset.steps_per_epoch)
   learning_rate = methods.learning_rate_schedule(config, dataset.steps_per_epoch, steps)
-  tx = methods.make_chain(config, learning_rate, workers.axis_name)
   first_batch = _train_batch(dataset, config, 0)
   lock_workdir()
   checkpointer = checkpoint.Checkpointer(workdir, keep=config.keep_checkpoints,
@@ -697,6 +706,8 @@ def _prepare(config, workdir, lock_workdir) -> tuple[_Run, TrainState]:
   if workers.shard_axis is not None:
     shapes = compressors.parallel.fsdp.leaf_shard_shapes(shapes, workers.shards)
   validation.check_compresses(config, shapes, workers.count // workers.shards)
+  tx = methods.make_chain(config, learning_rate, workers.axis_name,
+                          _param_layout(workers, params_shape))
   batch_shape = jax.tree.map(lambda x: jax.ShapeDtypeStruct(
       (workers.count * x.shape[1],) + x.shape[2:], x.dtype), first_batch)
   example = TrainState(jax.ShapeDtypeStruct((), jnp.int32), params_shape, model_state_shape, ())

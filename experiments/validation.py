@@ -40,14 +40,12 @@ def check_workers(config) -> None:
     check_batches(config, config.num_devices * config.workers_per_device)
 
 
-# Optimizers whose step reads a whole leaf's norm: on a shard they would read the shard's.
-_WHOLE_LEAF_OPTIMIZERS = ("lamb", "lars")
-
-
 def check_islands(config) -> None:
   """``config.mesh`` (islands x fsdp, :mod:`compressors.parallel.fsdp`): the product is the
-  device count, one worker per device, and an optimizer that reads whole leaves' norms is not
-  run on shards. ``mesh.fsdp == 1`` is the default mesh (islands of one device each)."""
+  device count, one worker per device, and the equal-bytes solver (which prices whole
+  parameters) is not asked for. ``mesh.fsdp == 1`` is the default mesh (islands of one device
+  each). Every optimizer runs on shards (LAMB's and LARS's norms summed over the fast axis:
+  ``experiments.methods.optimizer``)."""
   islands, shards = config.mesh.islands, config.mesh.fsdp
   if shards == 1 and islands is None:
     return
@@ -67,11 +65,6 @@ def check_islands(config) -> None:
                      "the equal-bytes solver prices whole parameters exchanged by every device, "
                      "not shards across islands; allowed: None (the method's own settings), or "
                      "mesh.fsdp=1")
-  if config.optimizer.name in _WHOLE_LEAF_OPTIMIZERS:
-    raise ValueError(f"config.optimizer.name={config.optimizer.name!r} with config.mesh.fsdp="
-                     f"{shards}: its trust ratio reads a whole leaf's norm, and each device "
-                     "holds a shard; allowed: an optimizer other than "
-                     f"{' or '.join(_WHOLE_LEAF_OPTIMIZERS)}, or mesh.fsdp=1")
 
 
 def check_batches(config, num_workers: int) -> None:

@@ -96,3 +96,12 @@ def check_int(value: Any, field: str, minimum: int, caller: str) -> int:
   if value < minimum:
     _fail(value, field, f"an int >= {minimum}", caller)
   return int(value)
+
+
+def check_axis_name(value: Any, field: str, caller: str) -> Any:
+  """Checks that ``value`` is None, a mesh axis's name (a string) or a tuple of them."""
+  names = value if isinstance(value, tuple) else (value,)
+  if value is not None and not (names and all(isinstance(n, str) and n for n in names)):
+    raise TypeError(f"{caller}: {field}={value!r} is not a mesh axis's name; {field} must be "
+                    "None, a non-empty string or a tuple of them.")
+  return value

@@ -114,6 +114,30 @@ def inclusion_mask(
       exclude)
 
 
+def excluded(exclude: Exclude, params: chex.ArrayTree) -> chex.ArrayTree:
+  """``exclude`` decided once on ``params``, as a mask pytree (True = excluded).
+
+  What an optimizer on shards takes (``shard_axis``): a predicate there would see each
+  device's shard, and a layer flattened and padded to shard it reads as a vector (excluded by
+  :func:`default_exclude`) where the whole layer is a matrix.
+
+  Args:
+    exclude: see the module docstring.
+    params: the whole parameters (arrays or ``jax.ShapeDtypeStruct``s).
+
+  Returns:
+    A boolean pytree shaped like ``params``.
+
+  Raises:
+    TypeError: as :func:`inclusion_mask`.
+  """
+  mask = inclusion_mask(exclude)
+  if mask is None:
+    return jax.tree.map(lambda _: False, params)
+  included = mask(params) if callable(mask) else mask
+  return jax.tree.map(lambda keep, _: not keep, included, params)
+
+
 def masked(inner: optax.GradientTransformation,
            exclude: Exclude) -> optax.GradientTransformation:
   """Applies ``inner`` to the leaves that ``exclude`` does not exclude; the rest pass through.

@@ -36,6 +36,7 @@ def lamb(
     bias_correction: bool = True,
     trust_clip: tuple[float, float] | None = None,
     exclude: exclusions.Exclude = exclusions.default_exclude,
+    shard_axis: str | tuple[str, ...] | None = None,
 ) -> optax.GradientTransformationExtraArgs:
   """The LAMB optimizer (You et al., ICLR 2020, Algorithm 2).
 
@@ -64,6 +65,14 @@ def lamb(
   trust ratio still scales every leaf. With ``exclude=None``, ``trust_clip=None`` and
   ``bias_correction=True`` the two are the same computation.
 
+  On shards (``shard_axis``, e.g. an island's devices, :mod:`compressors.parallel.fsdp`) every
+  leaf is one device's piece of a layer: Adam's moments are elementwise and stay per shard, and
+  the two norms are the whole layer's, their sums of squares summed over the axis, so that each
+  device takes its piece of the step the whole layer would. An ``exclude`` predicate is then
+  called on the shards; where a layer's shard has fewer dimensions than the layer (a flattened,
+  padded one), decide on the whole layers and pass the answers as a mask pytree
+  (:func:`optimizers.exclusions.excluded`).
+
   Args:
     learning_rate: a non-negative float or an optax schedule of the step count.
     b1: decay of the first moment, in [0, 1).
@@ -75,6 +84,9 @@ def lamb(
     exclude: which leaves skip decay and trust ratio: a predicate ``(path, leaf) -> bool``,
       a boolean pytree (True = excluded), or None/False for none. See
       :mod:`optimizers.exclusions`.
+    shard_axis: None, or the mesh axis (inside ``shard_map``) over whose devices every leaf is
+      split; padding in a shard must be zero (see
+      :func:`optimizers.scale_by_layerwise_trust_ratio`).
 
   Returns:
     An :class:`optax.GradientTransformationExtraArgs`; ``update`` needs ``params``.
@@ -91,11 +103,12 @@ def lamb(
   weight_decay = _validation.check_non_negative(weight_decay, "weight_decay", caller)
   bias_correction = _validation.check_bool(bias_correction, "bias_correction", caller)
   trust_clip = _validation.check_trust_clip(trust_clip, caller)
+  shard_axis = _validation.check_axis_name(shard_axis, "shard_axis", caller)
 
-  if trust_clip is None:
+  if trust_clip is None and shard_axis is None:  # optax's own, bit for bit
     trust_ratio = optax.scale_by_trust_ratio()
   else:
-    trust_ratio = scale_by_layerwise_trust_ratio(trust_clip=trust_clip)
+    trust_ratio = scale_by_layerwise_trust_ratio(trust_clip=trust_clip, shard_axis=shard_axis)
   layer_adaptation = optax.chain(optax.add_decayed_weights(weight_decay), trust_ratio)
   return optax.chain(
       _scale_by_adam(b1, b2, eps, bias_correction),

@@ -18,6 +18,7 @@ def lars(
     denominator: str = "paper",
     nesterov: bool = False,
     exclude: exclusions.Exclude = exclusions.default_exclude,
+    shard_axis: str | tuple[str, ...] | None = None,
 ) -> optax.GradientTransformationExtraArgs:
   """The LARS optimizer (You, Gitman & Ginsburg 2017, "Large Batch Training of Convolutional
   Networks"; the MLPerf ResNet-50 form).
@@ -49,6 +50,13 @@ def lars(
   given masks; with ``denominator="optax"`` and ``exclude=None`` the two are the same
   computation.
 
+  On shards (``shard_axis``, e.g. an island's devices, :mod:`compressors.parallel.fsdp`) every
+  leaf is one device's piece of a layer: the momentum is elementwise and stays per shard, and
+  the norms are the whole layer's, their sums of squares summed over the axis. An ``exclude``
+  predicate is then called on the shards; where a layer's shard has fewer dimensions than the
+  layer (a flattened, padded one), decide on the whole layers and pass the answers as a mask
+  pytree (:func:`optimizers.exclusions.excluded`).
+
   Args:
     learning_rate: a non-negative float or an optax schedule of the step count.
     momentum: heavy-ball momentum, in [0, 1).
@@ -60,6 +68,9 @@ def lars(
     exclude: which leaves skip decay and trust ratio: a predicate ``(path, leaf) -> bool``,
       a boolean pytree (True = excluded), or None/False for none. See
       :mod:`optimizers.exclusions`.
+    shard_axis: None, or the mesh axis (inside ``shard_map``) over whose devices every leaf is
+      split; padding in a shard must be zero (see
+      :func:`optimizers.scale_by_layerwise_trust_ratio`).
 
   Returns:
     An :class:`optax.GradientTransformationExtraArgs`; ``update`` needs ``params``.
@@ -76,14 +87,18 @@ def lars(
   eps = _validation.check_non_negative(eps, "eps", caller)
   denominator = _validation.check_choice(denominator, "denominator", DENOMINATORS, caller)
   nesterov = _validation.check_bool(nesterov, "nesterov", caller)
+  shard_axis = _validation.check_axis_name(shard_axis, "shard_axis", caller)
 
   if denominator == "paper":
     layer_adaptation = scale_by_layerwise_trust_ratio(
-        trust_coefficient=trust_coefficient, eps=eps, weight_decay=weight_decay)
+        trust_coefficient=trust_coefficient, eps=eps, weight_decay=weight_decay,
+        shard_axis=shard_axis)
   else:
-    layer_adaptation = optax.chain(
-        optax.add_decayed_weights(weight_decay),
-        optax.scale_by_trust_ratio(trust_coefficient=trust_coefficient, eps=eps))
+    trust_ratio = (optax.scale_by_trust_ratio(trust_coefficient=trust_coefficient, eps=eps)
+                   if shard_axis is None else  # optax's own, bit for bit
+                   scale_by_layerwise_trust_ratio(trust_coefficient=trust_coefficient, eps=eps,
+                                                  shard_axis=shard_axis))
+    layer_adaptation = optax.chain(optax.add_decayed_weights(weight_decay), trust_ratio)
   return optax.chain(
       exclusions.masked(layer_adaptation, exclude),
       optax.scale_by_learning_rate(learning_rate),

@@ -14,6 +14,8 @@ import compressors
 from compressors import registry
 from compressors.parallel import fsdp
 from compressors.parallel import step_bytes
+import optimizers
+from optimizers import exclusions
 from tests import harness
 
 pytestmark = pytest.mark.usefixtures("fast_compiles")
@@ -131,6 +133,41 @@ def test_diloco_across_islands_keeps_each_islands_shards_and_lands_on_one_model(
     np.testing.assert_array_equal(a, b)
   wire = {k: dp.wire_bytes(params, state, _batch(), kind=k).by_axis for k in dp.kinds}
   assert ("islands",) not in wire["local"] and wire["sync"][("islands",)] > 0, wire
+
+
+def test_lamb_inside_diloco_across_islands_is_two_workers_lamb():
+  """LAMB as DiLoCo's inner optimizer on each island's shards (per-island parameters, a 3 x 5
+  kernel and the 5-vector flattened and padded): its norms summed over the fast axis, the
+  padding zeroed, the exclusions decided on the whole leaves, it lands where 2 workers of the
+  whole model do (the same rows of the batch each)."""
+  params = {**PARAMS, "m": jnp.zeros((3, 5))}
+  start = {**_params(), "m": jax.random.normal(jax.random.PRNGKey(5), (3, 5))}
+
+  def loss(p, batch):
+    return _loss(p, batch) + jnp.mean(jnp.tanh(batch[0][:, :3] @ p["m"]) ** 2)
+
+  settings = registry.default_settings("diloco", every=3)
+  models = {}
+  for mesh, axis in ((jax.sharding.Mesh(np.array(jax.devices()[:2]), ("data",)), "data"),
+                     (harness.islands_mesh(), "islands")):
+    layout = fsdp.ParamLayout.of(params, "fsdp", 4) if axis == "islands" else None
+    inner = optimizers.lamb(0.05) if layout is None else layout.padding_zeroed(optimizers.lamb(
+        0.05, shard_axis="fsdp", exclude=exclusions.excluded(optimizers.default_exclude, params)))
+    tx = registry.training("diloco", settings, optimizer=inner, learning_rate=1e-2,
+                           axis_name=axis)
+    dp = compressors.data_parallel(loss, tx, mesh, params, _batch(), axis_name=axis,
+                                   shard_axis=None if layout is None else "fsdp",
+                                   kinds=registry.step_kinds("diloco", settings),
+                                   per_worker_params=True)
+    state, stepped = dp.worker_params(start), dp.init(start)
+    for t in range(6):
+      state, stepped, _ = dp.step(state, stepped, _batch(), kind=dp.kind_at(t))
+    models[axis] = jax.tree.map(np.asarray, dp.model_params(
+        compressors.TrainState(0, state, (), stepped)))
+  for a, b, s in zip(*map(jax.tree.leaves, (models["data"], models["islands"], start))):
+    np.testing.assert_allclose(b, a, rtol=0, atol=2e-5)
+  assert max(np.abs(b - s).max() for b, s in zip(jax.tree.leaves(models["islands"]),
+                                                  jax.tree.leaves(start))) > 0.05
 
 
 def test_islands_refuse_what_they_cannot_run_naming_the_argument():

@@ -6,6 +6,7 @@ import numpy as np
 import optax
 import pytest
 
+from compressors.parallel import fsdp
 import optimizers
 from optimizers import exclusions
 
@@ -298,6 +299,156 @@ def test_mask_with_non_boolean_leaf_is_rejected():
                                   "zero": False})
 
 
+# ----------------------------------------------------------------------------------- on shards
+
+SHARDS = 4
+# What a compressor may leave in the padding (a sign compressor sends a sign for zeros too),
+# and a method's update may land on the parameters': unequal, so that the norms' errors do not
+# cancel in a ratio of two.
+PARAM_GARBAGE, GRADIENT_GARBAGE = 7.0, 20.0
+
+
+def make_shardable_params(seed: int = 0) -> dict:
+  """Leaves that 4 shards lay out every way (:mod:`compressors.parallel.fsdp`): split along a
+  dimension (the dense kernel's first, the conv kernel's last), or flattened and zero-padded:
+  the bias (3 -> 4), a 3 x 5 kernel (15 -> 16: a matrix whose shards are vectors) and an
+  all-zero kernel (6 -> 8, its norm 0 on every shard)."""
+  rng = np.random.default_rng(seed)
+  return jax.tree.map(jnp.float32, {
+      "dense": {"kernel": rng.normal(size=(8, 3)), "bias": 0.1 * rng.normal(size=3)},
+      "conv": {"kernel": 0.05 * rng.normal(size=(2, 3, 4))},
+      "odd": {"kernel": rng.normal(size=(3, 5))},
+      "zero": {"kernel": np.zeros((3, 2))},
+  })
+
+
+def stored_with_garbage(layout: fsdp.ParamLayout, tree: dict, garbage: float) -> dict:
+  """``tree`` as the shards store it, with ``garbage`` in every padded entry."""
+  def one(leaf, x):
+    stored = leaf.to_stored(x)
+    return stored if leaf.dim is not None else stored.at[x.size:].set(garbage)
+  return jax.tree.map(one, layout.leaves, tree, is_leaf=lambda x: isinstance(x, fsdp.LeafLayout))
+
+
+def run_on_shards(tx: optax.GradientTransformation, params: dict, gradients: list[dict],
+                  zero_padding: bool = True) -> list[dict]:
+  """:func:`run` with every leaf split over a 4-device axis ``"fsdp"`` inside ``shard_map``,
+  garbage in the padding of the parameters and of every gradient; the parameters after every
+  step, natural."""
+  layout = fsdp.ParamLayout.of(params, "fsdp", SHARDS)
+  tx = layout.padding_zeroed(tx) if zero_padding else tx
+  mesh = jax.sharding.Mesh(np.array(jax.devices()[:SHARDS]), ("fsdp",))
+  specs = [layout.shard_specs] * len(gradients)
+
+  def steps(params, gradients):
+    state, trajectory = tx.init(params), []
+    for grads in gradients:
+      updates, state = tx.update(grads, state, params)
+      params = optax.apply_updates(params, updates)
+      trajectory.append(params)
+    return trajectory
+
+  program = jax.jit(jax.shard_map(steps, mesh=mesh, in_specs=(layout.shard_specs, specs),
+                                  out_specs=specs))
+  trajectory = program(stored_with_garbage(layout, params, PARAM_GARBAGE),
+                       [stored_with_garbage(layout, g, GRADIENT_GARBAGE) for g in gradients])
+  return [layout.to_natural(p) for p in trajectory]
+
+
+def test_shardable_params_cover_every_layout_and_the_padded_matrix_is_a_vector_on_a_shard():
+  params = make_shardable_params()
+  layout = fsdp.ParamLayout.of(params, "fsdp", SHARDS)
+  dims = jax.tree.map(lambda l: l.dim, layout.leaves,
+                      is_leaf=lambda x: isinstance(x, fsdp.LeafLayout))
+  assert dims == {"dense": {"kernel": 0, "bias": None}, "conv": {"kernel": 2},
+                  "odd": {"kernel": None}, "zero": {"kernel": None}}
+  # The default rule on a shard would exclude the 3 x 5 kernel; decided on the whole leaves
+  # (what an optimizer on shards takes) only the bias is.
+  assert optimizers.default_exclude(("odd", "kernel"), jnp.zeros((4,)))
+  assert exclusions.excluded(optimizers.default_exclude, params) == {
+      "dense": {"kernel": False, "bias": True}, "conv": {"kernel": False},
+      "odd": {"kernel": False}, "zero": {"kernel": False}}
+
+
+SHARDED_SETTINGS = [
+    (optimizers.lamb, dict(learning_rate=0.05, weight_decay=0.1)),
+    (optimizers.lamb, dict(learning_rate=0.05, weight_decay=0.1, trust_clip=(0.5, 2.0),
+                           bias_correction=False)),
+    (optimizers.lars, dict(learning_rate=0.5, weight_decay=0.01, trust_coefficient=0.01)),
+    (optimizers.lars, dict(learning_rate=0.5, weight_decay=0.01, trust_coefficient=0.01,
+                           eps=1e-3, denominator="optax", nesterov=True)),
+]
+
+
+SHARDED_EXCLUSIONS = {
+    "default": optimizers.default_exclude, "predicate": conv_kernel_only,
+    "mask_pytree": {"dense": {"kernel": False, "bias": False}, "conv": {"kernel": True},
+                    "odd": True, "zero": False},
+    "none": None,
+}
+
+
+@pytest.mark.usefixtures("fast_compiles")
+@pytest.mark.parametrize("factory, settings, exclusion", [
+    (*SHARDED_SETTINGS[0], "default"), (*SHARDED_SETTINGS[0], "predicate"),
+    (*SHARDED_SETTINGS[0], "mask_pytree"), (*SHARDED_SETTINGS[1], "default"),
+    (*SHARDED_SETTINGS[2], "default"), (*SHARDED_SETTINGS[2], "none"),
+    (*SHARDED_SETTINGS[3], "mask_pytree"),
+], ids=["lamb-default", "lamb-predicate", "lamb-mask", "lamb_clipped-default", "lars-default",
+        "lars-none", "lars_optax_nesterov-mask"])
+def test_on_shards_lamb_and_lars_take_the_whole_leaves_step(factory, settings, exclusion):
+  """Each device's shard of the step the unsharded optimizer takes, to float32 rounding: the
+  norms summed over the axis, the padding's garbage left out, the exclusions decided on the
+  whole leaves."""
+  exclude = SHARDED_EXCLUSIONS[exclusion]
+  params = make_shardable_params()
+  gradients = make_gradients(params, 4)
+  whole = run(factory(**settings, exclude=exclude), params, gradients)
+  sharded = run_on_shards(factory(**settings, shard_axis="fsdp",
+                                  exclude=exclusions.excluded(exclude, params)),
+                          params, gradients)
+  for a, b in zip(whole, sharded):
+    jax.tree.map(lambda x, y: np.testing.assert_allclose(y, x, rtol=1e-5, atol=1e-6), a, b)
+  assert max_abs_difference(whole[-1], params) > 1e-2  # the optimizer did move the parameters
+
+
+@pytest.mark.usefixtures("fast_compiles")
+@pytest.mark.parametrize("settings", LAMB_SETTINGS)
+def test_lamb_on_shards_equals_optax_without_exclusions(settings):
+  params = make_shardable_params()
+  gradients = make_gradients(params, 4)
+  ours = run_on_shards(optimizers.lamb(**settings, exclude=None, shard_axis="fsdp"), params,
+                       gradients)
+  theirs = run(optax.lamb(**settings), params, gradients)
+  assert max(max_abs_difference(a, b) for a, b in zip(ours, theirs)) <= 1e-6
+
+
+@pytest.mark.usefixtures("fast_compiles")
+@pytest.mark.parametrize("settings", LARS_SETTINGS)
+def test_lars_on_shards_optax_denominator_equals_optax(settings):
+  params = make_shardable_params()
+  gradients = make_gradients(params, 4)
+  ours = run_on_shards(optimizers.lars(**settings, denominator="optax", exclude=None,
+                                       shard_axis="fsdp"), params, gradients)
+  theirs = run(optax.lars(**settings), params, gradients)
+  assert max(max_abs_difference(a, b) for a, b in zip(ours, theirs)) <= 1e-6
+
+
+@pytest.mark.usefixtures("fast_compiles")
+@pytest.mark.parametrize("factory, settings", SHARDED_SETTINGS[::2], ids=["lamb", "lars"])
+def test_garbage_in_the_padding_would_reach_the_norms_unless_zeroed(factory, settings):
+  """Why ``padding_zeroed`` wraps the optimizer: without it the padded leaves' norms count the
+  garbage and their steps go wrong (the leaves split along a dimension have no padding)."""
+  params = make_shardable_params()
+  gradients = make_gradients(params, 2)
+  tx = factory(**settings, shard_axis="fsdp",
+               exclude=exclusions.excluded(optimizers.default_exclude, params))
+  zeroed, raw = (run_on_shards(tx, params, gradients, zero_padding=z)[-1] for z in (True, False))
+  moved = max_abs_difference(zeroed["odd"], params["odd"])
+  assert max_abs_difference(zeroed["odd"], raw["odd"]) > 0.3 * moved
+  np.testing.assert_array_equal(zeroed["conv"]["kernel"], raw["conv"]["kernel"])
+
+
 # ---------------------------------------------------------------------------------- schedules
 
 @pytest.mark.parametrize("warmup, power", [(4, 1.0), (4, 2.0), (0, 2.0)])
@@ -388,6 +539,9 @@ def test_bad_hyper_parameters_raise_value_error(factory, kwargs, message):
      r"lamb: bias_correction='yes' is not a bool"),
     (optimizers.lars, dict(learning_rate=0.1, nesterov=1), r"lars: nesterov=1 is not a bool"),
     (optimizers.lars, dict(learning_rate=0.1, momentum=None), r"lars: momentum=None .* real"),
+    (optimizers.lamb, dict(learning_rate=0.1, shard_axis=3),
+     r"lamb: shard_axis=3 is not a mesh axis's name; shard_axis must be None, a non-empty "),
+    (optimizers.lars, dict(learning_rate=0.1, shard_axis=""), r"lars: shard_axis='' is not"),
 ])
 def test_wrong_types_raise_type_error(factory, kwargs, message):
   with pytest.raises(TypeError, match=message):

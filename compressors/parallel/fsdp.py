@@ -17,6 +17,10 @@ with none is flattened and zero-padded to a multiple of ``F``. Three forms of a 
   or the padded flat one), with a leading row per island for per-island parameters;
 * rows: an optimizer-state leaf that varies over the fast axis is laid out as any per-worker
   leaf is (:mod:`compressors.parallel.per_worker`): one row per shard, ``[F, *shard]``.
+
+An elementwise optimizer runs on the shards as it is. One that reads a whole leaf's norm (LAMB,
+LARS: ``optimizers.lamb(..., shard_axis=)``) sums the shards' squares over the fast axis, and
+takes them with the padding zeroed (:meth:`ParamLayout.padding_zeroed`).
 """
 
 import dataclasses
@@ -27,6 +31,7 @@ from typing import Any
 import chex
 import jax
 import jax.numpy as jnp
+import optax
 from jax.sharding import PartitionSpec as P
 
 
@@ -80,6 +85,15 @@ class LeafLayout:
     natural."""
     stored = jnp.moveaxis(x, 0, self.dim or 0).reshape(self.stored_shape)
     return self.to_natural(stored)
+
+  def padding_zeroed(self, shard: jax.Array, axis: Hashable) -> jax.Array:
+    """Inside ``shard_map`` over the fast axis ``axis``: this device's shard with the entries
+    past the natural leaf's end (the padding) set to zero."""
+    size = math.prod(self.shape)
+    if self.dim is not None or size == self.stored_shape[0]:
+      return shard
+    first = jax.lax.axis_index(axis) * shard.shape[0]  # the shard's place in the flat leaf
+    return jnp.where(first + jnp.arange(shard.shape[0]) < size, shard, jnp.zeros_like(shard))
 
 
 def leaf_layout(shape: tuple[int, ...], shards: int) -> LeafLayout:
@@ -159,6 +173,26 @@ class ParamLayout:
     """``ShapeDtypeStruct``s of the shard one device holds (without a per-island row)."""
     return self._map(lambda l, x: jax.ShapeDtypeStruct(l.shard_shape, jnp.result_type(x)),
                      params)
+
+  def padding_zeroed(self, inner: optax.GradientTransformation
+                     ) -> optax.GradientTransformationExtraArgs:
+    """``inner`` (an optimizer, run on one device's shards inside ``shard_map``) with the
+    padding zeroed in the updates it takes and the parameters it reads.
+
+    The padding is no part of the model, but it need not stay zero: a compressor's decoding
+    may put values there (a sign compressor sends a sign for every entry, zeros too), and a
+    method's update may land them on the parameters. A transformation that reads a whole
+    layer's norm over the fast axis (``optimizers.lamb``/``lars`` with ``shard_axis``) must
+    not count them.
+    """
+    zeroed = lambda tree: self._map(lambda l, x: l.padding_zeroed(x, self.axis), tree)
+    inner = optax.with_extra_args_support(inner)
+
+    def update_fn(updates, state, params=None, **extra_args):
+      params = None if params is None else zeroed(params)
+      return inner.update(zeroed(updates), state, params, **extra_args)
+
+    return optax.GradientTransformationExtraArgs(inner.init, update_fn)
 
   def gather(self, shards: chex.ArrayTree) -> chex.ArrayTree:
     """Inside ``shard_map``: each device's shards -> the natural parameters, all-gathered over
