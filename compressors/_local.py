@@ -40,6 +40,7 @@ from compressors import checks
 from compressors import method_table
 from compressors.method_protocol import StepInputs
 from compressors.method_protocol import StepKind
+from compressors.method_protocol import WHOLE_MODEL
 
 
 class LocalUpdatesState(NamedTuple):
@@ -66,6 +67,16 @@ class LocalUpdatesState(NamedTuple):
     del params  # applied already holds them moved; a synchronisation replaces them
     return jax.tree.map(lambda a, p: jnp.where(self.synchronised, a, p).astype(p.dtype),
                         self.anchor, applied)
+
+  def landed(self, params: chex.ArrayTree) -> chex.ArrayTree:
+    """``params`` after a synchronising step (they are then :attr:`anchor` on every worker),
+    zero after a local one. ``params`` may carry a leading worker axis (the runner's global
+    view), as may :attr:`synchronised`."""
+    def kept(p):
+      flag = jnp.reshape(self.synchronised, self.synchronised.shape
+                         + (1,) * (p.ndim - self.synchronised.ndim))
+      return jnp.where(flag, p, jnp.zeros_like(p))
+    return jax.tree.map(kept, params)
 
   def model_params(self) -> chex.ArrayTree:
     """The synchronised parameters (the model a run evaluates)."""
@@ -134,7 +145,7 @@ def local_update_kinds(every: int,
                        exchange_inputs: StepInputs | None = None) -> tuple[StepKind, ...]:
   """The step kinds of local updates synchronising every ``every`` steps: ``"local"`` (no
   collective), and ``"sync"`` at steps ``every - 1, 2 every - 1, ...`` (after ``every`` local
-  gradients; every step when ``every`` is 1).
+  gradients; every step when ``every`` is 1), which sends and lands the whole model.
 
   Args:
     every: ``H``, steps between synchronisations.
@@ -148,18 +159,18 @@ def local_update_kinds(every: int,
     ValueError: ``every`` is not an int >= 1.
   """
   checks.check_int(every, "every", 1, "local_update_kinds")
-  sync = {"synchronise": True}
+  sync = dict(options={"synchronise": True}, sends=WHOLE_MODEL, lands=WHOLE_MODEL)
   if every == 1:
-    kinds = [StepKind("sync", 1, options=sync)]
+    kinds = [StepKind("sync", 1, **sync)]
   else:
-    kinds = [StepKind("local", 1), StepKind("sync", every, options=sync, phase=every - 1)]
+    kinds = [StepKind("local", 1), StepKind("sync", every, phase=every - 1, **sync)]
   if exchange_inputs is not None and exchange_inputs.every > 0:
     period = math.lcm(every, exchange_inputs.every)
     if period == every:  # every synchronisation carries the inputs
       kinds[-1] = kinds[-1]._replace(inputs=exchange_inputs.make)
     else:
-      kinds.append(StepKind("sync_with_inputs", period, exchange_inputs.make, sync,
-                            phase=every - 1))
+      kinds.append(StepKind("sync_with_inputs", period, exchange_inputs.make, phase=every - 1,
+                            **sync))
   return tuple(kinds)
 
 
@@ -220,9 +231,16 @@ def _build(s: DilocoSettings, inner, exchange, *,
   return local_updates(inner, exchange, nesterov_outer(s.outer_learning_rate, s.outer_momentum))
 
 
+def with_every(s: DilocoSettings, every: int) -> DilocoSettings:
+  """``s`` with ``H`` set to ``every`` (``Method.with_sends_every``; its own checks run)."""
+  return dataclasses.replace(s, every=every)
+
+
+# H and the carrier reach the assembly, the solver and the time model only through these hooks.
 _LOCAL_HOOKS = dict(local=_build, carrier=lambda s: s.exchange, sends_every=lambda s: s.every,
-                   kinds=lambda s, carrier_inputs: local_update_kinds(s.every, carrier_inputs),
-                   error_feedback=False)
+                    with_sends_every=with_every,
+                    kinds=lambda s, carrier_inputs: local_update_kinds(s.every, carrier_inputs),
+                    error_feedback=False)
 
 METHODS = (
     method_table.Method(

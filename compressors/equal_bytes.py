@@ -153,29 +153,31 @@ def _solve_local(method, shapes, num_workers, ratio, settings, exchange_settings
     once = method_bytes(carrier, shapes, num_workers, exchange_settings)
     every = max(1, round(once * ratio / dense))
     try:  # a method may bound H by its other settings (Streaming DiLoCo: H >= its fragments)
-      settings = dataclasses.replace(settings, every=every)
+      settings = registry.with_steps_per_exchange(method, settings, every)
       if steps is not None:
         settings = _every_for_run(method, settings, steps, once, dense / ratio, tolerance)
     except ValueError as refused:
       return Solution(method, settings, math.nan, dense, dense / ratio, False,
                       f"every={every} meets {ratio:g}x but is refused: {refused}",
                       exchange_settings)
+    every = registry.steps_per_exchange(method, settings)
     rounds = None if steps is None else _rounds_in_run(method, settings, steps)
     if rounds == 0:
       return Solution(method, settings, math.nan, dense, dense / ratio, False,
                       f"a run of {steps} steps completes no synchronisation at "
-                      f"every={settings.every}; {ratio:g}x needs more steps", exchange_settings)
-    per_step = once / settings.every if rounds is None else once * rounds / steps
+                      f"every={every}; {ratio:g}x needs more steps", exchange_settings)
+    per_step = once / every if rounds is None else once * rounds / steps
     solved = Solution(method, settings, per_step, dense, dense / ratio, True,
                       exchange_settings=exchange_settings)
   else:  # the exchange meets ratio / H
-    if ratio / settings.every <= 1:
+    every = registry.steps_per_exchange(method, settings)
+    if ratio / every <= 1:
       return Solution(method, settings, math.nan, dense, dense / ratio, False,
-                      f"every={settings.every} alone is {settings.every}x, beyond {ratio:g}x; "
-                      "lower it", exchange_settings)
-    inner = solve(carrier, shapes, num_workers, ratio / settings.every,
-                  exchange_settings, tolerance=tolerance)
-    solved = Solution(method, settings, inner.bytes / settings.every, dense, dense / ratio,
+                      f"every={every} alone is {every}x, beyond {ratio:g}x; lower it",
+                      exchange_settings)
+    inner = solve(carrier, shapes, num_workers, ratio / every, exchange_settings,
+                  tolerance=tolerance)
+    solved = Solution(method, settings, inner.bytes / every, dense, dense / ratio,
                       inner.feasible, inner.note, inner.settings)
   off = solved.bytes / solved.target_bytes - 1
   if abs(off) > tolerance:
@@ -201,15 +203,16 @@ def _every_for_run(method: str, settings: Any, steps: int, once: float, target: 
 
   if steps < 1 or off(settings) <= tolerance:  # off() divides by the steps
     return settings
+  given = registry.steps_per_exchange(method, settings)
   candidates = []
   for every in range(1, steps + 1):
     try:
-      candidate = dataclasses.replace(settings, every=every)
+      candidate = registry.with_steps_per_exchange(method, settings, every)
     except ValueError:  # below the method's own bound on H
       continue
     if _rounds_in_run(method, candidate, steps) == 0:
       continue
-    candidates.append((off(candidate), abs(every - settings.every), candidate))
+    candidates.append((off(candidate), abs(every - given), candidate))
   return min(candidates, key=lambda c: c[:2])[2] if candidates else settings
 
 

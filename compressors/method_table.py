@@ -129,9 +129,19 @@ class Method:
     carrier: ``settings -> name`` of the registered per-step method that carries the
       synchronisation of a ``local`` method (DiLoCo's ``exchange`` setting); None otherwise.
     sends_every: ``settings -> int``, steps per synchronisation of a ``local`` method (its
-      bytes per step are its carrier's over this; of one that synchronises a fragment at a
-      time, as Streaming DiLoCo, the steps in which every fragment sends once); None: every
-      step.
+      ``H``: its bytes per step are its carrier's over this; of one that synchronises a
+      fragment at a time, as Streaming DiLoCo, the steps in which every fragment sends once);
+      None: every step.
+    with_sends_every: ``(settings, every) -> settings`` with ``H`` set to ``every`` (how
+      :func:`compressors.equal_bytes.solve` meets a tier through ``H``; a ValueError where the
+      method refuses it); given with ``sends_every``.
+    parts: ``(settings, shapes) -> a list of shapes per part``: the parts a ``local`` method
+      deals the model into, each a list of its pieces' shapes, indexed by its step kinds'
+      ``sends``/``lands`` (Streaming DiLoCo's fragments); None: the whole model only
+      (:data:`compressors.method_protocol.WHOLE_MODEL`).
+    lands_after: ``settings -> int``, inner steps between a part's send and its landing, which
+      its exchange runs beside (Streaming DiLoCo's ``overlap``, ``tau``;
+      :mod:`compressors.step_time` prices it); None: it lands in the step that sends it.
     error_feedback: the method's default for ``Common.error_feedback``.
     fuse: the buffer layout the method needs (PowerSGD: per leaf, False); None: the common one.
     momentum: ``settings -> (momentum, clip_norm)`` for a method that is a sparsifier inside
@@ -161,6 +171,9 @@ class Method:
   local: Callable[..., optax.GradientTransformationExtraArgs] | None = None
   carrier: Callable[[Any], str] | None = None
   sends_every: Callable[[Any], int] | None = None
+  with_sends_every: Callable[[Any, int], Any] | None = None
+  parts: Callable[[Any, Shapes], Sequence[Shapes]] | None = None
+  lands_after: Callable[[Any], int] | None = None
   error_feedback: bool = True
   fuse: bool | None = None
   momentum: Callable[[Any], tuple[float, float | None]] | None = None
@@ -187,6 +200,9 @@ class Method:
       raise ValueError(f"registry: method {self.name!r}: a local-update method (local=) needs "
                        "carrier=, the per-step method that carries its pseudo-gradient, and "
                        "only it takes one")
+    if (self.sends_every is None) != (self.with_sends_every is None):
+      raise ValueError(f"registry: method {self.name!r}: sends_every= and with_sends_every= "
+                       "come together (the solver reads and sets H through them)")
     if (self.cost is None) != (self.carrier is not None):
       raise ValueError(f"registry: method {self.name!r}: cost= is required, except for a "
                        "method with a carrier= (priced by its carrier)")

@@ -62,7 +62,7 @@ __all__ = (
     "BUILTIN", "Common", "EXCHANGED", "FAMILIES", "Method", "NoSettings", "PER_STEP_ONLY",
     "PLAIN_PER_STEP", "Shapes", "StepInputs", "cost", "default_settings", "density_field", "get",
     "local_exchange", "names", "num_elements", "register", "step_inputs", "step_kinds",
-    "steps_per_exchange", "training", "transformation", "unregister",
+    "steps_per_exchange", "training", "transformation", "unregister", "with_steps_per_exchange",
 )
 
 # The built-in method modules compressors implements, in the order of their methods in BUILTIN.
@@ -310,3 +310,17 @@ def steps_per_exchange(name: str, settings: Any = None) -> int:
   if method.sends_every is None:
     return 1
   return method.sends_every(method.settings() if settings is None else settings)
+
+
+def with_steps_per_exchange(name: str, settings: Any, steps: int) -> Any:
+  """``settings`` of method ``name`` with ``steps`` between two exchanges
+  (:attr:`Method.with_sends_every`).
+
+  Raises:
+    ValueError: a method that exchanges every step, or ``steps`` the method refuses.
+  """
+  method = get(name)
+  if method.with_sends_every is None:
+    raise ValueError(f"method {name!r} exchanges every step; it has no steps between "
+                     "exchanges to set")
+  return method.with_sends_every(settings, steps)

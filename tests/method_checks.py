@@ -218,7 +218,7 @@ def check_replicas_identical_and_one_compile(name: str, settings=None, steps: in
   params, state, _ = dp.step(dp.worker_params(PARAMS), dp.init(PARAMS), batch,
                              kind=dp.kind_at(0))
   compiled, ran = [], {dp.kind_at(0)}
-  dp.replicas_agree(params)  # compiled before the count
+  dp.replicas_agree(dp.landed(params, state))  # compiled before the count
   with _counting_compilations(compiled):
     for t in range(1, steps):
       params, state, metrics = dp.step(params, state, batch, kind=dp.kind_at(t))
@@ -226,6 +226,8 @@ def check_replicas_identical_and_one_compile(name: str, settings=None, steps: in
       synchronised = dp.synchronises(dp.kind_at(t))
       if dp.per_worker_params:
         assert bool(dp.replicas_agree(params)) == synchronised, f"{name}: step {t}"
+        # What landed (all of the model, a fragment, or nothing) agrees on every worker.
+        assert bool(dp.replicas_agree(dp.landed(params, state))), f"{name}: step {t}"
   if dp.per_worker_params and any(dp.synchronises(k) for k in dp.kinds):
     assert synchronised, f"{name}: the check must end on a synchronising step"
   elif dp.per_worker_params:  # synchronised a fragment at a time: the model agrees everywhere

@@ -384,3 +384,29 @@ def test_the_runner_trains_it_and_resumes_between_synchronisations_bit_for_bit(t
   assert results["wire_bytes"] == pytest.approx((ran["sync0"] + 2 * ran["sync1"]) / 6,
                                                rel=0.01)  # sync1 at steps 1 and 5
   assert_resumes_bit_for_bit(_quickstart, finished, str(tmp_path / "resumed"), 5, 6, results)
+
+
+def _flip_worker_rows(state, worker: int):
+  """``state`` with one bit flipped in worker ``worker``'s copy of every parameter leaf's first
+  entry (each fragment holds some leaf's first row, so every fragment drifts)."""
+  from tests import test_failures  # pylint: disable=import-outside-toplevel
+  flipped = jax.tree.map(lambda x: test_failures._flip_one_bit(x, worker),  # pylint: disable=protected-access
+                         state.params)
+  return state._replace(params=flipped)
+
+
+def test_the_runners_replica_check_finds_a_landed_fragment_that_drifted(tmp_path, monkeypatch):
+  """With ``alpha = 0`` a landed fragment must be bit-identical on every worker: the runner
+  checks each fragment after it lands (the other fragments differ between workers by design).
+  A bit flipped on worker 5 in every leaf at fragment 1's landing (step 2) stops the run there,
+  naming fragment 1's leaves alone."""
+  from tests import test_failures  # pylint: disable=import-outside-toplevel
+  after = lambda state: _flip_worker_rows(state, 5) if int(state.step) == 3 else state
+  test_failures._wrap_train_steps(monkeypatch, after)  # pylint: disable=protected-access
+  config = _quickstart(**{"compression.streaming_diloco.alpha": 0.0, "check_replicas_every": 1})
+  with pytest.raises(train.ReplicaDriftError,
+                     match=r"replica drift detected at step 3: .* on devices \['5 row 0'\]"
+                     ) as found:
+    train.train_and_evaluate(config, str(tmp_path / "drift"))
+  # Fragment 0 (the first conv's kernel among its pieces) had not landed: not compared.
+  assert "['Conv_0']['kernel']" not in str(found.value)
