@@ -18,8 +18,8 @@ an outer step), and the methods that are their own optimizer, :func:`demo` (DeMo
 One word, one meaning: an *exchange* is the collective step that gives every worker the mean of
 the workers' buffers. ``Compressor.exchange`` says how its payloads meet in it (``"psum"``,
 ``"all_gather"``, ``"two_phase"``), :func:`compressors.protocol.exchange` runs it,
-``local_updates``' ``exchange`` is the transformation that runs it on the pseudo-gradient (the
-per-step method a local-update method's ``exchange`` setting names), and
+``local_updates``' ``exchange`` is the transformation that runs it on the pseudo-gradient (that
+of the per-step method a local-update method's ``carrier`` setting names), and
 ``config.compression.exchanged`` says what goes into it (each worker's gradient, or its
 optimizer's update). A method's *family* is ``"per_step"`` (chained with the run's optimizer),
 ``"optimizer"`` or ``"local"``.
@@ -45,8 +45,8 @@ re-exported here (``__all__``).
 from compressors import network
 from compressors import parallel
 from compressors import registry
-from compressors._compress import CompressState
-from compressors._compress import compress
+from compressors.wrapper import CompressState
+from compressors.wrapper import compress
 from compressors.parallel.data_parallel import DataParallel
 from compressors.parallel.data_parallel import TrainState
 from compressors.parallel.data_parallel import data_parallel

@@ -176,7 +176,7 @@ def local_update_kinds(every: int,
 
 # The rules of the local-update settings, declared once for DiLoCo's and SparseLoCo's defaults.
 _EVERY = checks.Rule(int, low=1)
-_EXCHANGE = checks.Rule(str)  # a registered per-step method: registry.local_exchange checks it
+_CARRIER = checks.Rule(str)  # a registered per-step method: registry.local_exchange checks it
 _OUTER_LEARNING_RATE = checks.Rule(float, low=0)
 _OUTER_MOMENTUM = checks.Rule(float, low=0, high=1, high_open=True)
 _ERROR_DECAY = checks.Rule(float, low=0, high=1)
@@ -189,16 +189,17 @@ class DilocoSettings:
   Attributes:
     every: ``H``, the steps between synchronisations (each worker's inner optimizer runs ``H``
       steps on its own gradient; then the pseudo-gradient is exchanged).
-    exchange: the registered per-step method that carries the pseudo-gradient (``dense``: float32
-      as in DiLoCo; ``fp16`` as OpenDiLoCo; ``int8`` as INTELLECT-1; ``topk``, ``tasc``, ...),
-      with its own settings block (``config.compression.<exchange>``).
+    carrier: the registered per-step method that carries the pseudo-gradient (``dense``:
+      float32 as in DiLoCo; ``fp16`` as OpenDiLoCo; ``int8`` as INTELLECT-1; ``topk``, ``tasc``,
+      ...), with its own settings block (``config.compression.<carrier>``). Formerly
+      ``exchange``; a config that says so still loads (:data:`RENAMED`).
     outer_learning_rate: the outer SGD's learning rate (DiLoCo: 0.7).
     outer_momentum: its Nesterov momentum (DiLoCo: 0.9); 0: plain SGD.
     error_decay: the exchange's error-feedback residual is multiplied by this before the next
       pseudo-gradient is added (SparseLoCo's beta); 1: plain error feedback.
   """
   every: int = checks.setting(100, _EVERY)
-  exchange: str = checks.setting("dense", _EXCHANGE)
+  carrier: str = checks.setting("dense", _CARRIER)
   outer_learning_rate: float = checks.setting(0.7, _OUTER_LEARNING_RATE)
   outer_momentum: float = checks.setting(0.9, _OUTER_MOMENTUM)
   error_decay: float = checks.setting(1.0, _ERROR_DECAY)
@@ -215,11 +216,11 @@ class SparselocoSettings(DilocoSettings):
   theta <- theta - lr mean(s)`` with outer lr 1 and no outer momentum. The default exchange,
   ``chunk_topk`` (``compressors._chunked_topk``, its settings in
   ``config.compression.chunk_topk``: chunks of 4096, 64 kept a chunk), is the paper's
-  transport: per-chunk top-k, values in 2 bits, 12-bit chunk-local indices. ``exchange="topk"``
+  transport: per-chunk top-k, values in 2 bits, 12-bit chunk-local indices. ``carrier="topk"``
   sends float32 values and int32 indices over the fused buffer instead (about 4x the bytes at
   equal density)."""
   every: int = checks.setting(30, _EVERY)
-  exchange: str = checks.setting("chunk_topk", _EXCHANGE)
+  carrier: str = checks.setting("chunk_topk", _CARRIER)
   outer_learning_rate: float = checks.setting(1.0, _OUTER_LEARNING_RATE)
   outer_momentum: float = checks.setting(0.0, _OUTER_MOMENTUM)
   error_decay: float = checks.setting(0.95, _ERROR_DECAY)
@@ -236,9 +237,11 @@ def with_every(s: DilocoSettings, every: int) -> DilocoSettings:
   return dataclasses.replace(s, every=every)
 
 
+# The settings' old names, which configs written before a rename still use: old -> new.
+RENAMED = {"exchange": "carrier"}
 # H and the carrier reach the assembly, the solver and the time model only through these hooks.
-_LOCAL_HOOKS = dict(local=_build, carrier=lambda s: s.exchange, sends_every=lambda s: s.every,
-                    with_sends_every=with_every,
+_LOCAL_HOOKS = dict(local=_build, carrier=lambda s: s.carrier, sends_every=lambda s: s.every,
+                    with_sends_every=with_every, renamed=RENAMED,
                     kinds=lambda s, carrier_inputs: local_update_kinds(s.every, carrier_inputs),
                     error_feedback=False)
 

@@ -54,6 +54,7 @@ import optax
 
 from compressors import checks
 from compressors import method_table
+from compressors._local import RENAMED
 from compressors._local import DilocoSettings
 from compressors._local import nesterov_outer
 from compressors._local import with_every
@@ -409,9 +410,9 @@ METHODS = (
         name="streaming_diloco", summary="DiLoCo synchronising one fragment of the parameters "
         "at a time, staggered, its outer result landing tau steps late and mixed (Streaming "
         "DiLoCo, Douillard et al. 2025)",
-        settings=StreamingDilocoSettings, local=_build, carrier=lambda s: s.exchange,
+        settings=StreamingDilocoSettings, local=_build, carrier=lambda s: s.carrier,
         sends_every=lambda s: s.every, with_sends_every=with_every, parts=_fragment_shapes,
-        lands_after=lambda s: s.overlap,
+        lands_after=lambda s: s.overlap, renamed=RENAMED,
         kinds=lambda s, carrier_inputs: streaming_kinds(s.every, s.fragments, s.overlap,
                                                         carrier_inputs),
         error_feedback=False),

@@ -144,7 +144,7 @@ def check_nothing_lost(name: str, settings=None, steps: int = 3) -> None:
   rounding of the sums (float32's, or the narrower type a payload is all-reduced in); of a
   local-update method, its exchange's."""
   if _family(name) == "local":
-    return check_nothing_lost(_settings(name, settings).exchange, None, steps)
+    return check_nothing_lost(_settings(name, settings).carrier, None, steps)
   if _family(name) == "optimizer":
     assert name in OWN_BOOKKEEPING, f"{name}: no test of its own bookkeeping is named"
     return None
@@ -291,7 +291,7 @@ def check_fused_equals_per_leaf(name: str, settings=None, steps: int = 2) -> Non
   """On a one-leaf model, fused and per-leaf buffers are the same buffer: the same bits (a
   local-update method: its exchange's)."""
   if _family(name) == "local":
-    return check_fused_equals_per_leaf(_settings(name, settings).exchange, None, steps)
+    return check_fused_equals_per_leaf(_settings(name, settings).carrier, None, steps)
   if registry.get(name).fuse is not None or _family(name) == "optimizer":
     return None  # the method runs in one layout only
   one_leaf = {"w": PARAMS["w"].reshape(-1)}

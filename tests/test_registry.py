@@ -178,7 +178,7 @@ def _method_modules() -> dict[str, str]:
 def test_method_modules_declare_and_do_not_register_or_import_the_wrapper():
   """Each built-in module declares its ``METHODS`` (added by the registry, or by tasc's
   package); none calls ``register``, no module of a per-step method imports
-  ``_compress``/``_momentum`` (a method that is its own optimizer, as 1-bit Adam, runs a
+  ``wrapper``/``_momentum`` (a method that is its own optimizer, as 1-bit Adam, runs a
   compressor through the wrapper, a layer above it), and the table imports neither."""
   modules = _method_modules()
   assert {m.name for name in modules
@@ -192,7 +192,7 @@ def test_method_modules_declare_and_do_not_register_or_import_the_wrapper():
     imported = {alias.name for node in tree.body if isinstance(node, ast.ImportFrom)
                 for alias in node.names}
     if module_name in per_step | {"compressors.method_table"}:
-      assert not imported & {"_compress", "_momentum"}, module_name
+      assert not imported & {"wrapper", "_momentum"}, module_name
     calls = [node for node in ast.walk(tree) if isinstance(node, ast.Call)
              and isinstance(node.func, ast.Attribute) and node.func.attr == "register"]
     assert not calls, f"{module_name} calls register; declare METHODS instead"
@@ -210,7 +210,7 @@ def test_a_local_update_method_names_its_carrier():
   """What the assembly needs of a local-update family is a hook of its record: its carrier
   (the per-step method that exchanges its pseudo-gradient) prices it and makes its inputs."""
   diloco = registry.get("diloco")
-  assert diloco.carrier(diloco.settings(exchange="tasc")) == "tasc"
+  assert diloco.carrier(diloco.settings(carrier="tasc")) == "tasc"
   assert registry.steps_per_exchange("diloco", diloco.settings(every=7)) == 7
   assert registry.steps_per_exchange("topk") == 1
   with pytest.raises(ValueError, match="a local-update method \\(local=\\) needs carrier="):

@@ -63,11 +63,11 @@ def _batch(workers: int, seed: int = 0, dim: int = DIM):
   return x, x @ jax.random.normal(key_w, (dim, dim)) + 0.5
 
 
-def _streaming(params, workers, *, every, fragments, overlap, alpha, exchange="dense",
+def _streaming(params, workers, *, every, fragments, overlap, alpha, carrier="dense",
                inner=None, dim=DIM):
   settings = registry.default_settings(
       "streaming_diloco", every=every, fragments=fragments, overlap=overlap, alpha=alpha,
-      exchange=exchange, outer_learning_rate=OUTER_LR, outer_momentum=OUTER_MOMENTUM)
+      carrier=carrier, outer_learning_rate=OUTER_LR, outer_momentum=OUTER_MOMENTUM)
   tx = registry.training("streaming_diloco", settings, optimizer=inner or optax.sgd(INNER_LR),
                          learning_rate=INNER_LR, axis_name="data")
   return compressors.data_parallel(
@@ -215,7 +215,7 @@ def test_tasc_exchanges_each_fragment_with_its_curvature_cut_to_the_fragment():
   worker) and the exchange takes the fragment's part of it; the two fragments (of equal size)
   move equal bytes, local steps none, and training moves the loss down."""
   import tasc  # pylint: disable=import-outside-toplevel,unused-import  # registers "tasc"
-  settings = registry.default_settings("streaming_diloco", every=4, fragments=2, exchange="tasc")
+  settings = registry.default_settings("streaming_diloco", every=4, fragments=2, carrier="tasc")
   tasc_settings = registry.default_settings("tasc", hessian_every=4, block_size=16,
                                             density=0.25, num_probes=1)
   kinds = registry.step_kinds("streaming_diloco", settings, exchange_settings=tasc_settings)
@@ -254,8 +254,8 @@ def test_no_step_moves_more_than_a_third_of_dilocos_synchronisation(exchange):
   synchronisation does."""
   params, workers, every, dim = _params(4, dim=64), 8, 8, 64
   dp = _streaming(params, workers, every=every, fragments=4, overlap=1, alpha=0.5,
-                  exchange=exchange, dim=dim)
-  diloco_settings = registry.default_settings("diloco", every=every, exchange=exchange)
+                  carrier=exchange, dim=dim)
+  diloco_settings = registry.default_settings("diloco", every=every, carrier=exchange)
   diloco = compressors.data_parallel(
       _loss, registry.training("diloco", diloco_settings, optimizer=optax.sgd(INNER_LR),
                                learning_rate=INNER_LR, axis_name="data"),
@@ -281,8 +281,8 @@ def test_equal_bytes_prices_a_round_as_dilocos_synchronisation():
   reach)."""
   shapes = [(256, 256), (256,), (256, 256), (256,)]
   for exchange in ("dense", "int8"):
-    streaming = registry.default_settings("streaming_diloco", every=50, exchange=exchange)
-    diloco = registry.default_settings("diloco", every=50, exchange=exchange)
+    streaming = registry.default_settings("streaming_diloco", every=50, carrier=exchange)
+    diloco = registry.default_settings("diloco", every=50, carrier=exchange)
     assert equal_bytes.method_bytes("streaming_diloco", shapes, 8, streaming) == (
         equal_bytes.method_bytes("diloco", shapes, 8, diloco))
   solved = equal_bytes.solve("streaming_diloco", shapes, 8, "100x")
