@@ -177,14 +177,16 @@ def _method_modules() -> dict[str, str]:
 
 def test_method_modules_declare_and_do_not_register_or_import_the_wrapper():
   """Each built-in module declares its ``METHODS`` (added by the registry, or by tasc's
-  package); none calls ``register``, no module of a per-step method imports
-  ``wrapper``/``_momentum`` (a method that is its own optimizer, as 1-bit Adam, runs a
-  compressor through the wrapper, a layer above it), and the table imports neither."""
+  package); none calls ``register``, no module of a compressor method imports
+  ``wrapper``/``_momentum`` (a method that is its own optimizer, as 1-bit Adam, or a
+  transformation, as TASC, runs a compressor through the wrapper, a layer above it), and the
+  table imports neither."""
   modules = _method_modules()
   assert {m.name for name in modules
           for m in __import__(name, fromlist=["METHODS"]).METHODS} == set(registry.BUILTIN)
-  per_step = {name for name in modules
-              if all(m.per_step for m in __import__(name, fromlist=["METHODS"]).METHODS)}
+  per_step = {name for name in modules  # TASC's transformation runs the wrapper itself
+              if all(m.compressor is not None
+                     for m in __import__(name, fromlist=["METHODS"]).METHODS)}
   for module_name, path in {**modules, "compressors.method_table": os.path.join(
       _ROOT, "compressors", "method_table.py")}.items():
     with open(path) as f:
