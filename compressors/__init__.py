@@ -27,10 +27,11 @@ optimizer's update). A method's *family* is ``"per_step"`` (chained with the run
 Layout, one concern a place:
 
 * this package: the compressor protocol (:mod:`compressors.protocol`), the transformation
-  (``compress``), the methods, the method table (:mod:`compressors.method_table`) and its
-  assembly (:mod:`compressors.registry`), what a method declares to the harness
-  (:mod:`compressors.method_protocol`: its step kinds, its per-worker parameters), the
-  equal-bytes solver;
+  (``compress``, :mod:`compressors.wrapper`), the methods, the method table
+  (:mod:`compressors.method_table`) and its assembly (:mod:`compressors.registry`), what a
+  method declares to the harness (:mod:`compressors.method_protocol`: its step kinds and what
+  each sends and lands, its per-worker parameters), the budget search
+  (:mod:`compressors.budget`) and the equal-bytes solver above the assembly;
 * :mod:`compressors.parallel`: the data-parallel harness, which knows no method (the step,
   where workers run, the state's per-worker layout, the non-finite skip, the replica check,
   evaluation, the bytes of a compiled program);

@@ -70,13 +70,9 @@ class LocalUpdatesState(NamedTuple):
 
   def landed(self, params: chex.ArrayTree) -> chex.ArrayTree:
     """``params`` after a synchronising step (they are then :attr:`anchor` on every worker),
-    zero after a local one. ``params`` may carry a leading worker axis (the runner's global
-    view), as may :attr:`synchronised`."""
-    def kept(p):
-      flag = jnp.reshape(self.synchronised, self.synchronised.shape
-                         + (1,) * (p.ndim - self.synchronised.ndim))
-      return jnp.where(flag, p, jnp.zeros_like(p))
-    return jax.tree.map(kept, params)
+    :attr:`anchor` after a local one."""
+    return jax.tree.map(lambda a, p: jnp.where(self.synchronised, p, a).astype(p.dtype),
+                        self.anchor, params)
 
   def model_params(self) -> chex.ArrayTree:
     """The synchronised parameters (the model a run evaluates)."""

@@ -92,10 +92,10 @@ class StreamingState(NamedTuple):
 
   def landed(self, params: chex.ArrayTree) -> chex.ArrayTree:
     """``params`` on the rows that landed on :attr:`anchor` at the latest step (a fragment's
-    landing with ``alpha = 0``), zero elsewhere. ``params`` may carry a leading worker axis (the
-    runner's global view): the rows are a leaf's last axes but its own."""
-    return jax.tree.map(lambda on, p: jnp.where(_by_rows(on, p), p, jnp.zeros_like(p)),
-                        self.on_anchor, params)
+    landing with ``alpha = 0``), :attr:`anchor` elsewhere (a landing with ``alpha > 0`` mixes in
+    each worker's own: there the synchronised fragment is what must agree)."""
+    return jax.tree.map(lambda on, a, p: jnp.where(_by_rows(on, p), p, a).astype(p.dtype),
+                        self.on_anchor, self.anchor, params)
 
   def model_params(self) -> chex.ArrayTree:
     """The synchronised parameters (the model a run evaluates)."""

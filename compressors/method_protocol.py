@@ -151,8 +151,9 @@ class SynchronisingState(Protocol):
 
   def landed(self, params: chex.ArrayTree) -> chex.ArrayTree:
     """``params`` (this worker's, after the step) where they landed on the synchronised
-    parameters at the latest step, bit for bit, and zero elsewhere: what must be the same on
-    every worker (the rest differs between workers by design)."""
+    parameters at the latest step, bit for bit, and this worker's copy of the synchronised
+    parameters elsewhere: what must be the same on every worker (the rest of ``params``
+    differs between workers by design)."""
 
   def model_params(self) -> chex.ArrayTree:
     """The parameters of the latest synchronisation, the same on every worker (the model a run
@@ -186,8 +187,8 @@ def apply_local_updates(params: chex.ArrayTree, updates: chex.ArrayTree,
 
 def landed_params(params: chex.ArrayTree, state: chex.ArrayTree) -> chex.ArrayTree:
   """:meth:`SynchronisingState.landed` of the state inside ``state`` (after the step that made
-  ``params``): the entries every worker must hold alike; ``params`` themselves without such a
-  state (replicated parameters: every entry)."""
+  ``params``): what every worker must hold alike; ``params`` themselves without such a state
+  (replicated parameters: every entry)."""
   found = _synchronising_states(state)
   return found[0].landed(params) if len(found) == 1 else params
 

@@ -242,8 +242,8 @@ def _refuse_per_step_settings(method: Method, common: Common) -> None:
                        f"allowed: {default!r}")
 
 
-def local_exchange(settings: Any, exchange_settings: Any = None, *, axis_name,
-                   carrier: str, common: Common = Common()) -> optax.GradientTransformationExtraArgs:
+def local_exchange(settings: Any, exchange_settings: Any = None, *, axis_name, carrier: str,
+                   common: Common = Common()) -> optax.GradientTransformationExtraArgs:
   """The exchange of a local-update method's pseudo-gradient: the per-worker transformation of
   its carrier (``carrier``, a per-step method: :attr:`Method.carrier` of its settings) with
   ``exchange_settings`` and the local-update method's ``settings.error_decay``.

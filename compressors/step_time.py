@@ -19,8 +19,9 @@ is the alpha-beta model's. What hides depends on what a step kind does (its opti
 * Streaming DiLoCo's fragment exchange starts after its synchronising step and runs beside the
   next ``overlap`` (``tau``, its ``Method.lands_after``) steps; its landing step waits only for
   what those steps' compute did not hide: ``max(0, exchange - tau * compute)``; with
-  ``tau = 0`` the synchronising step waits for all of it. Our JAX programs run each fragment's collective inside its synchronising
-  step; this prices the schedule the paper runs (Douillard et al. 2025), not a measurement.
+  ``tau = 0`` the synchronising step waits for all of it. Our JAX programs run each fragment's
+  collective inside its synchronising step; this prices the schedule the paper runs (Douillard
+  et al. 2025), not a measurement.
 
 Islands (:func:`island_kind_times`): a two-level topology, islands across its major (slow)
 axis and an island's fsdp devices along its minor (fast) one. Each step all-gathers the whole

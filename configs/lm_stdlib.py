@@ -88,7 +88,8 @@ def get_config(arg=None):
     raise ValueError(f"configs/lm_stdlib.py: corpus={args['corpus']!r}; allowed: {CORPORA}")
   tier_name = "smoke" if args["smoke"] else args["variant"]
   if tier_name not in MODEL_SIZES:
-    raise ValueError(f"configs/lm_stdlib.py: tier {tier_name!r} is not one of {sorted(MODEL_SIZES)}")
+    raise ValueError(f"configs/lm_stdlib.py: tier {tier_name!r} is not one of "
+                     f"{sorted(MODEL_SIZES)}")
   tier = MODEL_SIZES[tier_name]
   c = common.base()
   c.dataset = "stdlib_lm"

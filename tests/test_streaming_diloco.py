@@ -390,9 +390,19 @@ def _flip_worker_rows(state, worker: int):
   """``state`` with one bit flipped in worker ``worker``'s copy of every parameter leaf's first
   entry (each fragment holds some leaf's first row, so every fragment drifts)."""
   from tests import test_failures  # pylint: disable=import-outside-toplevel
-  flipped = jax.tree.map(lambda x: test_failures._flip_one_bit(x, worker),  # pylint: disable=protected-access
-                         state.params)
-  return state._replace(params=flipped)
+  flip = test_failures._flip_one_bit  # pylint: disable=protected-access
+  return state._replace(params=jax.tree.map(lambda x: flip(x, worker), state.params))
+
+
+def _flip_worker_anchor(state, worker: int):
+  """``state`` with one bit flipped in worker ``worker``'s copy of the synchronised parameters
+  (every leaf's first entry)."""
+  from tests import test_failures  # pylint: disable=import-outside-toplevel
+  flip = test_failures._flip_one_bit  # pylint: disable=protected-access
+  is_streaming = lambda x: isinstance(x, compressors.StreamingState)
+  flipped = lambda s: s._replace(anchor=jax.tree.map(lambda x: flip(x, worker), s.anchor))
+  return state._replace(opt_state=jax.tree.map(
+      lambda s: flipped(s) if is_streaming(s) else s, state.opt_state, is_leaf=is_streaming))
 
 
 def test_the_runners_replica_check_finds_a_landed_fragment_that_drifted(tmp_path, monkeypatch):
@@ -410,3 +420,19 @@ def test_the_runners_replica_check_finds_a_landed_fragment_that_drifted(tmp_path
     train.train_and_evaluate(config, str(tmp_path / "drift"))
   # Fragment 0 (the first conv's kernel among its pieces) had not landed: not compared.
   assert "['Conv_0']['kernel']" not in str(found.value)
+
+
+def test_with_mixed_landings_the_replica_check_compares_the_synchronised_parameters(
+    tmp_path, monkeypatch):
+  """With ``alpha = 0.5`` a landing mixes in each worker's own fragment, so the workers'
+  parameters differ after it by design; what must agree is every worker's copy of the
+  synchronised parameters, which the check compares after each landing: one bit flipped in
+  worker 5's copy stops the run at the next landing (fragment 1's, step 2)."""
+  from tests import test_failures  # pylint: disable=import-outside-toplevel
+  after = lambda state: _flip_worker_anchor(state, 5) if int(state.step) == 2 else state
+  test_failures._wrap_train_steps(monkeypatch, after)  # pylint: disable=protected-access
+  config = _quickstart(**{"check_replicas_every": 1})
+  assert config.compression.streaming_diloco.alpha == 0.5
+  with pytest.raises(train.ReplicaDriftError,
+                     match=r"replica drift detected at step 3: .* on devices \['5 row 0'\]"):
+    train.train_and_evaluate(config, str(tmp_path / "drift"))

@@ -114,16 +114,17 @@ class DataParallel(NamedTuple):
       mean model_state, worker's batch)`` (evaluation: the model state averaged over workers).
     replicas_agree: ``params -> bool[]``: the parameters bit-identical on every device (with
       per-worker parameters: every worker's row the same, as after a synchronising step).
-    landed: ``(params, opt_state) -> params``: with per-worker parameters, each worker's where
-      they landed on the synchronised ones at the latest step (:attr:`StepKind.lands`: the whole
-      model, or a part of it) and zero elsewhere, so that :attr:`replicas_agree` of it checks
-      what must agree after any landing; the parameters themselves otherwise.
     worker_params: ``params -> params`` laid out as the step takes them: the identity, or with
       per-worker parameters replicated ones copied to one row per worker.
     per_worker_params: the parameters have one row per worker (:func:`data_parallel`; with
       islands, one row per island).
     param_layout: with islands (``shard_axis``), the parameters' layout over the fast axis
       (:class:`compressors.parallel.fsdp.ParamLayout`); None otherwise.
+    landed: ``(params, opt_state) -> params``: with per-worker parameters, each worker's where
+      they landed on the synchronised ones at the latest step (:attr:`StepKind.lands`: the whole
+      model, or a part of it) and its copy of the synchronised ones elsewhere, so that
+      :attr:`replicas_agree` of it checks what must agree after any landing; the parameters
+      themselves otherwise.
   """
   init: Callable[[chex.ArrayTree], chex.ArrayTree]
   step: Callable[..., tuple[chex.ArrayTree, chex.ArrayTree, dict[str, Any]]]
@@ -135,10 +136,10 @@ class DataParallel(NamedTuple):
   equivalent: Callable[[], "DataParallel"] | None = None
   reduce: Callable[[Callable[..., Any]], Callable[..., Any]] | None = None
   replicas_agree: Callable[[chex.ArrayTree], jax.Array] | None = None
-  landed: Callable[[chex.ArrayTree, chex.ArrayTree], chex.ArrayTree] = lambda params, _: params
   worker_params: Callable[[chex.ArrayTree], chex.ArrayTree] = lambda params: params
   per_worker_params: bool = False
   param_layout: fsdp.ParamLayout | None = None
+  landed: Callable[[chex.ArrayTree, chex.ArrayTree], chex.ArrayTree] = lambda params, _: params
 
   @property
   def params_spec(self) -> chex.ArrayTree:
@@ -512,8 +513,8 @@ class _Programs(NamedTuple):
 
   def landed(self):
     """``(params, opt_state) -> params`` laid out alike: each worker's parameters where they
-    landed on the synchronised ones at the latest step, zero elsewhere
-    (:func:`compressors.method_protocol.landed_params`, on each worker's own rows)."""
+    landed on the synchronised ones at the latest step, its copy of the synchronised ones
+    elsewhere (:func:`compressors.method_protocol.landed_params`, on each worker's own rows)."""
     state_axes = workers_lib.per_worker_axes(self.specs)
     each = self.layout.each(method_protocol.landed_params, (self.params_axis, state_axes),
                             self.params_axis)

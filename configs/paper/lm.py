@@ -50,8 +50,9 @@ Arguments (``key=value`` joined by commas): ``tier`` (cpu/gpu), ``method`` (dens
 topk, randomk, dgc, powersgd, tasc, or any registered method), ``ratio`` (the tier, > 1),
 ``workers``, ``score`` (tasc: saliency/newton), ``sensitivity`` (tasc: hutchinson/fisher/none),
 ``block`` (tasc; 0: the solver's), ``support`` (tasc: global/previous), ``carrier`` (formerly
-``exchange``, still read with a notice) and ``every`` (local updates; '' and 0: the method's defaults), ``outer_momentum`` (local updates'
-outer Nesterov momentum; -1: the method's default), ``exchanged`` (gradient/update),
+``exchange``, still read with a notice) and ``every`` (local updates; '' and 0: the method's
+defaults), ``outer_momentum`` (local updates' outer Nesterov momentum; -1: the method's
+default), ``exchanged`` (gradient/update),
 ``lr_scale`` (the tuning knob, a multiple of the method's own rate: the recipe's AdamW rate, or a
 local-update method's outer rate; 1: as configured), ``seed``, ``cache`` (the tokenizer's cache
 folder; '' for the default), ``solo``, ``steps_scale``, ``corpus_dir`` (the GPU tier's corpus
@@ -115,13 +116,13 @@ def _read_old_names(args: dict) -> None:
 def get_config(arg=None):
   args = common.parse_args(arg, tier="cpu", method="dense", ratio=100.0, workers=8,
                            score="saliency", sensitivity="hutchinson", block=0,
-                           support="global", carrier="", exchange="", every=0, outer_momentum=-1.0,
-                           exchanged="gradient",
-                           lr_scale=1.0, seed=0, cache="", solo=False, steps_scale=1,
-                           corpus_dir="")
+                           support="global", carrier="", exchange="", every=0,
+                           outer_momentum=-1.0, exchanged="gradient", lr_scale=1.0, seed=0,
+                           cache="", solo=False, steps_scale=1, corpus_dir="")
   _read_old_names(args)
   if args["tier"] not in HARDWARE_TIERS:
-    raise ValueError(f"configs/paper/lm.py: tier={args['tier']!r}; allowed: {sorted(HARDWARE_TIERS)}")
+    raise ValueError(f"configs/paper/lm.py: tier={args['tier']!r}; allowed: "
+                     f"{sorted(HARDWARE_TIERS)}")
   if args["method"] not in registry.names():
     raise ValueError(f"configs/paper/lm.py: method={args['method']!r}; allowed: "
                      f"{list(registry.names())}")
