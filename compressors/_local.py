@@ -233,8 +233,8 @@ def with_every(s: DilocoSettings, every: int) -> DilocoSettings:
   return dataclasses.replace(s, every=every)
 
 
-# The settings' old names, which configs written before a rename still use: old -> new.
-RENAMED = {"exchange": "carrier"}
+# The settings' old names, which configs written before a rename still use: (old, new).
+RENAMED = (("exchange", "carrier"),)
 # H and the carrier reach the assembly, the solver and the time model only through these hooks.
 _LOCAL_HOOKS = dict(local=_build, carrier=lambda s: s.carrier, sends_every=lambda s: s.every,
                     with_sends_every=with_every, renamed=RENAMED,

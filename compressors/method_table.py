@@ -157,8 +157,8 @@ class Method:
       int a count >= 1), or ``(settings, shapes, cost, target_bytes) -> settings | None`` for a
       method that needs its own search (``cost(settings)`` is the cost model's bytes); None:
       the method's bytes are fixed.
-    renamed: the method's settings' old names, ``{old: new}``: a config written before a
-      rename (a kept run's ``config.json``) still loads, with a notice
+    renamed: the method's settings' old names, ``((old, new), ...)``: a config written before
+      a rename (a kept run's ``config.json``) still loads, with a notice
       (:func:`renamed_settings`).
     overlaps_backward: the exchange is a plain all-reduce of the gradient that can start per
       bucket while the backward pass runs (dense, fp16, bf16), as tuned data parallelism does;
@@ -183,7 +183,7 @@ class Method:
   step_inputs: Callable[[Any], StepInputs | None] | None = None
   kinds: Callable[[Any], tuple[Any, ...]] | None = None
   budget: str | Callable[..., Any] | None = None
-  renamed: Mapping[str, str] = dataclasses.field(default_factory=dict)
+  renamed: tuple[tuple[str, str], ...] = ()
   overlaps_backward: bool = False
 
   def __post_init__(self):
@@ -324,7 +324,7 @@ def renamed_settings(name: str, block: Mapping[str, Any], where: str) -> dict[st
   ``where`` (the block's place in the config); a field given under both names keeps the new
   one's value."""
   block = dict(block)
-  for old, new in get(name).renamed.items():
+  for old, new in get(name).renamed:
     if old in block:
       value = block.pop(old)
       warnings.warn(f"{where}.{old} is now {where}.{new} (read as {new}={value!r})",

@@ -217,3 +217,33 @@ def test_a_local_update_method_names_its_carrier():
   assert registry.steps_per_exchange("topk") == 1
   with pytest.raises(ValueError, match="a local-update method \\(local=\\) needs carrier="):
     registry.Method(name="x", summary="", settings=diloco.settings, local=lambda *a, **k: None)
+
+
+def test_a_local_update_methods_h_and_synchronisation_are_read_through_its_hooks():
+  """The solver sets H through ``with_sends_every`` (the method's own checks run); the kinds
+  declare what they send and land: DiLoCo's synchronisation the whole model, Streaming
+  DiLoCo's kinds one fragment each, as their options run it (``Method.parts`` gives the
+  fragments' shapes)."""
+  diloco = registry.with_steps_per_exchange("diloco", registry.default_settings("diloco"), 7)
+  assert registry.steps_per_exchange("diloco", diloco) == 7
+  with pytest.raises(ValueError, match="every=2 with fragments=4"):
+    registry.with_steps_per_exchange("streaming_diloco",
+                                     registry.default_settings("streaming_diloco"), 2)
+  with pytest.raises(ValueError, match="'topk' exchanges every step"):
+    registry.with_steps_per_exchange("topk", registry.default_settings("topk"), 2)
+  with pytest.raises(ValueError, match="sends_every= and with_sends_every= come together"):
+    registry.Method(name="x", summary="", settings=type(diloco), local=lambda *a, **k: None,
+                    carrier=lambda s: "dense", sends_every=lambda s: 1)
+  kinds = {k.name: k for k in registry.step_kinds("diloco", diloco)}
+  whole = compressors.method_protocol.WHOLE_MODEL
+  assert (kinds["sync"].sends, kinds["sync"].lands) == (whole, whole)
+  assert kinds["sync"].synchronises and not kinds["local"].synchronises
+  assert (kinds["local"].sends, kinds["local"].lands) == (None, None)
+  streaming = registry.default_settings("streaming_diloco", every=8, fragments=2, overlap=1)
+  for kind in registry.step_kinds("streaming_diloco", streaming):
+    options = kind.update_kwargs()
+    assert (kind.sends, kind.lands) == (options.get("sync"), options.get("apply")), kind.name
+    assert not kind.synchronises
+  # 22 entries: the (6, 3) leaf cut into two pieces of 3 rows, the (4,) one whole.
+  parts = registry.get("streaming_diloco").parts(streaming, [(6, 3), (4,)])
+  assert parts == [[(3, 3), (4,)], [(3, 3)]]
