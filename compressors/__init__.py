@@ -18,8 +18,8 @@ an outer step), and the methods that are their own optimizer, :func:`demo` (DeMo
 One word, one meaning: an *exchange* is the collective step that gives every worker the mean of
 the workers' buffers. ``Compressor.exchange`` says how its payloads meet in it (``"psum"``,
 ``"all_gather"``, ``"two_phase"``), :func:`compressors.protocol.exchange` runs it,
-``local_updates``' ``exchange`` is the transformation that runs it on the pseudo-gradient (the
-per-step method a local-update method's ``exchange`` setting names), and
+``local_updates``' ``exchange`` is the transformation that runs it on the pseudo-gradient (that
+of the per-step method a local-update method's ``carrier`` setting names), and
 ``config.compression.exchanged`` says what goes into it (each worker's gradient, or its
 optimizer's update). A method's *family* is ``"per_step"`` (chained with the run's optimizer),
 ``"optimizer"`` or ``"local"``.
@@ -27,10 +27,11 @@ optimizer's update). A method's *family* is ``"per_step"`` (chained with the run
 Layout, one concern a place:
 
 * this package: the compressor protocol (:mod:`compressors.protocol`), the transformation
-  (``compress``), the methods, the method table (:mod:`compressors.method_table`) and its
-  assembly (:mod:`compressors.registry`), what a method declares to the harness
-  (:mod:`compressors.method_protocol`: its step kinds, its per-worker parameters), the
-  equal-bytes solver;
+  (``compress``, :mod:`compressors.wrapper`), the methods, the method table
+  (:mod:`compressors.method_table`) and its assembly (:mod:`compressors.registry`), what a
+  method declares to the harness (:mod:`compressors.method_protocol`: its step kinds and what
+  each sends and lands, its per-worker parameters), the budget search
+  (:mod:`compressors.budget`) and the equal-bytes solver above the assembly;
 * :mod:`compressors.parallel`: the data-parallel harness, which knows no method (the step,
   where workers run, the state's per-worker layout, the non-finite skip, the replica check,
   evaluation, the bytes of a compiled program);
@@ -47,8 +48,8 @@ scipy (and no module here imports inside a function).
 from compressors import network
 from compressors import parallel
 from compressors import registry
-from compressors._compress import CompressState
-from compressors._compress import compress
+from compressors.wrapper import CompressState
+from compressors.wrapper import compress
 from compressors.parallel.data_parallel import DataParallel
 from compressors.parallel.data_parallel import TrainState
 from compressors.parallel.data_parallel import data_parallel

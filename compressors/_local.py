@@ -40,6 +40,7 @@ from compressors import checks
 from compressors import method_table
 from compressors.method_protocol import StepInputs
 from compressors.method_protocol import StepKind
+from compressors.method_protocol import WHOLE_MODEL
 
 
 class LocalUpdatesState(NamedTuple):
@@ -66,6 +67,12 @@ class LocalUpdatesState(NamedTuple):
     del params  # applied already holds them moved; a synchronisation replaces them
     return jax.tree.map(lambda a, p: jnp.where(self.synchronised, a, p).astype(p.dtype),
                         self.anchor, applied)
+
+  def landed(self, params: chex.ArrayTree) -> chex.ArrayTree:
+    """``params`` after a synchronising step (they are then :attr:`anchor` on every worker),
+    :attr:`anchor` after a local one."""
+    return jax.tree.map(lambda a, p: jnp.where(self.synchronised, p, a).astype(p.dtype),
+                        self.anchor, params)
 
   def model_params(self) -> chex.ArrayTree:
     """The synchronised parameters (the model a run evaluates)."""
@@ -134,7 +141,7 @@ def local_update_kinds(every: int,
                        exchange_inputs: StepInputs | None = None) -> tuple[StepKind, ...]:
   """The step kinds of local updates synchronising every ``every`` steps: ``"local"`` (no
   collective), and ``"sync"`` at steps ``every - 1, 2 every - 1, ...`` (after ``every`` local
-  gradients; every step when ``every`` is 1).
+  gradients; every step when ``every`` is 1), which sends and lands the whole model.
 
   Args:
     every: ``H``, steps between synchronisations.
@@ -148,24 +155,24 @@ def local_update_kinds(every: int,
     ValueError: ``every`` is not an int >= 1.
   """
   checks.check_int(every, "every", 1, "local_update_kinds")
-  sync = {"synchronise": True}
+  sync = dict(options={"synchronise": True}, sends=WHOLE_MODEL, lands=WHOLE_MODEL)
   if every == 1:
-    kinds = [StepKind("sync", 1, options=sync)]
+    kinds = [StepKind("sync", 1, **sync)]
   else:
-    kinds = [StepKind("local", 1), StepKind("sync", every, options=sync, phase=every - 1)]
+    kinds = [StepKind("local", 1), StepKind("sync", every, phase=every - 1, **sync)]
   if exchange_inputs is not None and exchange_inputs.every > 0:
     period = math.lcm(every, exchange_inputs.every)
     if period == every:  # every synchronisation carries the inputs
       kinds[-1] = kinds[-1]._replace(inputs=exchange_inputs.make)
     else:
-      kinds.append(StepKind("sync_with_inputs", period, exchange_inputs.make, sync,
-                            phase=every - 1))
+      kinds.append(StepKind("sync_with_inputs", period, exchange_inputs.make, phase=every - 1,
+                            **sync))
   return tuple(kinds)
 
 
 # The rules of the local-update settings, declared once for DiLoCo's and SparseLoCo's defaults.
 _EVERY = checks.Rule(int, low=1)
-_EXCHANGE = checks.Rule(str)  # a registered per-step method: registry.local_exchange checks it
+_CARRIER = checks.Rule(str)  # a registered per-step method: registry.local_exchange checks it
 _OUTER_LEARNING_RATE = checks.Rule(float, low=0)
 _OUTER_MOMENTUM = checks.Rule(float, low=0, high=1, high_open=True)
 _ERROR_DECAY = checks.Rule(float, low=0, high=1)
@@ -178,16 +185,17 @@ class DilocoSettings:
   Attributes:
     every: ``H``, the steps between synchronisations (each worker's inner optimizer runs ``H``
       steps on its own gradient; then the pseudo-gradient is exchanged).
-    exchange: the registered per-step method that carries the pseudo-gradient (``dense``: float32
-      as in DiLoCo; ``fp16`` as OpenDiLoCo; ``int8`` as INTELLECT-1; ``topk``, ``tasc``, ...),
-      with its own settings block (``config.compression.<exchange>``).
+    carrier: the registered per-step method that carries the pseudo-gradient (``dense``:
+      float32 as in DiLoCo; ``fp16`` as OpenDiLoCo; ``int8`` as INTELLECT-1; ``topk``, ``tasc``,
+      ...), with its own settings block (``config.compression.<carrier>``). Formerly
+      ``exchange``; a config that says so still loads (:data:`RENAMED`).
     outer_learning_rate: the outer SGD's learning rate (DiLoCo: 0.7).
     outer_momentum: its Nesterov momentum (DiLoCo: 0.9); 0: plain SGD.
     error_decay: the exchange's error-feedback residual is multiplied by this before the next
       pseudo-gradient is added (SparseLoCo's beta); 1: plain error feedback.
   """
   every: int = checks.setting(100, _EVERY)
-  exchange: str = checks.setting("dense", _EXCHANGE)
+  carrier: str = checks.setting("dense", _CARRIER)
   outer_learning_rate: float = checks.setting(0.7, _OUTER_LEARNING_RATE)
   outer_momentum: float = checks.setting(0.9, _OUTER_MOMENTUM)
   error_decay: float = checks.setting(1.0, _ERROR_DECAY)
@@ -207,7 +215,7 @@ class SparselocoSettings(DilocoSettings):
   transport: per-chunk top-k, values in 2 bits, 12-bit chunk-local indices, each entry averaged
   over the workers that sent it (``config.compression.chunk_topk.average="senders"``, the
   authors' mean; ``"workers"`` divides by all of them, the mean before 2026-11-28).
-  ``exchange="topk"`` sends float32 values and int32 indices over the fused buffer instead
+  ``carrier="topk"`` sends float32 values and int32 indices over the fused buffer instead
   (about 4x the bytes at equal density; its mean is over all workers).
 
   The outer rate ``outer_learning_rate`` (alpha) multiplies the averaged ``s`` once:
@@ -216,7 +224,7 @@ class SparselocoSettings(DilocoSettings):
   the two agree at the published alpha = 1, and an alpha of ``a`` here is about ``sqrt(a)``
   there."""
   every: int = checks.setting(30, _EVERY)
-  exchange: str = checks.setting("chunk_topk", _EXCHANGE)
+  carrier: str = checks.setting("chunk_topk", _CARRIER)
   outer_learning_rate: float = checks.setting(1.0, _OUTER_LEARNING_RATE)
   outer_momentum: float = checks.setting(0.0, _OUTER_MOMENTUM)
   error_decay: float = checks.setting(0.95, _ERROR_DECAY)
@@ -228,9 +236,18 @@ def _build(s: DilocoSettings, inner, exchange, *,
   return local_updates(inner, exchange, nesterov_outer(s.outer_learning_rate, s.outer_momentum))
 
 
-_LOCAL_HOOKS = dict(local=_build, carrier=lambda s: s.exchange, sends_every=lambda s: s.every,
-                   kinds=lambda s, carrier_inputs: local_update_kinds(s.every, carrier_inputs),
-                   error_feedback=False)
+def with_every(s: DilocoSettings, every: int) -> DilocoSettings:
+  """``s`` with ``H`` set to ``every`` (``Method.with_sends_every``; its own checks run)."""
+  return dataclasses.replace(s, every=every)
+
+
+# The settings' old names, which configs written before a rename still use: (old, new).
+RENAMED = (("exchange", "carrier"),)
+# H and the carrier reach the assembly, the solver and the time model only through these hooks.
+_LOCAL_HOOKS = dict(local=_build, carrier=lambda s: s.carrier, sends_every=lambda s: s.every,
+                    with_sends_every=with_every, renamed=RENAMED,
+                    kinds=lambda s, carrier_inputs: local_update_kinds(s.every, carrier_inputs),
+                    error_feedback=False)
 
 METHODS = (
     method_table.Method(

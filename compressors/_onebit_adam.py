@@ -54,7 +54,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from compressors import _compress
+from compressors import wrapper
 from compressors import _sign
 from compressors import checks
 from compressors import method_table
@@ -78,7 +78,7 @@ class OnebitAdamState(NamedTuple):
   count: jax.Array
   mu: chex.ArrayTree
   nu: chex.ArrayTree
-  exchange: _compress.CompressState
+  exchange: wrapper.CompressState
 
 
 def onebit_adam(learning_rate: optax.ScalarOrSchedule, *, axis_name: axes.AxisName,
@@ -111,7 +111,7 @@ def onebit_adam(learning_rate: optax.ScalarOrSchedule, *, axis_name: axes.AxisNa
   if not callable(learning_rate):
     checks.check_real(learning_rate, "learning_rate", 0.0, float("inf"), "[0, inf)",
                       "onebit_adam")
-  exchange = _compress.compress(_sign.onebit(scale="rms"), axis_name=axis_name,
+  exchange = wrapper.compress(_sign.onebit(scale="rms"), axis_name=axis_name,
                                 error_feedback=True, seed=seed)
 
   def init_fn(params):

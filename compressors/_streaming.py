@@ -67,9 +67,10 @@ both options.
 Every step is a static program (:func:`streaming_kinds`): ``"local"`` (no collective),
 ``"sync{p}"``, ``"apply{p}"`` and ``"sync{p}+apply{q}"`` where a synchronisation and another
 fragment's late landing fall on the same step, each with its own options, so that each one's
-bytes are read from its own compiled program. None of them synchronises the whole model (no
-``"synchronise"`` option): the workers' parameters never all agree, only the landed fragment's
-with ``alpha = 0``.
+bytes are read from its own compiled program. Each declares the fragment it sends
+(``StepKind.sends``) and the one that lands (``StepKind.lands``); none lands the whole model:
+the workers' parameters never all agree, only the landed fragment's with ``alpha = 0``, which
+the runner's replica check compares after each landing (:meth:`StreamingState.landed`).
 """
 
 import dataclasses
@@ -84,8 +85,10 @@ import optax
 
 from compressors import checks
 from compressors import method_table
+from compressors._local import RENAMED
 from compressors._local import DilocoSettings
 from compressors._local import nesterov_outer
+from compressors._local import with_every
 from compressors.method_protocol import StepInputs
 from compressors.method_protocol import StepKind
 
@@ -117,6 +120,13 @@ class StreamingState(NamedTuple):
     del params  # applied already holds them moved
     return jax.tree.map(lambda on, a, p: jnp.where(_by_rows(on, p), a, p).astype(p.dtype),
                         self.on_anchor, self.anchor, applied)
+
+  def landed(self, params: chex.ArrayTree) -> chex.ArrayTree:
+    """``params`` on the rows that landed on :attr:`anchor` at the latest step (a fragment's
+    landing with ``alpha = 0``), :attr:`anchor` elsewhere (a landing with ``alpha > 0`` mixes in
+    each worker's own: there the synchronised fragment is what must agree)."""
+    return jax.tree.map(lambda on, a, p: jnp.where(_by_rows(on, p), p, a).astype(p.dtype),
+                        self.on_anchor, self.anchor, params)
 
   def model_params(self) -> chex.ArrayTree:
     """The synchronised parameters (the model a run evaluates)."""
@@ -355,7 +365,7 @@ def streaming_kinds(every: int, fragments: int, overlap: int,
   syncs = {s: p for p, s in enumerate(first_sync)}
   lands = {(s + overlap) % every: (p, s + overlap) for p, s in enumerate(first_sync)}
   if every == 1:  # one fragment, synchronised and landed every step
-    return (StepKind("sync0", 1, inputs, {"sync": 0, "apply": 0}),)
+    return (StepKind("sync0", 1, inputs, {"sync": 0, "apply": 0}, sends=0, lands=0),)
   kinds = [StepKind("local", 1)]
   for phase in range(every):
     p = syncs.get(phase)
@@ -363,16 +373,18 @@ def streaming_kinds(every: int, fragments: int, overlap: int,
     if p is None and q is None:
       continue
     if q is None:
-      kinds.append(StepKind(f"sync{p}", every, inputs, {"sync": p}, phase))
+      kinds.append(StepKind(f"sync{p}", every, inputs, {"sync": p}, phase, sends=p))
     elif p is None:
-      kinds.append(StepKind(f"apply{q}", every, None, {"apply": q}, phase, start=start))
+      kinds.append(StepKind(f"apply{q}", every, None, {"apply": q}, phase, start=start, lands=q))
     elif p == q:  # overlap 0: the synchronisation lands at once
-      kinds.append(StepKind(f"sync{p}", every, inputs, {"sync": p, "apply": p}, phase))
+      kinds.append(StepKind(f"sync{p}", every, inputs, {"sync": p, "apply": p}, phase, sends=p,
+                            lands=p))
     else:
       if start > phase:  # the landing's first synchronisation comes after this one's first
-        kinds.append(StepKind(f"sync{p}", every, inputs, {"sync": p}, phase, stop=start))
+        kinds.append(StepKind(f"sync{p}", every, inputs, {"sync": p}, phase, stop=start,
+                              sends=p))
       kinds.append(StepKind(f"sync{p}+apply{q}", every, inputs, {"sync": p, "apply": q}, phase,
-                            start=start))
+                            start=start, sends=p, lands=q))
   return tuple(kinds)
 
 
@@ -423,6 +435,14 @@ def _build(s: StreamingDilocoSettings, inner, exchange, *,
                                  fragments=s.fragments, alpha=s.alpha)
 
 
+def _fragment_shapes(s: StreamingDilocoSettings, shapes) -> list[list[tuple[int, ...]]]:
+  """The shapes of each fragment's pieces (``Method.parts``: what a kind's ``sends`` and
+  ``lands`` index)."""
+  shapes = [tuple(x) for x in shapes]
+  return [[(p.stop - p.start, *shapes[p.leaf][1:]) if shapes[p.leaf] else () for p in pieces]
+          for pieces in fragment_layout(shapes, s.fragments)]
+
+
 # Priced as DiLoCo: every H steps each fragment sends once, so a round moves the carrier's bytes
 # of the whole model once (the cost of one "synchronisation" is the whole model's, spread over
 # the round's steps), and the bytes per step are that over H.
@@ -431,8 +451,9 @@ METHODS = (
         name="streaming_diloco", summary="DiLoCo synchronising one fragment of the parameters "
         "at a time, staggered, its outer result landing tau steps late and mixed (Streaming "
         "DiLoCo, Douillard et al. 2025)",
-        settings=StreamingDilocoSettings, local=_build, carrier=lambda s: s.exchange,
-        sends_every=lambda s: s.every,
+        settings=StreamingDilocoSettings, local=_build, carrier=lambda s: s.carrier,
+        sends_every=lambda s: s.every, with_sends_every=with_every, parts=_fragment_shapes,
+        lands_after=lambda s: s.overlap, renamed=RENAMED,
         kinds=lambda s, carrier_inputs: streaming_kinds(s.every, s.fragments, s.overlap,
                                                         carrier_inputs,
                                                         land_at_turn=s.land_at_turn),

@@ -26,12 +26,12 @@ its budget, at ``ratio / H``. Given the run's length, a run is charged the synch
 completes, and ``H`` moves where a short run would otherwise miss the tier (``solve``'s ``steps``).
 """
 
-import dataclasses
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from compressors import registry
+from compressors.budget import fit_field
 from compressors.network import topology as topology_lib
 
 #: Tier name -> how many times fewer bytes than the dense all-reduce.
@@ -153,29 +153,31 @@ def _solve_local(method, shapes, num_workers, ratio, settings, exchange_settings
     once = method_bytes(carrier, shapes, num_workers, exchange_settings)
     every = max(1, round(once * ratio / dense))
     try:  # a method may bound H by its other settings (Streaming DiLoCo: H >= its fragments)
-      settings = dataclasses.replace(settings, every=every)
+      settings = registry.with_steps_per_exchange(method, settings, every)
       if steps is not None:
         settings = _every_for_run(method, settings, steps, once, dense / ratio, tolerance)
     except ValueError as refused:
       return Solution(method, settings, math.nan, dense, dense / ratio, False,
                       f"every={every} meets {ratio:g}x but is refused: {refused}",
                       exchange_settings)
+    every = registry.steps_per_exchange(method, settings)
     rounds = None if steps is None else _rounds_in_run(method, settings, steps)
     if rounds == 0:
       return Solution(method, settings, math.nan, dense, dense / ratio, False,
                       f"a run of {steps} steps completes no synchronisation at "
-                      f"every={settings.every}; {ratio:g}x needs more steps", exchange_settings)
-    per_step = once / settings.every if rounds is None else once * rounds / steps
+                      f"every={every}; {ratio:g}x needs more steps", exchange_settings)
+    per_step = once / every if rounds is None else once * rounds / steps
     solved = Solution(method, settings, per_step, dense, dense / ratio, True,
                       exchange_settings=exchange_settings)
   else:  # the exchange meets ratio / H
-    if ratio / settings.every <= 1:
+    every = registry.steps_per_exchange(method, settings)
+    if ratio / every <= 1:
       return Solution(method, settings, math.nan, dense, dense / ratio, False,
-                      f"every={settings.every} alone is {settings.every}x, beyond {ratio:g}x; "
-                      "lower it", exchange_settings)
-    inner = solve(carrier, shapes, num_workers, ratio / settings.every,
-                  exchange_settings, tolerance=tolerance)
-    solved = Solution(method, settings, inner.bytes / settings.every, dense, dense / ratio,
+                      f"every={every} alone is {every}x, beyond {ratio:g}x; lower it",
+                      exchange_settings)
+    inner = solve(carrier, shapes, num_workers, ratio / every, exchange_settings,
+                  tolerance=tolerance)
+    solved = Solution(method, settings, inner.bytes / every, dense, dense / ratio,
                       inner.feasible, inner.note, inner.settings)
   off = solved.bytes / solved.target_bytes - 1
   if abs(off) > tolerance:
@@ -201,104 +203,14 @@ def _every_for_run(method: str, settings: Any, steps: int, once: float, target: 
 
   if steps < 1 or off(settings) <= tolerance:  # off() divides by the steps
     return settings
+  given = registry.steps_per_exchange(method, settings)
   candidates = []
   for every in range(1, steps + 1):
     try:
-      candidate = dataclasses.replace(settings, every=every)
+      candidate = registry.with_steps_per_exchange(method, settings, every)
     except ValueError:  # below the method's own bound on H
       continue
     if _rounds_in_run(method, candidate, steps) == 0:
       continue
-    candidates.append((off(candidate), abs(every - settings.every), candidate))
+    candidates.append((off(candidate), abs(every - given), candidate))
   return min(candidates, key=lambda c: c[:2])[2] if candidates else settings
-
-
-def fit_field(settings: Any, field: str, cost: Callable[[Any], float],
-              target: float) -> Any | None:
-  """``settings`` with ``field`` set so that ``cost`` comes closest to ``target``.
-
-  ``cost`` must not decrease as the field grows, and is a step function of it (a density sets a
-  whole number of entries). A float field is a fraction in (0, 1], searched by bisection on its
-  logarithm; the value returned is the middle of its step, so that the count the method rounds
-  it to does not hang on the last bit. An int field is a count >= 1, searched by bisection up to
-  2^20. Settings the method refuses (``ValueError``, when made or priced) count as infinitely
-  expensive, and a fraction is searched from the smallest one the method takes (chunked top-k
-  refuses a density that keeps no entry of a chunk).
-
-  Returns:
-    The settings of the value (of the two around the target) closest to it in log bytes, or None
-    if no value can be priced.
-  """
-  default = getattr(settings, field)
-  if isinstance(default, bool) or not isinstance(default, (int, float)):
-    raise TypeError(f"equal_bytes: {type(settings).__name__}.{field}={default!r} is not a number "
-                    "to search")
-  with_value = lambda v: dataclasses.replace(settings, **{field: v})
-  evaluate = lambda v: _cost_or_inf(lambda: cost(with_value(v)))
-  if isinstance(default, int):
-    low, high = 0, 1  # the largest count known within the target, the smallest known above it
-    while high < 2**20 and evaluate(high) <= target:
-      low, high = high, 2 * high
-    while high - low > 1:
-      middle = (low + high) // 2
-      low, high = (middle, high) if evaluate(middle) <= target else (low, middle)
-    candidates = [v for v in (low, high) if v >= 1]
-  else:
-    smallest = _smallest_priced(evaluate)
-    if smallest is None:
-      return None
-    low, high = _bisect(evaluate, lambda v: v <= target, smallest, 1.0)
-    candidates = [_step_middle(evaluate, v, smallest) for v in (low, high) if v is not None]
-  scored = [(abs(math.log(evaluate(v) / target)), v) for v in candidates
-            if math.isfinite(evaluate(v))]
-  return with_value(min(scored)[1]) if scored else None
-
-
-_SMALLEST = 2.0**-40
-
-
-def _bisect(evaluate, within, low: float, high: float) -> tuple[float | None, float | None]:
-  """``(largest value found whose cost is within, smallest value found whose cost is not)`` by
-  bisection of the logarithm between ``low`` and ``high``; None where there is none."""
-  if within(evaluate(high)):
-    return high, None
-  if not within(evaluate(low)):
-    return None, low
-  for _ in range(64):
-    middle = math.sqrt(low * high)
-    low, high = (middle, high) if within(evaluate(middle)) else (low, middle)
-  return low, high
-
-
-def _smallest_priced(evaluate) -> float | None:
-  """The smallest fraction in ``[_SMALLEST, 1]`` whose settings the method takes, to the
-  bisection's precision (those it refuses are priced infinite, and a method that takes a
-  fraction takes every larger one), or None if it takes none."""
-  if math.isfinite(evaluate(_SMALLEST)):
-    return _SMALLEST
-  if not math.isfinite(evaluate(1.0)):
-    return None
-  low, high = _SMALLEST, 1.0
-  for _ in range(64):
-    middle = math.sqrt(low * high)
-    low, high = (low, middle) if math.isfinite(evaluate(middle)) else (middle, high)
-  return high
-
-
-def _step_middle(evaluate, value: float, smallest: float = _SMALLEST) -> float:
-  """The middle of the interval of values that cost what ``value`` costs: ``k / n`` for a
-  density that keeps ``round(density * n) = k`` of ``n`` (the first interval, which a cost model
-  prices as one entry, runs from 0, and its middle still keeps one)."""
-  cost = evaluate(value)
-  low, _ = _bisect(evaluate, lambda c: c < cost, smallest, value)
-  _, high = _bisect(evaluate, lambda c: c <= cost, value, 1.0)
-  return ((low or 0.0) + (high or 1.0)) / 2
-
-
-def _cost_or_inf(priced: Callable[[], float]) -> float:
-  """``priced()``, the cost of settings made inside it, or infinity where the method refuses
-  them (a ``ValueError`` when they are made or priced)."""
-  try:
-    return priced()
-  except ValueError:
-    return math.inf

@@ -7,12 +7,17 @@ protocol, which both sides import (and neither imports the other):
   TASC's curvature refresh every ``N`` steps, a local-update method's synchronisation every
   ``H``, 1-bit Adam's dense warm-up, a sparsifier's density warm-up; :func:`step_kinds` gives
   the kinds of a method whose only difference between steps is a per-step input
-  (:class:`StepInputs`), and :func:`in_stages` repeats kinds over stages of training;
+  (:class:`StepInputs`), and :func:`in_stages` repeats kinds over stages of training. A kind of
+  a method whose parameters differ between workers declares what it synchronises: which part
+  of the model it sends (:attr:`StepKind.sends`) and which part lands
+  (:attr:`StepKind.lands`), the whole model (:data:`WHOLE_MODEL`) or one part of it (Streaming
+  DiLoCo's fragment ``p``);
 * for a method whose parameters differ between workers between synchronisations (local
   updates), a state that satisfies :class:`SynchronisingState`: how its updates land on each
-  worker's parameters (bit for bit on the synchronised ones after a synchronisation), and which
-  parameters are the model to evaluate. :func:`apply_local_updates` and
-  :func:`synchronised_params` find that state inside a transformation's state.
+  worker's parameters (bit for bit on the synchronised ones after a synchronisation), which of
+  them landed so (what a replica check compares), and which parameters are the model to
+  evaluate. :func:`apply_local_updates`, :func:`landed_params` and :func:`synchronised_params`
+  find that state inside a transformation's state.
 """
 
 from collections.abc import Callable, Mapping, Sequence
@@ -38,8 +43,15 @@ class StepInputs(NamedTuple):
   make: Callable[..., dict[str, Any]]
 
 
+# A part of the model a step kind sends or lands (StepKind.sends, .lands): the whole model, or
+# the index of one of the parts the method deals its parameters into (Method.parts).
+WHOLE_MODEL = "model"
+Part = int | str
+
+
 class StepKind(NamedTuple):
-  """One kind of step: its name, the steps it runs at, and what it passes to the update.
+  """One kind of step: its name, the steps it runs at, what it passes to the update, and (of a
+  method whose parameters differ between workers) what it synchronises.
 
   Attributes:
     name: what the kind is called (``DataParallel.kinds`` keys, logs).
@@ -52,6 +64,13 @@ class StepKind(NamedTuple):
     phase: see ``every`` (``0 <= phase < every``).
     start: the first step the kind may run at.
     stop: the step before which it stops (None: never).
+    sends: the part of the model whose pseudo-gradient the step exchanges: :data:`WHOLE_MODEL`,
+      a part's index (``Method.parts``), or None (nothing; a per-step method's kinds, which
+      exchange every step, leave it None too).
+    lands: the part of the model whose synchronised values land on each worker's parameters at
+      the end of the step (bit for bit where the method says so:
+      :meth:`SynchronisingState.landed`): :data:`WHOLE_MODEL` (every worker then holds the same
+      parameters), a part's index, or None.
   """
   name: str
   every: int = 1
@@ -60,6 +79,14 @@ class StepKind(NamedTuple):
   phase: int = 0
   start: int = 0
   stop: int | None = None
+  sends: Part | None = None
+  lands: Part | None = None
+
+  @property
+  def synchronises(self) -> bool:
+    """Whether the whole model lands at the end of the step (every worker's parameters are then
+    the synchronised ones)."""
+    return self.lands == WHOLE_MODEL
 
   def runs_at(self, steps: np.ndarray) -> np.ndarray:
     """Whether the kind's period, phase and range hold each of ``steps`` (ints)."""
@@ -122,6 +149,12 @@ class SynchronisingState(Protocol):
     """This worker's parameters after a step: ``applied`` (``params`` plus the step's
     updates), or after a synchronising step the synchronised parameters, bit for bit."""
 
+  def landed(self, params: chex.ArrayTree) -> chex.ArrayTree:
+    """``params`` (this worker's, after the step) where they landed on the synchronised
+    parameters at the latest step, bit for bit, and this worker's copy of the synchronised
+    parameters elsewhere: what must be the same on every worker (the rest of ``params``
+    differs between workers by design)."""
+
   def model_params(self) -> chex.ArrayTree:
     """The parameters of the latest synchronisation, the same on every worker (the model a run
     evaluates)."""
@@ -150,6 +183,14 @@ def apply_local_updates(params: chex.ArrayTree, updates: chex.ArrayTree,
     raise ValueError(f"apply_local_updates: the state holds {len(found)} local_updates states; "
                      "one local-update transformation per chain")
   return found[0].land(params, applied)
+
+
+def landed_params(params: chex.ArrayTree, state: chex.ArrayTree) -> chex.ArrayTree:
+  """:meth:`SynchronisingState.landed` of the state inside ``state`` (after the step that made
+  ``params``): what every worker must hold alike; ``params`` themselves without such a state
+  (replicated parameters: every entry)."""
+  found = _synchronising_states(state)
+  return found[0].landed(params) if len(found) == 1 else params
 
 
 def synchronised_params(state: chex.ArrayTree) -> chex.ArrayTree | None:

@@ -26,7 +26,7 @@ built-ins in; a method outside the project registers with :func:`register`.
 import dataclasses
 import math
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import optax
@@ -39,7 +39,7 @@ from compressors.network import topology as topology_lib
 Shapes = Sequence[tuple[int, ...]]
 
 # What a per-step method exchanges (Common.exchanged).
-EXCHANGED = ("gradient", "update")
+EXCHANGE_INPUTS = ("gradient", "update")
 
 
 # The common settings that shape a per-step method beyond its compressor, at their values that
@@ -86,7 +86,7 @@ class Common:
                                                                high_open=True))
   clip_norm: float | None = checks.setting(None, checks.Rule(float, low=0, low_open=True,
                                                              optional=True))
-  exchanged: str = checks.setting("gradient", checks.Rule(str, choices=EXCHANGED))
+  exchanged: str = checks.setting("gradient", checks.Rule(str, choices=EXCHANGE_INPUTS))
   error_decay: float = checks.setting(1.0, checks.Rule(float, low=0, high=1))
   density_warmup_steps: int = checks.setting(0, checks.Rule(int, low=0))
   density_warmup_start: float = checks.setting(0.25, checks.Rule(float, low=0, low_open=True,
@@ -127,11 +127,21 @@ class Method:
       between synchronisations (:attr:`per_worker_params`); its state says how its updates land
       on them and which are the model (:class:`compressors.method_protocol.SynchronisingState`).
     carrier: ``settings -> name`` of the registered per-step method that carries the
-      synchronisation of a ``local`` method (DiLoCo's ``exchange`` setting); None otherwise.
+      synchronisation of a ``local`` method (DiLoCo's ``carrier`` setting); None otherwise.
     sends_every: ``settings -> int``, steps per synchronisation of a ``local`` method (its
-      bytes per step are its carrier's over this; of one that synchronises a fragment at a
-      time, as Streaming DiLoCo, the steps in which every fragment sends once); None: every
-      step.
+      ``H``: its bytes per step are its carrier's over this; of one that synchronises a
+      fragment at a time, as Streaming DiLoCo, the steps in which every fragment sends once);
+      None: every step.
+    with_sends_every: ``(settings, every) -> settings`` with ``H`` set to ``every`` (how
+      :func:`compressors.equal_bytes.solve` meets a tier through ``H``; a ValueError where the
+      method refuses it); given with ``sends_every``.
+    parts: ``(settings, shapes) -> a list of shapes per part``: the parts a ``local`` method
+      deals the model into, each a list of its pieces' shapes, indexed by its step kinds'
+      ``sends``/``lands`` (Streaming DiLoCo's fragments); None: the whole model only
+      (:data:`compressors.method_protocol.WHOLE_MODEL`).
+    lands_after: ``settings -> int``, inner steps between a part's send and its landing, which
+      its exchange runs beside (Streaming DiLoCo's ``overlap``, ``tau``;
+      :mod:`compressors.step_time` prices it); None: it lands in the step that sends it.
     error_feedback: the method's default for ``Common.error_feedback``.
     fuse: the buffer layout the method needs (PowerSGD: per leaf, False); None: the common one.
     momentum: ``settings -> (momentum, clip_norm)`` for a method that is a sparsifier inside
@@ -147,6 +157,9 @@ class Method:
       int a count >= 1), or ``(settings, shapes, cost, target_bytes) -> settings | None`` for a
       method that needs its own search (``cost(settings)`` is the cost model's bytes); None:
       the method's bytes are fixed.
+    renamed: the method's settings' old names, ``((old, new), ...)``: a config written before
+      a rename (a kept run's ``config.json``) still loads, with a notice
+      (:func:`renamed_settings`).
     overlaps_backward: the exchange is a plain all-reduce of the gradient that can start per
       bucket while the backward pass runs (dense, fp16, bf16), as tuned data parallelism does;
       :mod:`compressors.step_time` prices it so. False: it needs the whole gradient first.
@@ -161,12 +174,16 @@ class Method:
   local: Callable[..., optax.GradientTransformationExtraArgs] | None = None
   carrier: Callable[[Any], str] | None = None
   sends_every: Callable[[Any], int] | None = None
+  with_sends_every: Callable[[Any, int], Any] | None = None
+  parts: Callable[[Any, Shapes], Sequence[Shapes]] | None = None
+  lands_after: Callable[[Any], int] | None = None
   error_feedback: bool = True
   fuse: bool | None = None
   momentum: Callable[[Any], tuple[float, float | None]] | None = None
   step_inputs: Callable[[Any], StepInputs | None] | None = None
   kinds: Callable[[Any], tuple[Any, ...]] | None = None
   budget: str | Callable[..., Any] | None = None
+  renamed: tuple[tuple[str, str], ...] = ()
   overlaps_backward: bool = False
 
   def __post_init__(self):
@@ -187,6 +204,9 @@ class Method:
       raise ValueError(f"registry: method {self.name!r}: a local-update method (local=) needs "
                        "carrier=, the per-step method that carries its pseudo-gradient, and "
                        "only it takes one")
+    if (self.sends_every is None) != (self.with_sends_every is None):
+      raise ValueError(f"registry: method {self.name!r}: sends_every= and with_sends_every= "
+                       "come together (the solver reads and sets H through them)")
     if (self.cost is None) != (self.carrier is not None):
       raise ValueError(f"registry: method {self.name!r}: cost= is required, except for a "
                        "method with a carrier= (priced by its carrier)")
@@ -296,6 +316,21 @@ def default_settings(name: str, **overrides) -> Any:
     raise ValueError(f"method {name!r} has no setting {unknown[0]!r}; its settings: "
                      f"{sorted(known)}")
   return settings(**overrides)
+
+
+def renamed_settings(name: str, block: Mapping[str, Any], where: str) -> dict[str, Any]:
+  """``block`` (method ``name``'s settings as a config holds them) with the old names of its
+  fields (:attr:`Method.renamed`) replaced by the new ones, each with a one-line notice naming
+  ``where`` (the block's place in the config); a field given under both names keeps the new
+  one's value."""
+  block = dict(block)
+  for old, new in get(name).renamed:
+    if old in block:
+      value = block.pop(old)
+      warnings.warn(f"{where}.{old} is now {where}.{new} (read as {new}={value!r})",
+                    FutureWarning, stacklevel=2)
+      block.setdefault(new, value)
+  return block
 
 
 def num_elements(shapes: Shapes) -> int:

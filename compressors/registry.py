@@ -22,7 +22,7 @@ from typing import Any
 import optax
 
 from compressors import _chunked_topk
-from compressors import _compress
+from compressors import wrapper
 from compressors import _dense
 from compressors import _demo
 from compressors import _dgc
@@ -42,7 +42,7 @@ from compressors import _warmup
 from compressors import method_protocol
 from compressors.method_protocol import StepInputs
 from compressors.method_table import BUILTIN
-from compressors.method_table import EXCHANGED
+from compressors.method_table import EXCHANGE_INPUTS
 from compressors.method_table import FAMILIES
 from compressors.method_table import Common
 from compressors.method_table import Method
@@ -55,14 +55,16 @@ from compressors.method_table import get
 from compressors.method_table import names
 from compressors.method_table import num_elements
 from compressors.method_table import register
+from compressors.method_table import renamed_settings
 from compressors.method_table import unregister
 from compressors.network import topology as topology_lib
 
 __all__ = (
-    "BUILTIN", "Common", "EXCHANGED", "FAMILIES", "Method", "NoSettings", "PER_STEP_ONLY",
+    "BUILTIN", "Common", "EXCHANGE_INPUTS", "FAMILIES", "Method", "NoSettings", "PER_STEP_ONLY",
     "PLAIN_PER_STEP", "Shapes", "StepInputs", "cost", "default_settings", "density_field", "get",
-    "local_exchange", "names", "num_elements", "register", "step_inputs", "step_kinds",
-    "steps_per_exchange", "training", "transformation", "unregister",
+    "local_exchange", "names", "num_elements", "register", "renamed_settings", "step_inputs",
+    "step_kinds", "steps_per_exchange", "training", "transformation", "unregister",
+    "with_steps_per_exchange",
 )
 
 # The built-in method modules compressors implements, in the order of their methods in BUILTIN.
@@ -109,7 +111,7 @@ def transformation(name: str, settings: Any = None, *, axis_name,
   def build(density=None):
     own = settings if density is None else dataclasses.replace(settings, **{field: density})
     if method.compressor is not None:
-      tx = _compress.compress(method.compressor(own), **options)
+      tx = wrapper.compress(method.compressor(own), **options)
     else:  # TASC: every stage in the blocks of the final density (one state for all)
       extra = {"block_density": getattr(settings, field)} if densities else {}
       tx = method.transformation(own, **options, **extra)
@@ -189,7 +191,7 @@ def training(name: str, settings: Any = None, *, optimizer: optax.GradientTransf
   * A method that is its own optimizer (DeMo, 1-bit Adam): that, with ``learning_rate``;
     ``optimizer`` is not used.
   * A local-update method (DiLoCo): ``optimizer`` is each worker's inner optimizer and its
-    carrier (the per-step method its settings' ``exchange`` names), with ``exchange_settings``,
+    carrier (the per-step method its settings' ``carrier`` names), with ``exchange_settings``,
     averages the pseudo-gradient.
 
   Args:
@@ -240,20 +242,18 @@ def _refuse_per_step_settings(method: Method, common: Common) -> None:
                        f"allowed: {default!r}")
 
 
-def local_exchange(settings: Any, exchange_settings: Any = None, *, axis_name,
-                   common: Common = Common(),
-                   carrier: str | None = None) -> optax.GradientTransformationExtraArgs:
+def local_exchange(settings: Any, exchange_settings: Any = None, *, axis_name, carrier: str,
+                   common: Common = Common()) -> optax.GradientTransformationExtraArgs:
   """The exchange of a local-update method's pseudo-gradient: the per-worker transformation of
-  its carrier (``carrier``, default ``settings.exchange``: a per-step method) with
+  its carrier (``carrier``, a per-step method: :attr:`Method.carrier` of its settings) with
   ``exchange_settings`` and the local-update method's ``settings.error_decay``.
 
   Raises:
     ValueError: the carrier is not a per-step method.
   """
-  carrier = settings.exchange if carrier is None else carrier
   carried = get(carrier)
   if not carried.per_step:
-    raise ValueError(f"exchange={carrier!r} is a {carried.family} method; the "
+    raise ValueError(f"carrier={carrier!r} is a {carried.family} method; the "
                      "pseudo-gradient goes through a per-step exchange: one of "
                      f"{list(names('per_step'))}")
   return transformation(carrier, exchange_settings, axis_name=axis_name,
@@ -310,3 +310,17 @@ def steps_per_exchange(name: str, settings: Any = None) -> int:
   if method.sends_every is None:
     return 1
   return method.sends_every(method.settings() if settings is None else settings)
+
+
+def with_steps_per_exchange(name: str, settings: Any, steps: int) -> Any:
+  """``settings`` of method ``name`` with ``steps`` between two exchanges
+  (:attr:`Method.with_sends_every`).
+
+  Raises:
+    ValueError: a method that exchanges every step, or ``steps`` the method refuses.
+  """
+  method = get(name)
+  if method.with_sends_every is None:
+    raise ValueError(f"method {name!r} exchanges every step; it has no steps between "
+                     "exchanges to set")
+  return method.with_sends_every(settings, steps)

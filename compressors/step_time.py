@@ -12,13 +12,16 @@ is the alpha-beta model's. What hides depends on what a step kind does (its opti
   pass, as every method's step did before this model (the float32, non-overlapped baseline);
 * any other per-step exchange (top-k, TASC, PowerSGD, a quantizer with error feedback, a method
   that is its own optimizer) needs the whole gradient first: compute + communication;
-* a local-update method's local steps send nothing; its synchronisation pays its exchange after
+* a local-update method's steps send and land what their kinds declare (``StepKind.sends``,
+  ``StepKind.lands``: nothing, the whole model, or one of the method's ``Method.parts``), by
+  its carrier: its local steps send nothing; DiLoCo's synchronisation pays its exchange after
   the step's compute;
 * Streaming DiLoCo's fragment exchange starts after its synchronising step and runs beside the
-  next ``overlap`` (``tau``) steps; its landing step waits only for what those steps' compute
-  did not hide: ``max(0, exchange - tau * compute)``; with ``tau = 0`` the synchronising step
-  waits for all of it. Our JAX programs run each fragment's collective inside its synchronising
-  step; this prices the schedule the paper runs (Douillard et al. 2025), not a measurement.
+  next ``overlap`` (``tau``, its ``Method.lands_after``) steps; its landing step waits only for
+  what those steps' compute did not hide: ``max(0, exchange - tau * compute)``; with
+  ``tau = 0`` the synchronising step waits for all of it. Our JAX programs run each fragment's
+  collective inside its synchronising step; this prices the schedule the paper runs (Douillard
+  et al. 2025), not a measurement.
 
 Islands (:func:`island_kind_times`): a two-level topology, islands across its major (slow)
 axis and an island's fsdp devices along its minor (fast) one. Each step all-gathers the whole
@@ -38,7 +41,7 @@ import math
 from typing import Any, NamedTuple, Sequence
 
 from compressors import registry
-from compressors._streaming import fragment_layout
+from compressors.method_protocol import WHOLE_MODEL
 from compressors.network import topology as topology_lib
 from compressors.parallel import fsdp
 
@@ -111,13 +114,6 @@ def overlapped_seconds(compute: float, bucket_sizes_: Sequence[int],
   return max(compute, done)
 
 
-def _streaming_fragments(settings, shapes) -> list[list[tuple[int, ...]]]:
-  """Streaming DiLoCo: the shapes of each fragment's pieces."""
-  layout = fragment_layout(shapes, settings.fragments)
-  return [[(p.stop - p.start, *shapes[p.leaf][1:]) if shapes[p.leaf] else () for p in pieces]
-          for pieces in layout]
-
-
 def kind_times(name: str, shapes: Sequence[tuple[int, ...]], topology: topology_lib.Topology,
                compute: float, settings: Any = None, *, exchange_settings: Any = None,
                kinds: Sequence[Any] | None = None, overlap: bool = True,
@@ -149,29 +145,15 @@ def kind_times(name: str, shapes: Sequence[tuple[int, ...]], topology: topology_
     kinds = registry.step_kinds(name, settings, exchange_settings=exchange_settings)
   price = lambda who, shapes_, own=None: registry.cost(
       who, shapes_, topology, own, schedule=schedule).time
-  if method.carrier is not None:
-    exchange = lambda shapes_: price(method.carrier(settings), shapes_, exchange_settings)
-  else:
-    exchange = lambda shapes_: registry.cost(name, shapes_, topology, settings,
-                                             schedule=schedule).time
-  fragments = (_streaming_fragments(settings, shapes) if hasattr(settings, "fragments")
-               else None)
   out = {}
   for kind in kinds:
     options = kind.update_kwargs()
     if "density_stage" in options:
       raise ValueError(f"step_time: {name}'s density warm-up kind {kind.name!r} is not priced")
-    if "sync" in options or "apply" in options:  # Streaming DiLoCo's fragments
-      sent = exchange(fragments[options["sync"]]) if "sync" in options else 0.0
-      waits = 0.0
-      if "apply" in options:
-        landing = exchange(fragments[options["apply"]])
-        waits = max(0.0, landing - settings.overlap * compute)
-      out[kind.name] = StepTime(compute, sent, compute + waits)
-      continue
-    if method.per_worker_params:  # local steps send nothing; a synchronisation, one exchange
-      sent = exchange(shapes) if options.get("synchronise") else 0.0
-      out[kind.name] = StepTime(compute, sent, compute + sent)
+    if method.per_worker_params:
+      out[kind.name] = _local_kind_time(method, settings, kind, shapes, compute,
+                                        lambda shapes_: price(method.carrier(settings), shapes_,
+                                                              exchange_settings))
       continue
     who = "dense" if options.get("compressed") is False else name  # 1-bit Adam's warm-up
     if overlap and registry.get(who).overlaps_backward:
@@ -183,6 +165,21 @@ def kind_times(name: str, shapes: Sequence[tuple[int, ...]], topology: topology_
       sent = price(who, shapes, None if who != name else settings)
       out[kind.name] = StepTime(compute, sent, compute + sent)
   return out
+
+
+def _local_kind_time(method, settings, kind, shapes, compute: float, exchange) -> StepTime:
+  """A local-update method's step of ``kind``: it sends the part its kind sends
+  (``kind.sends``: nothing, the whole model, or one of ``method.parts``) by ``exchange``
+  (``shapes -> seconds``), and waits for the part that lands (``kind.lands``) what the
+  ``method.lands_after`` steps since its send did not hide."""
+  parts = method.parts(settings, shapes) if method.parts is not None else []
+  shapes_of = lambda part: shapes if part == WHOLE_MODEL else parts[part]
+  sent = exchange(shapes_of(kind.sends)) if kind.sends is not None else 0.0
+  waits = 0.0
+  if kind.lands is not None:
+    hidden = method.lands_after(settings) * compute if method.lands_after is not None else 0.0
+    waits = max(0.0, exchange(shapes_of(kind.lands)) - hidden)
+  return StepTime(compute, sent, compute + waits)
 
 
 def island_kind_times(name: str, shapes: Sequence[tuple[int, ...]],

@@ -142,6 +142,19 @@ RULES = {
 }
 
 
+def upgraded(stored: dict) -> dict:
+  """A config as a dict (a run's ``config.json``) with the old names of its methods' settings
+  replaced by the new ones (``registry.Method.renamed``, each with a one-line notice), so that
+  a config written before a rename compares equal to the same config written now."""
+  compression = stored.get("compression")
+  if not isinstance(compression, dict):
+    return stored
+  blocks = {name: registry.renamed_settings(name, block, f"config.compression.{name}")
+            for name, block in compression.items()
+            if isinstance(block, dict) and name in registry.names()}
+  return {**stored, "compression": {**compression, **blocks}}
+
+
 def rules() -> dict[str, checks.Rule]:
   """Every declared field's rule, by its path in the config: :data:`RULES`, the settings every
   method shares (``compression.<field>``, ``registry.Common``'s) and each registered method's own

@@ -33,5 +33,5 @@ EVERY = 25  # DiLoCo's H: about 100x fewer bytes across the islands than a dense
 def get_config(arg=None):
   c = lm_stdlib.get_config("variant=micro,method=diloco,fsdp=4," + (arg or ""))
   c.max_state_bytes_per_device = BUDGET
-  common.set_method_settings(c, every=EVERY, exchange="int8")
+  common.set_method_settings(c, every=EVERY, carrier="int8")
   return c

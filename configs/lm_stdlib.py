@@ -56,7 +56,7 @@ import platform
 
 from configs import common
 
-TIERS = {
+MODEL_SIZES = {
     "micro": dict(model=dict(hidden=64, num_layers=2, num_heads=4, max_length=64),
                   vocab_size=2048, seq_len=64, batch_size=64, num_steps=1000,
                   learning_rate=3e-3, eval_sequences=512),
@@ -87,9 +87,10 @@ def get_config(arg=None):
   if args["corpus"] not in CORPORA:
     raise ValueError(f"configs/lm_stdlib.py: corpus={args['corpus']!r}; allowed: {CORPORA}")
   tier_name = "smoke" if args["smoke"] else args["variant"]
-  if tier_name not in TIERS:
-    raise ValueError(f"configs/lm_stdlib.py: tier {tier_name!r} is not one of {sorted(TIERS)}")
-  tier = TIERS[tier_name]
+  if tier_name not in MODEL_SIZES:
+    raise ValueError(f"configs/lm_stdlib.py: tier {tier_name!r} is not one of "
+                     f"{sorted(MODEL_SIZES)}")
+  tier = MODEL_SIZES[tier_name]
   c = common.base()
   c.dataset = "stdlib_lm"
   c.data = dict(seq_len=tier["seq_len"], vocab_size=tier["vocab_size"], eval_fraction=0.05,

@@ -6,7 +6,8 @@
 ``config.optimizer`` before it (``config.compression.exchanged="gradient"``, the default) or
 after it (``"update"``); a method that is its own optimizer (DeMo, 1-bit Adam); or a local-update
 method (DiLoCo) whose inner optimizer is ``config.optimizer`` and whose pseudo-gradient goes
-through the per-step method its settings' ``exchange`` names (with that method's block). The
+through its carrier, the per-step method its settings' ``carrier`` names (with that method's
+block; a config written when the setting was called ``exchange`` still loads). The
 runner's step (``compressors.data_parallel``) wraps it in ``compressors.skip_nonfinite`` when
 ``config.skip_nonfinite``. It runs per worker inside ``shard_map`` over the data axis and is the
 only place where anything crosses devices (``dense`` is a plain all-reduce through the same
@@ -53,7 +54,17 @@ def settings(config) -> Any:
     raise ValueError(f"config.compression has no block {config.method!r} for "
                      f"config.method={config.method!r}; configs built from "
                      "configs.common.base() have one per registered method")
-  return _dataclass_from(method.settings, block, f"config.compression.{config.method}")
+  where = f"config.compression.{config.method}"
+  return _dataclass_from(method.settings, registry.renamed_settings(config.method, block, where),
+                         where)
+
+
+def carrier(config) -> str | None:
+  """The carrier of a local-update ``config.method`` (the per-step method that exchanges its
+  pseudo-gradient: :attr:`compressors.registry.Method.carrier` of its settings); None for
+  other methods."""
+  method = check_method(config.method)
+  return None if method.carrier is None else method.carrier(settings(config))
 
 
 def common(config) -> registry.Common:
@@ -76,19 +87,18 @@ def _dataclass_from(cls: type, block, where: str):
 
 
 def exchange_settings(config) -> Any:
-  """The settings of the exchange of a local-update ``config.method`` (the method its
-  ``exchange`` setting names, from ``config.compression.<exchange>``); None for other methods."""
-  method = check_method(config.method)
-  if method.carrier is None:
+  """The settings of the carrier of a local-update ``config.method`` (:func:`carrier`, from
+  ``config.compression.<carrier>``); None for other methods."""
+  name = carrier(config)
+  if name is None:
     return None
-  name = config.compression[config.method].exchange
-  if not isinstance(name, str) or name not in registry.names():
-    raise ValueError(f"config.compression.{config.method}.exchange={name!r} is not a known "
+  if name not in registry.names():
+    raise ValueError(f"config.compression.{config.method}.carrier={name!r} is not a known "
                      f"method; known: {list(registry.names())}")
   block = config.compression.get(name)
   if block is None:
     raise ValueError(f"config.compression has no block {name!r} for "
-                     f"config.compression.{config.method}.exchange={name!r}")
+                     f"config.compression.{config.method}.carrier={name!r}")
   return _dataclass_from(registry.get(name).settings, block, f"config.compression.{name}")
 
 
@@ -199,8 +209,8 @@ def fill_equal_bytes(config) -> None:
   solved, solution = equal_bytes_settings(config)
   if solution is not None:
     config.compression[config.method].update(dataclasses.asdict(solved))
-    if solution.exchange_settings is not None:  # a local-update method's exchange's, solved too
-      config.compression[solved.exchange].update(dataclasses.asdict(solution.exchange_settings))
+    if solution.exchange_settings is not None:  # a local-update method's carrier's, solved too
+      config.compression[carrier(config)].update(dataclasses.asdict(solution.exchange_settings))
 
 
 # Each schedule and the fields of config.schedule it uses besides its name and warm-up (others set

@@ -449,12 +449,13 @@ def _bytes_so_far(communication: dict[str, Any], dp, done: int) -> dict[str, Any
 
 def _replica_check_due(config, dp, done: int) -> bool:
   """Whether the replica check runs after step ``done - 1``: every
-  ``config.check_replicas_every`` steps, or with local updates after every synchronisation
+  ``config.check_replicas_every`` steps, or with local updates after every step that lands
+  some of the model (a synchronisation; Streaming DiLoCo's fragment landing), on what landed
   (between them the workers' parameters differ by design)."""
   if not config.check_replicas_every:
     return False
   if dp.per_worker_params:
-    return dp.synchronises(dp.kind_at(done - 1))
+    return dp.lands(dp.kind_at(done - 1))
   return done % config.check_replicas_every == 0
 
 
@@ -465,12 +466,14 @@ def _replica_checks_per_step(config, dp, steps: int) -> float:
   if not dp.per_worker_params:
     return 1 / config.check_replicas_every
   counts = dp.kind_counts(0, steps)
-  return sum(n for kind, n in counts.items() if dp.synchronises(kind)) / max(1, steps)
+  return sum(n for kind, n in counts.items() if dp.lands(kind)) / max(1, steps)
 
 
-def _check_replicas(dp, params, step: int) -> None:
+def _check_replicas(dp, state: TrainState, step: int) -> None:
   """Raises :class:`ReplicaDriftError` naming ``step`` if the devices' parameters differ (with
-  per-worker parameters, if the workers' rows do)."""
+  per-worker parameters, if the workers' rows do where the latest step landed them:
+  ``dp.landed``)."""
+  params = dp.landed(state.params, state.opt_state)
   if bool(jax.device_get(dp.replicas_agree(params))):
     return
   differing = []
@@ -647,7 +650,7 @@ def _train(config, workdir, stop: interrupt.StopRequest, started: float, lock_wo
   state, train_loss, examples_per_sec = _loop(run, state, start, writer, stop)
   if (config.check_replicas_every and not run.dp.per_worker_params
       and run.steps % config.check_replicas_every):
-    _check_replicas(run.dp, state.params, run.steps)  # before the final checkpoint
+    _check_replicas(run.dp, state, run.steps)  # before the final checkpoint
   final_eval = _evaluate(run.evaluate, state, run.dataset, run.workers, run.dp)
   writer.write(run.steps, final_eval)
   run.checkpointer.save(run.steps, state)
@@ -778,7 +781,7 @@ def _loop(run: _Run, state: TrainState, start: int, writer, stop: interrupt.Stop
                             examples_per_sec)
           progress.set_postfix(loss=f"{train_loss:.4f}")
         if _replica_check_due(config, dp, done):
-          _check_replicas(dp, state.params, done)
+          _check_replicas(dp, state, done)
       stop.step_completed()
       if config.eval_every and done % config.eval_every == 0 and done != run.steps:
         writer.write(done, _evaluate(run.evaluate, state, run.dataset, run.workers, dp))
@@ -829,7 +832,7 @@ def _stop(run: _Run, state: TrainState, step: int, start: int, writer, stop) -> 
   if step > start:  # else the latest checkpoint (none at step 0) already holds this position
     if (run.config.check_replicas_every and not run.dp.per_worker_params
         and step % run.config.check_replicas_every):
-      _check_replicas(run.dp, state.params, step)
+      _check_replicas(run.dp, state, step)
     run.checkpointer.save(step, state)
   run.checkpointer.close()
   writer.close()

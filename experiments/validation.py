@@ -257,7 +257,7 @@ def check_resume(config, workdir: str, checkpoint_step: int | None) -> None:
                      "checkpoint belongs to this config; use another workdir") from None
   current = _flatten(json.loads(json.dumps(config.to_dict())))
   stored.pop(provenance.KEY, None)
-  stored = _flatten(stored)
+  stored = _flatten(common.upgraded(stored))
   # A field added to the configs since the checkpoint was written, left at its default, changes
   # nothing the checkpoint holds (older workdirs resume).
   defaults = _flatten(json.loads(json.dumps(common.base().to_dict())))

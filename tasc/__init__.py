@@ -13,7 +13,7 @@ pass that writes ``g + e``) and ``cpu_block_sums_everywhere`` (TASC compiled as 
 its block sums had a GPU form).
 """
 
-from compressors import registry
+from compressors import method_table
 from tasc import _transform
 from tasc._compressor import TascState
 from tasc._compressor import tasc
@@ -36,7 +36,8 @@ __all__ = (
     "one_pass_available", "tasc", "tasc_compress", "top_eigenvalue",
 )
 
-# TASC's method joins compressors' method table when tasc is imported: compressors never imports
-# tasc (experiments -> tasc -> compressors), so whoever runs methods by name imports tasc.
+# TASC's method joins compressors' method table when tasc is imported, as the registry adds the
+# built-in methods' (compressors never imports tasc: experiments -> tasc -> compressors, and tasc
+# imports only the layers below the registry), so whoever runs methods by name imports tasc.
 for _method in _transform.METHODS:
-  registry.register(_method)
+  method_table.register(_method)

@@ -40,11 +40,11 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-import compressors
-from compressors.network import axes
+from compressors import budget
 from compressors import checks
-from compressors import equal_bytes
 from compressors import method_table
+from compressors import wrapper
+from compressors.network import axes
 from compressors.network import topology as topology_lib
 from tasc import _compressor as compressor_lib
 from tasc import _hessian as hessian
@@ -120,7 +120,7 @@ def tasc_compress(settings: settings_lib.TascSettings | None = None, /, *,
   def transformation(leaf_sizes: tuple[int, ...] | None):
     compressor = compressor_lib.tasc(settings, leaf_sizes=leaf_sizes, dense_axis=dense_axis,
                                      block_density=block_density)
-    return compressors.compress(compressor, axis_name=axis_name, dense_axis=dense_axis,
+    return wrapper.compress(compressor, axis_name=axis_name, dense_axis=dense_axis,
                                 error_feedback=error_feedback, fuse=fuse, seed=seed,
                                 schedule=schedule, topology=topology, report_sent=report_sent,
                                 error_decay=error_decay)
@@ -265,7 +265,7 @@ def _budget(s: settings_lib.TascSettings, shapes, cost,
   does (a small model at a high ratio), the block size at which the scores and one block cost
   least, if that fits."""
   if s.block_size is not None:
-    return equal_bytes.fit_field(s, "density", cost, target)
+    return budget.fit_field(s, "density", cost, target)
   size = method_table.num_elements(shapes)
   fitting = []  # (bytes of the scores and one block, block size)
   for block in BUDGET_BLOCK_SIZES:
@@ -277,12 +277,12 @@ def _budget(s: settings_lib.TascSettings, shapes, cost,
     if one > target:
       continue
     if one - (two - one) <= target / 4:  # the scores' bytes
-      return equal_bytes.fit_field(dataclasses.replace(s, block_size=block), "density", cost,
+      return budget.fit_field(dataclasses.replace(s, block_size=block), "density", cost,
                                    target)
     fitting.append((one, block))
   if not fitting:
     return None
-  return equal_bytes.fit_field(dataclasses.replace(s, block_size=min(fitting)[1]), "density",
+  return budget.fit_field(dataclasses.replace(s, block_size=min(fitting)[1]), "density",
                                cost, target)
 
 

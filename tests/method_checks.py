@@ -146,7 +146,7 @@ def check_nothing_lost(name: str, settings=None, steps: int = 3) -> None:
   (``average="senders"``, SparseLoCo's) returns ``sum_i sent_i / senders``: the check scales it
   back by ``senders / n``, the senders counted from what each worker's residual gave up."""
   if _family(name) == "local":
-    return check_nothing_lost(_settings(name, settings).exchange, None, steps)
+    return check_nothing_lost(_settings(name, settings).carrier, None, steps)
   if _family(name) == "optimizer":
     assert name in OWN_BOOKKEEPING, f"{name}: no test of its own bookkeeping is named"
     return None
@@ -227,7 +227,7 @@ def check_replicas_identical_and_one_compile(name: str, settings=None, steps: in
   params, state, _ = dp.step(dp.worker_params(PARAMS), dp.init(PARAMS), batch,
                              kind=dp.kind_at(0))
   compiled, ran = [], {dp.kind_at(0)}
-  dp.replicas_agree(params)  # compiled before the count
+  dp.replicas_agree(dp.landed(params, state))  # compiled before the count
   with _counting_compilations(compiled):
     for t in range(1, steps):
       params, state, metrics = dp.step(params, state, batch, kind=dp.kind_at(t))
@@ -235,6 +235,8 @@ def check_replicas_identical_and_one_compile(name: str, settings=None, steps: in
       synchronised = dp.synchronises(dp.kind_at(t))
       if dp.per_worker_params:
         assert bool(dp.replicas_agree(params)) == synchronised, f"{name}: step {t}"
+        # What landed (all of the model, a fragment, or nothing) agrees on every worker.
+        assert bool(dp.replicas_agree(dp.landed(params, state))), f"{name}: step {t}"
   if dp.per_worker_params and any(dp.synchronises(k) for k in dp.kinds):
     assert synchronised, f"{name}: the check must end on a synchronising step"
   elif dp.per_worker_params:  # synchronised a fragment at a time: the model agrees everywhere
@@ -298,7 +300,7 @@ def check_fused_equals_per_leaf(name: str, settings=None, steps: int = 2) -> Non
   """On a one-leaf model, fused and per-leaf buffers are the same buffer: the same bits (a
   local-update method: its exchange's)."""
   if _family(name) == "local":
-    return check_fused_equals_per_leaf(_settings(name, settings).exchange, None, steps)
+    return check_fused_equals_per_leaf(_settings(name, settings).carrier, None, steps)
   if registry.get(name).fuse is not None or _family(name) == "optimizer":
     return None  # the method runs in one layout only
   one_leaf = {"w": PARAMS["w"].reshape(-1)}

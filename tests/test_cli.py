@@ -99,7 +99,7 @@ def test_sweep_overrides_set_fields_of_every_run_and_a_diverged_run_is_recorded(
     ("configs/lm_stdlib.py:smoke,steps=two",
      "config argument 'steps=two': steps='two' is not allowed; allowed: an int (default 0)"),
     ("configs/lm_stdlib.py:huge", "configs/lm_stdlib.py: tier 'huge' is not one of "
-     f"{sorted(lm_stdlib.TIERS)}"),
+     f"{sorted(lm_stdlib.MODEL_SIZES)}"),
     ("notes.txt", "notes.txt cannot be run as a Python config file (SyntaxError: invalid syntax "
      "(notes.txt, line 1)); a config file is Python that defines get_config(arg=None), as "
      "configs/quickstart.py does"),

@@ -323,3 +323,96 @@ def test_the_scaling_fits_import_numpy_and_scipy_only():
       found.add(node.module.split(".")[0])
   third_party = found - set(sys.stdlib_module_names)
   assert third_party == {"numpy", "scipy"}, found
+
+
+def _code(path: pathlib.Path) -> str:
+  """``path``'s text without its comments and docstrings (what runs)."""
+  tree = ast.parse(path.read_text())
+  for node in ast.walk(tree):
+    body = getattr(node, "body", None)
+    if (isinstance(body, list) and body and isinstance(body[0], ast.Expr)
+        and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str)):
+      body[0] = ast.Pass()
+  return ast.unparse(tree)
+
+
+def test_the_time_model_tells_methods_apart_by_their_hooks_alone():
+  """What a step synchronises is declared (``StepKind.sends``/``lands``, ``Method.parts``,
+  ``lands_after``): the time model asks no attribute of a method's settings and imports no
+  private method module."""
+  path = ROOT / "compressors" / "step_time.py"
+  assert "hasattr(" not in _code(path)
+  assert not [m for m in _imported_modules(path, set(import_graph()))
+              if any(part.startswith("_") for part in m.split("."))]
+
+
+# The modules of the local-update methods themselves, where H is their own setting.
+_LOCAL_UPDATE_MODULES = ("compressors/_local.py", "compressors/_streaming.py")
+
+
+# The names a step kind's or a per-step input's ``every`` is read through (their own field).
+_KIND_NAMES = {"k", "kind", "self", "inputs", "step_inputs", "exchange_inputs"}
+
+
+def test_h_is_read_by_name_in_at_most_two_places_outside_the_local_update_modules():
+  """A local-update method's H (its settings' ``every``) reaches the solver, the time model and
+  the pages through ``Method.sends_every``/``with_sends_every``: ``x.every`` outside the
+  local-update modules reads a step kind's or a per-step input's own field, but at most twice."""
+  found = [f"{path.relative_to(ROOT)}:{node.lineno} {ast.unparse(node)}"
+           for path in python_files() if not path.is_relative_to(ROOT / "tests")
+           and path.relative_to(ROOT).as_posix() not in _LOCAL_UPDATE_MODULES
+           for node in ast.walk(ast.parse(path.read_text()))
+           if isinstance(node, ast.Attribute) and node.attr == "every"
+           and not (isinstance(node.value, ast.Name) and node.value.id in _KIND_NAMES)]
+  assert len(found) <= 2, found
+
+
+def test_a_local_update_methods_carrier_is_read_through_its_hook():
+  """Outside the local-update modules nothing reads a local-update method's carrier setting by
+  name from its settings (``settings.carrier``; its old name ``settings.exchange``)."""
+  found = [f"{path.relative_to(ROOT)}:{number}"
+           for path in python_files() if not path.is_relative_to(ROOT / "tests")
+           and path.relative_to(ROOT).as_posix() not in _LOCAL_UPDATE_MODULES
+           for number, line in enumerate(path.read_text().splitlines(), 1)
+           if re.search(r"\b(settings|own|solved)\.(carrier|exchange)\b", line.split("#")[0])]
+  assert not found, found
+
+
+def test_the_replica_check_follows_the_declared_landings():
+  """The runner decides when to check replicas from what a kind declares it lands
+  (``DataParallel.lands``), and checks what landed (``DataParallel.landed``), not from a
+  method's options."""
+  train = (ROOT / "experiments" / "train.py").read_text()
+  assert "dp.lands(" in train and "dp.landed(" in train
+  assert '"synchronise"' not in _code(ROOT / "compressors" / "parallel" / "data_parallel.py")
+
+
+def test_tasc_imports_only_the_layers_below_the_registry():
+  """tasc registers its method in the method table, as the registry adds the built-ins', and
+  imports neither the registry nor the whole compressors package (whose ``__init__`` imports the
+  registry), at any depth of the project's imports."""
+  graph = import_graph()
+  reached, todo = set(), [m for m in graph if m == "tasc" or m.startswith("tasc.")]
+  while todo:
+    module = todo.pop()
+    for imported in graph.get(module, {}):
+      if imported not in reached and not imported.startswith("tasc"):
+        reached.add(imported)
+        todo.append(imported)
+  assert not reached & {"compressors", "compressors.registry"}, sorted(reached)
+
+
+def test_look_alike_constants_are_named_by_what_they_hold():
+  """``FAMILIES`` (the method families) and ``TIERS`` (the equal-bytes tiers) are each one
+  module's; what a per-step method exchanges (``EXCHANGE_INPUTS``) is not named a letter away
+  from the payloads' collectives (``protocol.EXCHANGES``)."""
+  defined = {}
+  for path in python_files():
+    for node in ast.parse(path.read_text()).body:
+      if isinstance(node, ast.Assign):
+        for target in node.targets:
+          if isinstance(target, ast.Name):
+            defined.setdefault(target.id, []).append(path.relative_to(ROOT).as_posix())
+  assert defined["FAMILIES"] == ["compressors/method_table.py"]
+  assert defined["TIERS"] == ["compressors/equal_bytes.py"]
+  assert "EXCHANGED" not in defined

@@ -112,9 +112,9 @@ def test_tasc_picks_blocks_whose_scores_take_at_most_a_quarter_of_the_bytes():
 
 @pytest.mark.parametrize("arg, every", [
     ("method=diloco", 100),                        # float32: H meets the tier
-    ("method=diloco,exchange=int8", 26),           # 8 bits and scales (3.9x): a smaller H
-    ("method=diloco,exchange=topk,every=10", 10),  # H as given, top-k at 10x
-    ("method=diloco,exchange=tasc,every=10", 10),  # H as given, TASC at 10x
+    ("method=diloco,carrier=int8", 26),           # 8 bits and scales (3.9x): a smaller H
+    ("method=diloco,carrier=topk,every=10", 10),  # H as given, top-k at 10x
+    ("method=diloco,carrier=tasc,every=10", 10),  # H as given, TASC at 10x
 ])
 def test_local_updates_meet_a_tier_by_h_or_by_their_exchange_in_the_compiled_hlo(arg, every):
   """A local-update method's bytes per step are its exchange's (compiled) over H: at 100x the
@@ -123,7 +123,7 @@ def test_local_updates_meet_a_tier_by_h_or_by_their_exchange_in_the_compiled_hlo
   assert solution.feasible, solution.note
   assert settings.every == every
   params = [jax.ShapeDtypeStruct(s, jnp.float32) for s in cpu_shapes()]
-  tx = registry.transformation(settings.exchange, solution.exchange_settings, axis_name="data")
+  tx = registry.transformation(settings.carrier, solution.exchange_settings, axis_name="data")
   per_step = harness.update_bytes(tx, params, harness.mesh(8)).total / settings.every
   assert per_step == pytest.approx(solution.target_bytes, rel=0.1)
   assert per_step == pytest.approx(solution.bytes, rel=0.02)
@@ -134,7 +134,7 @@ def test_a_run_is_charged_the_synchronisations_it_completes_and_h_moves_when_the
   that H (1,293x): given the run's length the solver moves H to 250 (4 of them, 969x), counted
   as the runner counts the steps' kinds; a run long enough to meet the tier keeps H = 258."""
   shapes = cpu_shapes()
-  int8 = registry.default_settings("diloco", exchange="int8")
+  int8 = registry.default_settings("diloco", carrier="int8")
   rate = equal_bytes.solve("diloco", shapes, 8, 1000, int8)
   short = equal_bytes.solve("diloco", shapes, 8, 1000, int8, steps=1000)
   long = equal_bytes.solve("diloco", shapes, 8, 1000, int8, steps=4000)
@@ -146,7 +146,7 @@ def test_a_run_is_charged_the_synchronisations_it_completes_and_h_moves_when_the
     assert solution.feasible and abs(solution.ratio / 1000 - 1) <= 0.1, solution.ratio
   once = equal_bytes.method_bytes("int8", shapes, 8, rate.exchange_settings)
   assert rate.dense_bytes * 1000 / (once * (1000 // 258)) > 1.1 * 1000  # H = 258 misses it
-  config = lm.get_config("method=diloco,exchange=int8,ratio=1000")
+  config = lm.get_config("method=diloco,carrier=int8,ratio=1000")
   assert methods.equal_bytes_settings(config)[0].every == 250  # the runner passes its steps
   # Too short a run for the tier: the closest H still synchronises once, off the tier, and a
   # run shorter than the method's shortest round is refused with its reason.

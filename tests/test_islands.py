@@ -194,7 +194,7 @@ def test_the_islands_step_lowers_for_cuda_on_a_mesh_of_abstract_h100s(monkeypatc
                                    axis_types=(jax.sharding.AxisType.Auto,) * 2,
                                    abstract_device=h100)
   monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-  settings = registry.default_settings("diloco", every=3, exchange="int8")
+  settings = registry.default_settings("diloco", every=3, carrier="int8")
   tx = registry.training("diloco", settings, optimizer=optax.adam(1e-2), learning_rate=1e-2,
                          axis_name="islands")
   shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), PARAMS)

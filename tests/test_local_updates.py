@@ -154,7 +154,7 @@ def test_workers_differ_between_synchronisations_and_agree_bit_for_bit_after():
 
 
 def test_tasc_on_the_pseudo_gradient_gets_its_curvature_at_synchronisations():
-  settings = registry.default_settings("diloco", every=2, exchange="tasc")
+  settings = registry.default_settings("diloco", every=2, carrier="tasc")
   kinds = registry.step_kinds("diloco", settings)
   assert [(k.name, k.every, k.phase, k.inputs is not None) for k in kinds] == [
       ("local", 1, 0, False), ("sync", 2, 1, False), ("sync_with_inputs", 100, 1, True)]
@@ -176,8 +176,8 @@ def test_bad_local_settings_are_refused_with_the_field():
   with pytest.raises(ValueError, match="every=0"):
     registry.training("diloco", registry.default_settings("diloco", every=0),
                       optimizer=optax.sgd(0.1), learning_rate=0.1, axis_name="data")
-  with pytest.raises(ValueError, match="exchange='demo' is a optimizer method"):
-    registry.training("diloco", registry.default_settings("diloco", exchange="demo"),
+  with pytest.raises(ValueError, match="carrier='demo' is a optimizer method"):
+    registry.training("diloco", registry.default_settings("diloco", carrier="demo"),
                       optimizer=optax.sgd(0.1), learning_rate=0.1, axis_name="data")
   with pytest.raises(ValueError, match="exchanged='update' with method 'diloco'"):
     registry.training("diloco", optimizer=optax.sgd(0.1), learning_rate=0.1, axis_name="data",

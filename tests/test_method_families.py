@@ -94,5 +94,62 @@ def test_settings_a_family_refuses_fail_before_compiling(tmp_path):
   with pytest.raises(ValueError, match="density_warmup_steps=10 with method 'powersgd'"):
     train.train(_quickstart("powersgd", **{"compression.density_warmup_steps": 10}),
                 str(tmp_path))
-  with pytest.raises(ValueError, match="compression.diloco.exchange='zip'"):
-    train.train(_quickstart("diloco", **{"compression.diloco.exchange": "zip"}), str(tmp_path))
+  with pytest.raises(ValueError, match="compression.diloco.carrier='zip'"):
+    train.train(_quickstart("diloco", **{"compression.diloco.carrier": "zip"}), str(tmp_path))
+
+
+# A kept run written when a local-update method's carrier was its "exchange" setting.
+_KEPT_INT8 = "paper_figures/cpu_runs/lm_cpu/diloco_int8_100x_lr0.5_s0"
+
+
+def _kept_config() -> dict:
+  with open(f"{_KEPT_INT8}/config.json") as f:
+    return json.load(f)
+
+
+def test_a_kept_runs_old_exchange_key_still_loads_as_its_carrier_with_a_notice():
+  """``compression.diloco.exchange`` (the carrier's name before it was ``carrier``) in a kept
+  run's config.json is read as ``carrier``, with a one-line notice; the pages read it so."""
+  import ml_collections  # pylint: disable=import-outside-toplevel
+  from experiments import methods  # pylint: disable=import-outside-toplevel
+  from experiments.reproduce import t1_lm  # pylint: disable=import-outside-toplevel
+  stored = _kept_config()
+  assert stored["compression"]["diloco"]["exchange"] == "int8"
+  assert "carrier" not in stored["compression"]["diloco"]
+  with pytest.warns(FutureWarning, match=r"config.compression.diloco.exchange is now "
+                                         r"config.compression.diloco.carrier \(read as "
+                                         r"carrier='int8'\)"):
+    assert methods.carrier(ml_collections.ConfigDict(stored)) == "int8"
+  with pytest.warns(FutureWarning):
+    assert methods.exchange_settings(ml_collections.ConfigDict(stored)) == registry.get(
+        "int8").settings(**stored["compression"]["int8"])
+    assert ", int8 " in t1_lm.settings_text(stored)
+
+
+def test_a_kept_run_resumes_under_the_renamed_key_and_a_changed_carrier_is_refused(tmp_path):
+  """The resume check compares a stored config after renaming its old keys: the same run
+  written now (``carrier``) matches its kept config.json (``exchange``); another carrier is
+  named as the difference."""
+  from configs import common  # pylint: disable=import-outside-toplevel
+  from experiments import validation  # pylint: disable=import-outside-toplevel
+  import ml_collections  # pylint: disable=import-outside-toplevel
+  stored = _kept_config()
+  (tmp_path / validation.CONFIG_FILE).write_text(json.dumps(stored))
+  with pytest.warns(FutureWarning):
+    now = common.upgraded(stored)
+  now.pop("provenance", None)
+  assert now["compression"]["diloco"]["carrier"] == "int8"
+  with pytest.warns(FutureWarning):
+    validation.check_resume(ml_collections.ConfigDict(now), str(tmp_path), 100)
+  now["compression"]["diloco"]["carrier"] = "int4"
+  with pytest.warns(FutureWarning), pytest.raises(
+      ValueError, match=r"compression.diloco.carrier: 'int8' there, 'int4' now"):
+    validation.check_resume(ml_collections.ConfigDict(now), str(tmp_path), 100)
+
+
+def test_the_paper_configs_old_exchange_argument_still_reads_as_the_carrier():
+  from configs.paper import lm  # pylint: disable=import-outside-toplevel
+  with pytest.warns(FutureWarning, match="exchange=int8 is now carrier=int8"):
+    old = lm.get_config("method=diloco,exchange=int8")
+  new = lm.get_config("method=diloco,carrier=int8")
+  assert old.to_dict() == new.to_dict() and new.compression.diloco.carrier == "int8"

@@ -64,7 +64,7 @@ def test_bert_base_encoder_matches_the_released_model():
     ("tiny", 2048 * 128 + 128 * 128 + 4 * (12 * 128**2 + 13 * 128) + 2 * 128),  # 1,071,872
     ("base", 8192 * 512 + 256 * 512 + 8 * (12 * 512**2 + 13 * 512) + 2 * 512)])  # 29,545,472
 def test_decoder_lm_tiers_have_about_1m_and_over_25m_parameters(tier, expected):
-  settings = lm_stdlib.TIERS[tier]
+  settings = lm_stdlib.MODEL_SIZES[tier]
   model = models.build_model(dict(name="decoder_lm", **settings["model"]),
                              vocab_size=settings["vocab_size"])
   assert _param_count(model, jnp.zeros((1, settings["seq_len"]), jnp.int32)) == expected
@@ -230,5 +230,5 @@ def test_mixed_precision_is_checked_and_the_gpu_tier_uses_it():
   with pytest.raises(ValueError, match=r"config.model.compute_dtype='float16' is not allowed for "
                                        r"model 'decoder_lm'; allowed: one of \('float32', 'bfloat16'\)"):
     models.build_model(dict(name="decoder_lm", vocab_size=10, compute_dtype="float16"))
-  assert lm_stdlib.TIERS["base"]["model"]["compute_dtype"] == "bfloat16"
-  assert "compute_dtype" not in lm_stdlib.TIERS["tiny"]["model"]
+  assert lm_stdlib.MODEL_SIZES["base"]["model"]["compute_dtype"] == "bfloat16"
+  assert "compute_dtype" not in lm_stdlib.MODEL_SIZES["tiny"]["model"]

@@ -177,14 +177,16 @@ def _method_modules() -> dict[str, str]:
 
 def test_method_modules_declare_and_do_not_register_or_import_the_wrapper():
   """Each built-in module declares its ``METHODS`` (added by the registry, or by tasc's
-  package); none calls ``register``, no module of a per-step method imports
-  ``_compress``/``_momentum`` (a method that is its own optimizer, as 1-bit Adam, runs a
-  compressor through the wrapper, a layer above it), and the table imports neither."""
+  package); none calls ``register``, no module of a compressor method imports
+  ``wrapper``/``_momentum`` (a method that is its own optimizer, as 1-bit Adam, or a
+  transformation, as TASC, runs a compressor through the wrapper, a layer above it), and the
+  table imports neither."""
   modules = _method_modules()
   assert {m.name for name in modules
           for m in __import__(name, fromlist=["METHODS"]).METHODS} == set(registry.BUILTIN)
-  per_step = {name for name in modules
-              if all(m.per_step for m in __import__(name, fromlist=["METHODS"]).METHODS)}
+  per_step = {name for name in modules  # TASC's transformation runs the wrapper itself
+              if all(m.compressor is not None
+                     for m in __import__(name, fromlist=["METHODS"]).METHODS)}
   for module_name, path in {**modules, "compressors.method_table": os.path.join(
       _ROOT, "compressors", "method_table.py")}.items():
     with open(path) as f:
@@ -192,7 +194,7 @@ def test_method_modules_declare_and_do_not_register_or_import_the_wrapper():
     imported = {alias.name for node in tree.body if isinstance(node, ast.ImportFrom)
                 for alias in node.names}
     if module_name in per_step | {"compressors.method_table"}:
-      assert not imported & {"_compress", "_momentum"}, module_name
+      assert not imported & {"wrapper", "_momentum"}, module_name
     calls = [node for node in ast.walk(tree) if isinstance(node, ast.Call)
              and isinstance(node.func, ast.Attribute) and node.func.attr == "register"]
     assert not calls, f"{module_name} calls register; declare METHODS instead"
@@ -210,8 +212,38 @@ def test_a_local_update_method_names_its_carrier():
   """What the assembly needs of a local-update family is a hook of its record: its carrier
   (the per-step method that exchanges its pseudo-gradient) prices it and makes its inputs."""
   diloco = registry.get("diloco")
-  assert diloco.carrier(diloco.settings(exchange="tasc")) == "tasc"
+  assert diloco.carrier(diloco.settings(carrier="tasc")) == "tasc"
   assert registry.steps_per_exchange("diloco", diloco.settings(every=7)) == 7
   assert registry.steps_per_exchange("topk") == 1
   with pytest.raises(ValueError, match="a local-update method \\(local=\\) needs carrier="):
     registry.Method(name="x", summary="", settings=diloco.settings, local=lambda *a, **k: None)
+
+
+def test_a_local_update_methods_h_and_synchronisation_are_read_through_its_hooks():
+  """The solver sets H through ``with_sends_every`` (the method's own checks run); the kinds
+  declare what they send and land: DiLoCo's synchronisation the whole model, Streaming
+  DiLoCo's kinds one fragment each, as their options run it (``Method.parts`` gives the
+  fragments' shapes)."""
+  diloco = registry.with_steps_per_exchange("diloco", registry.default_settings("diloco"), 7)
+  assert registry.steps_per_exchange("diloco", diloco) == 7
+  with pytest.raises(ValueError, match="every=2 with fragments=4"):
+    registry.with_steps_per_exchange("streaming_diloco",
+                                     registry.default_settings("streaming_diloco"), 2)
+  with pytest.raises(ValueError, match="'topk' exchanges every step"):
+    registry.with_steps_per_exchange("topk", registry.default_settings("topk"), 2)
+  with pytest.raises(ValueError, match="sends_every= and with_sends_every= come together"):
+    registry.Method(name="x", summary="", settings=type(diloco), local=lambda *a, **k: None,
+                    carrier=lambda s: "dense", sends_every=lambda s: 1)
+  kinds = {k.name: k for k in registry.step_kinds("diloco", diloco)}
+  whole = compressors.method_protocol.WHOLE_MODEL
+  assert (kinds["sync"].sends, kinds["sync"].lands) == (whole, whole)
+  assert kinds["sync"].synchronises and not kinds["local"].synchronises
+  assert (kinds["local"].sends, kinds["local"].lands) == (None, None)
+  streaming = registry.default_settings("streaming_diloco", every=8, fragments=2, overlap=1)
+  for kind in registry.step_kinds("streaming_diloco", streaming):
+    options = kind.update_kwargs()
+    assert (kind.sends, kind.lands) == (options.get("sync"), options.get("apply")), kind.name
+    assert not kind.synchronises
+  # 22 entries: the (6, 3) leaf cut into two pieces of 3 rows, the (4,) one whole.
+  parts = registry.get("streaming_diloco").parts(streaming, [(6, 3), (4,)])
+  assert parts == [[(3, 3), (4,)], [(3, 3)]]

@@ -113,7 +113,7 @@ def test_dense_is_charged_the_cost_models_all_reduce_every_step(rows):
 def test_a_local_update_row_pays_its_exchange_at_each_synchronisation(rows, label, steps):
   config = solved(sweep_config.config_arg(label, "cpu", 1.0, 0, 8))
   own = config["compression"][config["method"]]
-  exchange = own["exchange"]
+  exchange = own["carrier"]
   every = own["every"]
   syncs = steps // every  # synchronisations after steps every - 1, 2 every - 1, ...
   assert (label, every, syncs) in {("diloco_int4_100x", 13, 3), ("sparseloco_1000x", 30, 1)}

@@ -157,9 +157,9 @@ def test_every_frontier_point_is_t1s_row_where_their_labels_meet():
 def test_the_frontier_has_five_ratios_for_most_families_each_met_within_ten_percent():
   """The frontier's ratio solving: every point's budget (or H) is solved onto its ratio by the
   cost model the runner uses (tests/test_equal_bytes.py checks it against the compiled HLO)."""
-  counts = {family: len(ratios) for family, (_, ratios) in f6_config.FAMILIES.items()}
+  counts = {family: len(ratios) for family, (_, ratios) in f6_config.CURVES.items()}
   assert min(counts.values()) >= 4 and sum(n >= 5 for n in counts.values()) >= 4, counts
-  for family, (args, ratios) in f6_config.FAMILIES.items():
+  for family, (args, ratios) in f6_config.CURVES.items():
     for ratio in ratios:
       config = lm.get_config(f6_config.config_arg(f6_config.label(family, ratio), 1.0, 0))
       _, solution = methods.equal_bytes_settings(config)

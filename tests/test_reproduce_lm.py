@@ -59,9 +59,9 @@ def test_the_cpu_grid_tunes_every_row_over_the_same_rate_scales():
   # Every T1-LM row but PowerSGD (no rank meets 100x on the CPU tier's model) runs at 100x.
   assert {label.rsplit("_", 1)[0] for label in rows if label.endswith("_100x")} == (
       set(sweep_config.TIERED) - {"sparseloco_tasc", "powersgd"})
-  assert configs["sparseloco_tasc_1000x_lr1_s0"].compression.sparseloco.exchange == "tasc"
+  assert configs["sparseloco_tasc_1000x_lr1_s0"].compression.sparseloco.carrier == "tasc"
   assert configs["topk_update_100x_lr1_s0"].compression.exchanged == "update"
-  assert configs["diloco_tasc_1000x_lr1_s0"].compression.diloco.exchange == "tasc"
+  assert configs["diloco_tasc_1000x_lr1_s0"].compression.diloco.carrier == "tasc"
 
 
 def test_the_chosen_rows_get_their_other_seeds_once():
@@ -91,7 +91,7 @@ def test_f4_lm_varies_tasc_on_the_pseudo_gradient():
                                                for s in ("magnitude", "newton", "fisher")}
   assert lm.get_config(runs["sparseloco_tasc_1000x_lr1_s0"]).compression.tasc.block_size == 256
   c = lm.get_config(runs["sparseloco_tasc_1000x_fisher_b64_global_lr1_s0"])
-  assert (c.method, c.compression.sparseloco.exchange, c.compression.sparseloco.every) == (
+  assert (c.method, c.compression.sparseloco.carrier, c.compression.sparseloco.every) == (
       "sparseloco", "tasc", 30)
   assert (c.compression.tasc.sensitivity, c.compression.tasc.block_size) == ("fisher", 64)
 
@@ -135,7 +135,7 @@ def test_block_16_leaves_the_pseudo_gradient_nothing():
     shapes = methods.parameter_shapes(lm.get_config(f"tier={tier}"))
     elements = registry.num_elements(shapes)
     for block in sweep_config.BLOCK_SIZES:
-      c = _solved(f"tier={tier},method=diloco,exchange=tasc,every=30,ratio=1000,block={block}")
+      c = _solved(f"tier={tier},method=diloco,carrier=tasc,every=30,ratio=1000,block={block}")
       blocks_sent = c.compression.tasc.density * elements / block
       assert (blocks_sent < 1) == (block in sweep_config.UNMET_BLOCKS), (tier, block)
 

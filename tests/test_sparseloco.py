@@ -229,7 +229,8 @@ def test_error_feedback_keeps_exactly_what_was_not_sent():
   more bits than float32 has)."""
   tx = registry.local_exchange(
       registry.default_settings("sparseloco"),
-      registry.default_settings("chunk_topk", chunk=CHUNK, density=DENSITY), axis_name="data")
+      registry.default_settings("chunk_topk", chunk=CHUNK, density=DENSITY), axis_name="data",
+      carrier="chunk_topk")
   state, update = harness.shard_map_update(tx, harness.mesh(1), PARAMS)
   exact = 0
   for t in range(4):
@@ -259,7 +260,7 @@ def test_one_synchronisation_moves_at_most_0_4x_a_top_k_steps_bytes_at_equal_den
   mesh, n = harness.mesh(8), 200_000
   sync = registry.local_exchange(registry.default_settings("sparseloco"),
                                  registry.default_settings("chunk_topk", density=1 / 64),
-                                 axis_name="data")
+                                 axis_name="data", carrier="chunk_topk")
   topk_settings = registry.default_settings("topk", density=1 / 64, selection="exact")
   topk = registry.transformation("topk", topk_settings, axis_name="data")
   ours, theirs = (harness.update_bytes(tx, params, mesh).total for tx in (sync, topk))
@@ -297,7 +298,7 @@ def test_sparseloco_meets_a_tier_through_its_exchanges_density(ratio):
   settings, solution = methods.equal_bytes_settings(
       lm.get_config(f"method=sparseloco,ratio={ratio}"))
   assert solution.feasible, solution.note
-  assert settings.exchange == "chunk_topk" and settings.every == 30
+  assert settings.carrier == "chunk_topk" and settings.every == 30
   params = [jax.ShapeDtypeStruct(s, jnp.float32) for s in test_equal_bytes.cpu_shapes()]
   tx = registry.transformation("chunk_topk", solution.exchange_settings, axis_name="data")
   per_step = harness.update_bytes(tx, params, harness.mesh(8)).total / settings.every
@@ -351,9 +352,9 @@ def test_the_defaults_are_the_ports_and_sparseloco_takes_them():
   assert (settings.chunk, settings.density) == (4096, 1 / 64)
   assert chunked.layout(10_000, settings.chunk, settings.density) == chunked.Layout(3, 4096, 64,
                                                                                   12)
-  assert registry.default_settings("sparseloco").exchange == "chunk_topk"
+  assert registry.default_settings("sparseloco").carrier == "chunk_topk"
   assert registry.get("chunk_topk").budget == "density"
-  topk = registry.default_settings("sparseloco", exchange="topk")
+  topk = registry.default_settings("sparseloco", carrier="topk")
   assert registry.cost("sparseloco", [(200_000,)], equal_bytes.topology(8), topk,
                        exchange_settings=registry.default_settings("topk", density=1 / 64)
                        ).bytes_sent == 175_000

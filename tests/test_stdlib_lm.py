@@ -191,7 +191,7 @@ def test_diloco_with_int8_pseudo_gradients_trains_the_language_model(tmp_path, c
   config = lm_stdlib.get_config(f"smoke,cache={cache}")
   config.update_from_flattened_dict({"method": "diloco", "num_steps": 4,
                                      "compression.diloco.every": 2,
-                                     "compression.diloco.exchange": "int8"})
+                                     "compression.diloco.carrier": "int8"})
   results, _ = train.train(config, str(tmp_path))
   assert np.isfinite(results["test_loss"]) and results["bytes_by_kind"]["local"] == 0
   assert 3.5 < results["compression_ratio"] / 2 < 4  # int8 (with scales) once every 2 steps

@@ -61,7 +61,7 @@ def test_a_compressor_waits_for_the_whole_backward_pass():
 
 
 def test_local_updates_pay_only_their_synchronisations():
-  settings = registry.default_settings("diloco", every=10, exchange="int8")
+  settings = registry.default_settings("diloco", every=10, carrier="int8")
   times = step_time.kind_times("diloco", SHAPES, TOPOLOGY, 0.2, settings)
   sync = registry.cost("int8", SHAPES, TOPOLOGY).time
   assert times["local"] == step_time.StepTime(0.2, 0.0, 0.2)
@@ -110,7 +110,7 @@ def test_islands_pay_zero3_on_the_fast_link_and_the_exchange_of_a_shard_on_the_s
   if shared:
     link = topo.Link(link.alpha, link.bandwidth / 4, link.gamma)
   shard = [(1024 // 4, 1024)] * 12  # of equal dimensions the first is sharded
-  settings = registry.default_settings("diloco", every=10, exchange="int8")
+  settings = registry.default_settings("diloco", every=10, carrier="int8")
   times = step_time.island_kind_times("diloco", SHAPES, islands, 0.2, settings)
   sync = registry.cost("int8", shard, topo.Topology.flat(2, link)).time
   assert times["local"].total == pytest.approx(0.2 + zero3)

@@ -63,11 +63,11 @@ def _batch(workers: int, seed: int = 0, dim: int = DIM):
   return x, x @ jax.random.normal(key_w, (dim, dim)) + 0.5
 
 
-def _streaming(params, workers, *, every, fragments, overlap, alpha, exchange="dense",
+def _streaming(params, workers, *, every, fragments, overlap, alpha, carrier="dense",
                inner=None, dim=DIM, land_at_turn=False):
   settings = registry.default_settings(
       "streaming_diloco", every=every, fragments=fragments, overlap=overlap, alpha=alpha,
-      exchange=exchange, outer_learning_rate=OUTER_LR, outer_momentum=OUTER_MOMENTUM,
+      carrier=carrier, outer_learning_rate=OUTER_LR, outer_momentum=OUTER_MOMENTUM,
       land_at_turn=land_at_turn)
   tx = registry.training("streaming_diloco", settings, optimizer=inner or optax.sgd(INNER_LR),
                          learning_rate=INNER_LR, axis_name="data")
@@ -313,7 +313,7 @@ def test_tasc_exchanges_each_fragment_with_its_curvature_cut_to_the_fragment():
   worker) and the exchange takes the fragment's part of it; the two fragments (of equal size)
   move equal bytes, local steps none, and training moves the loss down."""
   import tasc  # pylint: disable=import-outside-toplevel,unused-import  # registers "tasc"
-  settings = registry.default_settings("streaming_diloco", every=4, fragments=2, exchange="tasc")
+  settings = registry.default_settings("streaming_diloco", every=4, fragments=2, carrier="tasc")
   tasc_settings = registry.default_settings("tasc", hessian_every=4, block_size=16,
                                             density=0.25, num_probes=1)
   kinds = registry.step_kinds("streaming_diloco", settings, exchange_settings=tasc_settings)
@@ -352,8 +352,8 @@ def test_no_step_moves_more_than_a_third_of_dilocos_synchronisation(exchange):
   synchronisation does."""
   params, workers, every, dim = _params(4, dim=64), 8, 8, 64
   dp = _streaming(params, workers, every=every, fragments=4, overlap=1, alpha=0.5,
-                  exchange=exchange, dim=dim)
-  diloco_settings = registry.default_settings("diloco", every=every, exchange=exchange)
+                  carrier=exchange, dim=dim)
+  diloco_settings = registry.default_settings("diloco", every=every, carrier=exchange)
   diloco = compressors.data_parallel(
       _loss, registry.training("diloco", diloco_settings, optimizer=optax.sgd(INNER_LR),
                                learning_rate=INNER_LR, axis_name="data"),
@@ -379,8 +379,8 @@ def test_equal_bytes_prices_a_round_as_dilocos_synchronisation():
   reach)."""
   shapes = [(256, 256), (256,), (256, 256), (256,)]
   for exchange in ("dense", "int8"):
-    streaming = registry.default_settings("streaming_diloco", every=50, exchange=exchange)
-    diloco = registry.default_settings("diloco", every=50, exchange=exchange)
+    streaming = registry.default_settings("streaming_diloco", every=50, carrier=exchange)
+    diloco = registry.default_settings("diloco", every=50, carrier=exchange)
     assert equal_bytes.method_bytes("streaming_diloco", shapes, 8, streaming) == (
         equal_bytes.method_bytes("diloco", shapes, 8, diloco))
   solved = equal_bytes.solve("streaming_diloco", shapes, 8, "100x")
@@ -484,3 +484,55 @@ def test_the_runner_trains_it_and_resumes_between_synchronisations_bit_for_bit(t
   assert results["wire_bytes"] == pytest.approx((ran["sync0"] + 2 * ran["sync1"]) / 6,
                                                rel=0.01)  # sync1 at steps 1 and 5
   assert_resumes_bit_for_bit(_quickstart, finished, str(tmp_path / "resumed"), 5, 6, results)
+
+
+def _flip_worker_rows(state, worker: int):
+  """``state`` with one bit flipped in worker ``worker``'s copy of every parameter leaf's first
+  entry (each fragment holds some leaf's first row, so every fragment drifts)."""
+  from tests import test_failures  # pylint: disable=import-outside-toplevel
+  flip = test_failures._flip_one_bit  # pylint: disable=protected-access
+  return state._replace(params=jax.tree.map(lambda x: flip(x, worker), state.params))
+
+
+def _flip_worker_anchor(state, worker: int):
+  """``state`` with one bit flipped in worker ``worker``'s copy of the synchronised parameters
+  (every leaf's first entry)."""
+  from tests import test_failures  # pylint: disable=import-outside-toplevel
+  flip = test_failures._flip_one_bit  # pylint: disable=protected-access
+  is_streaming = lambda x: isinstance(x, compressors.StreamingState)
+  flipped = lambda s: s._replace(anchor=jax.tree.map(lambda x: flip(x, worker), s.anchor))
+  return state._replace(opt_state=jax.tree.map(
+      lambda s: flipped(s) if is_streaming(s) else s, state.opt_state, is_leaf=is_streaming))
+
+
+def test_the_runners_replica_check_finds_a_landed_fragment_that_drifted(tmp_path, monkeypatch):
+  """With ``alpha = 0`` a landed fragment must be bit-identical on every worker: the runner
+  checks each fragment after it lands (the other fragments differ between workers by design).
+  A bit flipped on worker 5 in every leaf at fragment 1's landing (step 2) stops the run there,
+  naming fragment 1's leaves alone."""
+  from tests import test_failures  # pylint: disable=import-outside-toplevel
+  after = lambda state: _flip_worker_rows(state, 5) if int(state.step) == 3 else state
+  test_failures._wrap_train_steps(monkeypatch, after)  # pylint: disable=protected-access
+  config = _quickstart(**{"compression.streaming_diloco.alpha": 0.0, "check_replicas_every": 1})
+  with pytest.raises(train.ReplicaDriftError,
+                     match=r"replica drift detected at step 3: .* on devices \['5 row 0'\]"
+                     ) as found:
+    train.train_and_evaluate(config, str(tmp_path / "drift"))
+  # Fragment 0 (the first conv's kernel among its pieces) had not landed: not compared.
+  assert "['Conv_0']['kernel']" not in str(found.value)
+
+
+def test_with_mixed_landings_the_replica_check_compares_the_synchronised_parameters(
+    tmp_path, monkeypatch):
+  """With ``alpha = 0.5`` a landing mixes in each worker's own fragment, so the workers'
+  parameters differ after it by design; what must agree is every worker's copy of the
+  synchronised parameters, which the check compares after each landing: one bit flipped in
+  worker 5's copy stops the run at the next landing (fragment 1's, step 2)."""
+  from tests import test_failures  # pylint: disable=import-outside-toplevel
+  after = lambda state: _flip_worker_anchor(state, 5) if int(state.step) == 2 else state
+  test_failures._wrap_train_steps(monkeypatch, after)  # pylint: disable=protected-access
+  config = _quickstart(**{"check_replicas_every": 1})
+  assert config.compression.streaming_diloco.alpha == 0.5
+  with pytest.raises(train.ReplicaDriftError,
+                     match=r"replica drift detected at step 3: .* on devices \['5 row 0'\]"):
+    train.train_and_evaluate(config, str(tmp_path / "drift"))

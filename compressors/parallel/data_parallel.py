@@ -120,6 +120,11 @@ class DataParallel(NamedTuple):
       islands, one row per island).
     param_layout: with islands (``shard_axis``), the parameters' layout over the fast axis
       (:class:`compressors.parallel.fsdp.ParamLayout`); None otherwise.
+    landed: ``(params, opt_state) -> params``: with per-worker parameters, each worker's where
+      they landed on the synchronised ones at the latest step (:attr:`StepKind.lands`: the whole
+      model, or a part of it) and its copy of the synchronised ones elsewhere, so that
+      :attr:`replicas_agree` of it checks what must agree after any landing; the parameters
+      themselves otherwise.
   """
   init: Callable[[chex.ArrayTree], chex.ArrayTree]
   step: Callable[..., tuple[chex.ArrayTree, chex.ArrayTree, dict[str, Any]]]
@@ -134,6 +139,7 @@ class DataParallel(NamedTuple):
   worker_params: Callable[[chex.ArrayTree], chex.ArrayTree] = lambda params: params
   per_worker_params: bool = False
   param_layout: fsdp.ParamLayout | None = None
+  landed: Callable[[chex.ArrayTree, chex.ArrayTree], chex.ArrayTree] = lambda params, _: params
 
   @property
   def params_spec(self) -> chex.ArrayTree:
@@ -175,9 +181,14 @@ class DataParallel(NamedTuple):
 
   def synchronises(self, kind: str) -> bool:
     """Whether a step of ``kind`` leaves every worker with the same parameters: every step, or
-    with per-worker parameters a synchronising one (``options["synchronise"]``,
-    ``compressors.local_update_kinds``)."""
-    return not self.per_worker_params or bool(self.kinds[kind].update_kwargs().get("synchronise"))
+    with per-worker parameters one that lands the whole model (:attr:`StepKind.synchronises`)."""
+    return not self.per_worker_params or self.kinds[kind].synchronises
+
+  def lands(self, kind: str) -> bool:
+    """Whether after a step of ``kind`` some of the parameters must agree on every worker
+    (what :attr:`landed` keeps): every step, or with per-worker parameters one that lands a
+    part of the model or all of it (:attr:`StepKind.lands`)."""
+    return not self.per_worker_params or self.kinds[kind].lands is not None
 
   def wire_bytes(self, params: chex.ArrayTree, state: chex.ArrayTree, batch: chex.ArrayTree, *,
                  kind: str | None = None,
@@ -306,6 +317,7 @@ def data_parallel(loss_fn: Callable[..., Any], tx: optax.GradientTransformation,
       reduce=functools.partial(evaluation.reduce_over_workers, layout),
       replicas_agree=drift.replicas_agree_program(layout, per_worker_params,
                                                   programs.params_spec),
+      **({"landed": programs.landed()} if per_worker_params else {}),
       worker_params=programs.worker_params(), per_worker_params=per_worker_params,
       param_layout=param_layout)
 
@@ -498,6 +510,16 @@ class _Programs(NamedTuple):
     shards = self.shard_map(each, in_specs=(self.param_layout.shard_specs,),
                             out_specs=self.specs)
     return jax.jit(lambda params: shards(self.param_layout.to_stored(params)))
+
+  def landed(self):
+    """``(params, opt_state) -> params`` laid out alike: each worker's parameters where they
+    landed on the synchronised ones at the latest step, its copy of the synchronised ones
+    elsewhere (:func:`compressors.method_protocol.landed_params`, on each worker's own rows)."""
+    state_axes = workers_lib.per_worker_axes(self.specs)
+    each = self.layout.each(method_protocol.landed_params, (self.params_axis, state_axes),
+                            self.params_axis)
+    return jax.jit(self.shard_map(each, in_specs=(self.params_spec, self.specs),
+                                  out_specs=self.params_spec))
 
   def worker_params(self):
     """Replicated parameters -> laid out as the step takes them (one row per worker with

@@ -3,7 +3,7 @@ fewer total bytes, runs of ``configs/paper/lm.py`` in T1-LM's folder (``<workdir
 
   python -m experiments.reproduce --target=f6_lm --tier=cpu
 
-Each family of :data:`FAMILIES` runs at each of its ratios (:data:`RATIOS` and, where the knee
+Each family of :data:`CURVES` runs at each of its ratios (:data:`RATIOS` and, where the knee
 needs them, :data:`KNEE_RATIOS`; only where the method meets the ratio within 10%:
 ``tests/test_reproduce_frontier.py`` checks every point against the solver; the methods of fixed
 bytes, :data:`FIXED_POINTS`, are one point each) with the tuning budget
@@ -33,16 +33,16 @@ KNEE_RATIOS = (4, 16, 316)
 # Family -> (configs/paper/lm.py arguments, its ratios). The ratios are those the method meets
 # within 10% on the CPU tier (DeMo's 64-wide tiles stop at 100x: 316x would need under one
 # coefficient a tile; int8 DiLoCo sends a quarter of dense at its most frequent, so starts at 4x).
-FAMILIES = {
+CURVES = {
     "topk": (dict(method="topk"), RATIOS),
     "topk_update": (dict(method="topk", exchanged="update"), RATIOS),
     "diloco": (dict(method="diloco"), RATIOS),
     # DiLoCo's outer Nesterov momentum (0.9) at rate 0.35-1.4 overshoots when rounds are short:
     # without it, outer rate 1 is plain model averaging (local SGD), the rate a short round wants.
     "diloco_avg": (dict(method="diloco", outer_momentum=0.0), RATIOS),
-    "diloco_int8": (dict(method="diloco", exchange="int8"), (4, 8, 30, 100, 1000)),
+    "diloco_int8": (dict(method="diloco", carrier="int8"), (4, 8, 30, 100, 1000)),
     # int4 sends an eighth of dense at its most frequent: it starts at 8x.
-    "diloco_int4": (dict(method="diloco", exchange="int4"), (8, 30, 100, 1000)),
+    "diloco_int4": (dict(method="diloco", carrier="int4"), (8, 30, 100, 1000)),
     # Streaming DiLoCo (4 fragments, each landing a step late, mixed half and half): a round
     # sends the model once, so H = the ratio, and H >= 4 fragments: it starts at 4x.
     "streaming_diloco": (dict(method="streaming_diloco"), (4, 8, 30, 100, 1000)),
@@ -52,7 +52,7 @@ FAMILIES = {
     "sparseloco_h15": (dict(method="sparseloco", every=15), (16, 30, 100, 316, 1000)),
     # TASC on the pseudo-gradient in SparseLoCo's form (F4-LM's row: block 256, saliency), H = 15:
     # its block scores cost a round more than 2x of dense below 30x.
-    "sparseloco_tasc_h15": (dict(method="sparseloco", exchange="tasc", every=15, block=256),
+    "sparseloco_tasc_h15": (dict(method="sparseloco", carrier="tasc", every=15, block=256),
                             (30, 100, 316, 1000)),
 }
 # Methods whose bytes are fixed (T1-LM's rows of those labels): each a family of one point, at
@@ -87,7 +87,7 @@ def label(family: str, ratio: float) -> str:
 def rows() -> dict[str, dict]:
   """Label -> ``configs/paper/lm.py`` arguments of every point, and of dense and solo."""
   table = {name: dict(t1_lm.FIXED[name]) for name in (*REFERENCES, *FIXED_POINTS)}
-  for family, (args, ratios) in FAMILIES.items():
+  for family, (args, ratios) in CURVES.items():
     table.update({label(family, r): dict(args, ratio=float(r)) for r in ratios})
   return table
 
@@ -111,7 +111,7 @@ def ratio_of(row: str) -> float | None:
 def grid(families: str = "", chosen: str = "", tuning: bool = True) -> list[tuple[str, float, int]]:
   """``(row, rate scale, seeds)`` to run, in order: dense and solo first (their seeds decide every
   retention), then family by family, ratio by ratio."""
-  known = (*FAMILIES, *FIXED_POINTS)
+  known = (*CURVES, *FIXED_POINTS)
   names = list(known) if not families else families.split("+")
   for name in names:
     if name not in known:

@@ -39,9 +39,9 @@ solver picks (the smallest whose scores take at most a quarter of the bytes). DG
 its density warm-up (its compiled switch would be charged at the warm-up's density).
 
 Local updates and the optimizer's place: ``method=diloco`` (or ``sparseloco``) trains each worker
-with the recipe's AdamW for ``every`` steps and exchanges the pseudo-gradient through
-``exchange`` (a per-step method: ``dense``, ``int8``, ``topk``, ``tasc``, ...); at a tier, an
-exchange whose bytes are fixed gets the ``every`` that meets it, one with a budget keeps
+with the recipe's AdamW for ``every`` steps and exchanges the pseudo-gradient through its
+``carrier`` (a per-step method: ``dense``, ``int8``, ``topk``, ``tasc``, ...); at a tier, a
+carrier whose bytes are fixed gets the ``every`` that meets it, one with a budget keeps
 ``every`` and is solved at ``ratio / every`` (``compressors/equal_bytes.py``). ``exchanged=update``
 runs a per-step method after each worker's own AdamW (``chain(adamw, exchange)``) instead of
 before one AdamW of the mean (``gradient``).
@@ -49,14 +49,17 @@ before one AdamW of the mean (``gradient``).
 Arguments (``key=value`` joined by commas): ``tier`` (cpu/gpu), ``method`` (dense, fp16, onebit,
 topk, randomk, dgc, powersgd, tasc, or any registered method), ``ratio`` (the tier, > 1),
 ``workers``, ``score`` (tasc: saliency/newton), ``sensitivity`` (tasc: hutchinson/fisher/none),
-``block`` (tasc; 0: the solver's), ``support`` (tasc: global/previous), ``exchange`` and
-``every`` (local updates; '' and 0: the method's defaults), ``outer_momentum`` (local updates'
-outer Nesterov momentum; -1: the method's default), ``exchanged`` (gradient/update),
+``block`` (tasc; 0: the solver's), ``support`` (tasc: global/previous), ``carrier`` (formerly
+``exchange``, still read with a notice) and ``every`` (local updates; '' and 0: the method's
+defaults), ``outer_momentum`` (local updates' outer Nesterov momentum; -1: the method's
+default), ``exchanged`` (gradient/update),
 ``lr_scale`` (the tuning knob, a multiple of the method's own rate: the recipe's AdamW rate, or a
 local-update method's outer rate; 1: as configured), ``seed``, ``cache`` (the tokenizer's cache
 folder; '' for the default), ``solo``, ``steps_scale``, ``corpus_dir`` (the GPU tier's corpus
 cache folder, holding ``archives/``; '' for the default).
 """
+
+import warnings
 
 import ml_collections
 
@@ -65,7 +68,7 @@ from configs import common
 from configs import lm_stdlib
 
 # tier -> (lm_stdlib tier, overrides of its sizes and length)
-TIERS = {
+HARDWARE_TIERS = {
     "cpu": ("micro", dict(seq_len=64, batch_size=64, num_steps=1000, eval_every=100)),
     # The PyPI corpus (22.9M training tokens; the standard library's 4M, seen 4 times, overfit).
     "gpu": ("base", dict(seq_len=256, batch_size=64, num_steps=1000, eval_every=100,
@@ -101,15 +104,25 @@ def scale_tuned_rate(c: ml_collections.ConfigDict, scale: float) -> None:
     c.optimizer.learning_rate *= scale
 
 
+def _read_old_names(args: dict) -> None:
+  """``exchange=`` (the carrier's name before it was ``carrier``) read as ``carrier=``, with a
+  notice."""
+  if args["exchange"]:
+    warnings.warn(f"configs/paper/lm.py: exchange={args['exchange']} is now "
+                  f"carrier={args['exchange']}", FutureWarning, stacklevel=3)
+    args["carrier"] = args["carrier"] or args["exchange"]
+
+
 def get_config(arg=None):
   args = common.parse_args(arg, tier="cpu", method="dense", ratio=100.0, workers=8,
                            score="saliency", sensitivity="hutchinson", block=0,
-                           support="global", exchange="", every=0, outer_momentum=-1.0,
-                           exchanged="gradient",
-                           lr_scale=1.0, seed=0, cache="", solo=False, steps_scale=1,
-                           corpus_dir="")
-  if args["tier"] not in TIERS:
-    raise ValueError(f"configs/paper/lm.py: tier={args['tier']!r}; allowed: {sorted(TIERS)}")
+                           support="global", carrier="", exchange="", every=0,
+                           outer_momentum=-1.0, exchanged="gradient", lr_scale=1.0, seed=0,
+                           cache="", solo=False, steps_scale=1, corpus_dir="")
+  _read_old_names(args)
+  if args["tier"] not in HARDWARE_TIERS:
+    raise ValueError(f"configs/paper/lm.py: tier={args['tier']!r}; allowed: "
+                     f"{sorted(HARDWARE_TIERS)}")
   if args["method"] not in registry.names():
     raise ValueError(f"configs/paper/lm.py: method={args['method']!r}; allowed: "
                      f"{list(registry.names())}")
@@ -125,7 +138,7 @@ def get_config(arg=None):
   if args["steps_scale"] not in STEPS_SCALES:
     raise ValueError(f"configs/paper/lm.py: steps_scale={args['steps_scale']!r}; allowed: one "
                      f"of {STEPS_SCALES}")
-  name, sizes = TIERS[args["tier"]]
+  name, sizes = HARDWARE_TIERS[args["tier"]]
   # Solo: one of the run's workers training alone on its share of each step's batch, the loss a
   # run reaches with no communication at all (retention's zero).
   workers = 1 if args["solo"] else args["workers"]
@@ -145,13 +158,13 @@ def get_config(arg=None):
   tasc_options = dict(score=args["score"], sensitivity=args["sensitivity"],
                       block_size=args["block"], support=args["support"])
   c.compression[args["method"]].update(method_block(args["method"], **tasc_options))
-  # A family comparison: the row's every and exchange are local-update settings alone.
+  # A family comparison: the row's every and carrier are local-update settings alone.
   if registry.get(args["method"]).family == "local":
     block = c.compression[args["method"]]
-    block.update({k: args[k] for k in ("exchange", "every") if args[k]})
+    block.update({k: args[k] for k in ("carrier", "every") if args[k]})
     if args["outer_momentum"] >= 0:
       block.outer_momentum = args["outer_momentum"]
-    c.compression[block.exchange].update(method_block(block.exchange, **tasc_options))
+    c.compression[block.carrier].update(method_block(block.carrier, **tasc_options))
   c.compression.exchanged = args["exchanged"]
   scale_tuned_rate(c, args["lr_scale"])
   # The request, as data: experiments.methods.fill_equal_bytes solves the method's budget when

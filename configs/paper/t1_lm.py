@@ -78,13 +78,13 @@ TIERED = {
     "dgc_update": dict(method="dgc", exchanged="update"),
     "powersgd": dict(method="powersgd"),
     "diloco": dict(method="diloco"),
-    "diloco_int8": dict(method="diloco", exchange="int8"),
-    "diloco_int4": dict(method="diloco", exchange="int4"),
+    "diloco_int8": dict(method="diloco", carrier="int8"),
+    "diloco_int4": dict(method="diloco", carrier="int4"),
     "sparseloco": dict(method="sparseloco", every=30),
     # Block 256 at every tier, F4-LM's default (the solver would take 16 at 100x, 128 at 1000x).
-    "diloco_tasc": dict(method="diloco", exchange="tasc", every=30, block=256),
+    "diloco_tasc": dict(method="diloco", carrier="tasc", every=30, block=256),
     # TASC in SparseLoCo's form: error decay 0.95 in place of outer momentum.
-    "sparseloco_tasc": dict(method="sparseloco", exchange="tasc", every=30, block=256),
+    "sparseloco_tasc": dict(method="sparseloco", carrier="tasc", every=30, block=256),
     "demo": dict(method="demo"),
     # Streaming DiLoCo's defaults: 4 fragments, each landing a step late, mixed half and half.
     "streaming_diloco": dict(method="streaming_diloco"),

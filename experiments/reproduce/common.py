@@ -62,7 +62,7 @@ class Options:
 
 # The language-model targets' tiers (configs/paper/lm.py's); the CPU tier's pages keep the
 # target's name.
-LM_TIERS = tuple(lm.TIERS)
+LM_TIERS = tuple(lm.HARDWARE_TIERS)
 
 
 def page_name(target: str, tier: str) -> str:

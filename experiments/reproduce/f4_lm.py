@@ -19,9 +19,11 @@ reported, never used to select a training setting.
 
 import os
 
+import ml_collections
 import numpy as np
 
 from configs.paper import t1_lm as sweep_config
+from experiments import methods
 from experiments.reproduce import common
 from experiments.reproduce import plots
 from experiments.reproduce import report as report_lib
@@ -89,9 +91,8 @@ def variants(workdir: str, tier: str) -> list[tuple[str, tuple[str, int, str]]]:
 
 def run_block(config: dict) -> int | None:
   """The TASC block size a run used (its config.json, the solver's where the label gave none)."""
-  method = config["compression"].get(config["method"], {})
-  exchange = method.get("exchange", config["method"])
-  return config["compression"].get(exchange, {}).get("block_size")
+  carrier = methods.carrier(ml_collections.ConfigDict(config)) or config["method"]
+  return config["compression"].get(carrier, {}).get("block_size")
 
 
 def row_for(workdir: str, label: str, factors: tuple[str, int, str] | None, seeds: int,

@@ -180,7 +180,7 @@ def plot_frontier(rows: list[dict], crossings: list[dict]):
       ax.text(0.01, level, text, transform=ax.get_yaxis_transform(), va="bottom", fontsize=8,
               color="dimgrey")
     ax.set_xscale("log")
-    ticks = sorted({r for _, (_, ratios) in sweep_config.FAMILIES.items() for r in ratios})
+    ticks = sorted({r for _, (_, ratios) in sweep_config.CURVES.items() for r in ratios})
     ax.set_xticks(ticks, [f"{r:g}x" for r in ticks])
     ax.minorticks_off()
     plots.decorate(ax, xlabel="x fewer total bytes than dense (compiled HLO), log scale",
@@ -227,7 +227,7 @@ def report(workdir: str, *, seeds: int = 3) -> Report:
   """F6-LM's table, crossings, claim and figure from the run directories."""
   rows = point_rows(workdir, seeds)
   crossings = crossing_rows(rows)
-  missing = [f for f in (*sweep_config.FAMILIES, *sweep_config.FIXED_POINTS)
+  missing = [f for f in (*sweep_config.CURVES, *sweep_config.FIXED_POINTS)
              if f not in {c["family"] for c in crossings}]
   return Report(
       name="f6_lm", title=TITLE, columns=COLUMNS, rows=rows, claims=claims(rows),

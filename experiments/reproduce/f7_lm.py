@@ -24,7 +24,7 @@ from experiments.reproduce.report import Report
 
 TITLE = "F7-LM: the horizon, retention at 1x, 4x and 16x the CPU tier's steps"
 run_folders = t1_lm.run_folders  # F7-LM's runs are in T1-LM's folder
-STEPS = lm.TIERS["cpu"][1]["num_steps"]
+STEPS = lm.HARDWARE_TIERS["cpu"][1]["num_steps"]
 
 
 def picked_rows(workdir: str) -> dict[str, float]:

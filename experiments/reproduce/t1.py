@@ -171,7 +171,7 @@ def claims(rows: list[dict], dataset: str) -> list[Claim]:
 
 
 # Colours of the method families in the figure, with its legend's words.
-FAMILIES = {"dense": ("black", "dense (no compression)"), "tasc": ("tab:red", "TASC"),
+LEGEND_STYLES = {"dense": ("black", "dense (no compression)"), "tasc": ("tab:red", "TASC"),
             "other": ("tab:blue", "other compressors")}
 
 
@@ -185,7 +185,7 @@ def plot_accuracy_vs_compression(rows: list[dict], title: str):
     drawn = [r for r in rows if r["seeds"]]
     for r in drawn:
       ax.errorbar(r["compression_ratio"], r["accuracy_mean"], yerr=r["accuracy_std"], fmt="o",
-                  color=FAMILIES[_family(r["method"])][0], capsize=3)
+                  color=LEGEND_STYLES[_family(r["method"])][0], capsize=3)
     ax.set_xscale("log")
     ax.axvline(100, color="grey", lw=0.5, ls="--")
     plots.decorate(ax, xlabel="wire compression: dense bytes / method bytes per device per step "
@@ -193,7 +193,7 @@ def plot_accuracy_vs_compression(rows: list[dict], title: str):
                    ylabel="test accuracy % (mean ± std over seeds)", title=title)
     families = {_family(r["method"]) for r in drawn}
     ax.legend(handles=[lines.Line2D([], [], marker="o", ls="", color=color, label=label)
-                       for family, (color, label) in FAMILIES.items() if family in families]
+                       for family, (color, label) in LEGEND_STYLES.items() if family in families]
               + [lines.Line2D([], [], color="grey", lw=0.5, ls="--", label="100x")],
               loc="lower left", fontsize=9)
     plots.label_points(ax, [(r["compression_ratio"], r["accuracy_mean"], r["method"])

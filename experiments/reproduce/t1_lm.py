@@ -302,7 +302,7 @@ def retention_fields(losses, solo_losses, dense_losses) -> dict:
 
 
 def settings_text(config: dict) -> str:
-  """The budget fields of a run's method (and of a local-update method's exchange), as its
+  """The budget fields of a run's method (and of a local-update method's carrier), as its
   config.json holds them."""
   def fields(name, keys=("density", "rank", "block_size", "score", "sensitivity", "support",
                           "topk", "chunk")):
@@ -310,10 +310,10 @@ def settings_text(config: dict) -> str:
     return [f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in own.items()
             if k in keys]
   method = config["method"]
-  exchange = config["compression"].get(method, {}).get("exchange")
-  if exchange:  # a local-update method: its rounds, then its exchange's budget
+  carrier = methods.carrier(ml_collections.ConfigDict(config))
+  if carrier:  # a local-update method: its rounds, then its carrier's budget
     own = fields(method, ("every", "outer_learning_rate"))
-    text = f"{method} " + " ".join(own) + f", {exchange} " + " ".join(fields(exchange))
+    text = f"{method} " + " ".join(own) + f", {carrier} " + " ".join(fields(carrier))
   else:
     text = f"{method} " + " ".join(fields(method))
   if config["compression"].get("exchanged") == "update":
@@ -374,7 +374,7 @@ def scale_text(tier: str) -> str:
 
 
 def recipe_note(tier: str) -> str:
-  name, sizes = lm.TIERS[tier]
+  name, sizes = lm.HARDWARE_TIERS[tier]
   budget = (
       "No tuning at this tier: each row runs at the rate scale the CPU tier's tuning chose "
       "(configs/paper/t1_lm.py's GPU_ROWS), dense at 1, one seed"
