@@ -203,7 +203,8 @@ def _step_memory(depth: int, width: int = 256) -> dict[str, tuple[int, int]]:
     dp = compressors.data_parallel(_deep_loss, tx, mesh, params, batch, axis_name=axis,
                                    shard_axis=shard_axis)
     stored, state = dp.worker_params(params), dp.init(params)
-    laid_out = step_bytes._laid_out(dp, stored, state, batch, ())  # pylint: disable=protected-access
+    # pylint: disable-next=protected-access
+    laid_out = step_bytes._laid_out(dp, stored, state, batch, ())
     temp = dp.train_step.lower(*laid_out).compile().memory_analysis().temp_size_in_bytes
     memory[axis] = dp.peak_bytes_per_device(stored, state, batch), temp
   return memory

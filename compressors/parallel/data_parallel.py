@@ -40,8 +40,8 @@ model (:class:`compressors.method_protocol.SynchronisingState`).
 Islands (``shard_axis="fsdp"`` on a mesh ``("islands", "fsdp")``): the parameters, the
 gradient and the state built from them are sharded over the fast axis inside each island
 (ZeRO-3: the loss all-gathers each leaf where it reads it, and the gradient is reduce-scattered;
-:mod:`compressors.parallel.fsdp`, :mod:`compressors.parallel.gather_on_use`), and ``tx``, built with ``axis_name="islands"``, exchanges each
-device's shard across the islands::
+:mod:`compressors.parallel.fsdp`, :mod:`compressors.parallel.gather_on_use`), and ``tx``, built
+with ``axis_name="islands"``, exchanges each device's shard across the islands::
 
   dp = compressors.data_parallel(loss, tx, mesh, params, batch, axis_name="islands",
                                  shard_axis="fsdp")

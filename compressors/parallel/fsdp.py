@@ -6,8 +6,9 @@ for the moment the loss needs it. The step is one ``shard_map`` manual over both
 all-gathers each leaf over the fast axis where it reads it, and again in the backward pass
 (:mod:`compressors.parallel.gather_on_use`; :meth:`ParamLayout.gather` gathers every leaf at
 once, for what differentiates the loss forward-over-reverse), and the gather's transpose is a
-reduce-scatter, so each device's gradient is its shard of the island's summed gradient. A method built with ``axis_name="islands"`` then runs unchanged on the shard,
-over the slow axis only (:func:`compressors.data_parallel` with ``shard_axis``).
+reduce-scatter, so each device's gradient is its shard of the island's summed gradient. A
+method built with ``axis_name="islands"`` then runs unchanged on the shard, over the slow axis
+only (:func:`compressors.data_parallel` with ``shard_axis``).
 
 A leaf's layout (:func:`leaf_layout`) depends on its shape and ``F`` alone: it is sharded along
 its largest dimension that ``F`` divides (the first of equals), in its natural shape; a leaf
