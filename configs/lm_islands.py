@@ -11,10 +11,10 @@ runner refuses the run before allocating anything, naming the bytes it would hol
   python -m experiments.run --config=configs/lm_islands.py --workdir=runs/islands
 
 Expected (8 simulated CPU devices, 1,000 steps, seed 0; the README's islands section): test loss
-4.295 (dense across the islands, ``method=dense``: 4.083, as 8-way data parallelism); per
+4.294 (dense across the islands, ``method=dense``: 4.083, as 8-way data parallelism); per
 device and step 2,426 bytes across the islands (97.0x fewer than dense's 235,264) and
-1,411,584 on the fast axis (ZeRO-3's gather and reduce-scatter of the model, whatever the
-method); 1,529,242 bytes of state per device, 0.265x of the 5,763,994 that ``fsdp=1`` would
+2,887,104 on the fast axis (ZeRO-3's gathers and reduce-scatter, each leaf gathered where the
+loss reads it and again in the backward pass, whatever the method); 1,529,242 bytes of state per device, 0.265x of the 5,763,994 that ``fsdp=1`` would
 hold. Runtime: about 2 minutes on 2 CPU cores.
 
 Arguments: those of ``configs/lm_stdlib.py``, with the defaults ``variant=micro``,

@@ -307,14 +307,29 @@ def _state_bytes_per_device(config, dp: compressors.DataParallel, example: Train
 def _init_state(init_variables, dp: compressors.DataParallel, seed) -> TrainState:
   layout = dp.workers
   replicated = NamedSharding(layout.mesh, P())
+  per_worker = NamedSharding(layout.mesh, layout.spec)
+  step = jax.device_put(jnp.zeros((), jnp.int32), replicated)
   # Initialisation runs once: compile it without LLVM's expensive passes (threefry random bits
   # otherwise take tens of seconds to compile on CPU for a ResNet).
-  init = jax.jit(init_variables, out_shardings=(
-      replicated, NamedSharding(layout.mesh, layout.spec))).lower(seed).compile(
-          compiler_options=_FAST_COMPILE)
-  params, model_state = init(seed)
-  step = jax.device_put(jnp.zeros((), jnp.int32), replicated)
-  return TrainState(step, dp.worker_params(params), model_state, dp.init(params))
+  if dp.param_layout is None:
+    init = jax.jit(init_variables, out_shardings=(replicated, per_worker)).lower(seed).compile(
+        compiler_options=_FAST_COMPILE)
+    params, model_state = init(seed)
+    return TrainState(step, dp.worker_params(params), model_state, dp.init(params))
+  # Islands: one program makes the parameters and the optimizer's state already sharded, so
+  # that no device holds the whole model (threefry's bits are partitionable: each device draws
+  # its shard's, the values those of the whole draw).
+  shardings = jax.tree.map(lambda spec: NamedSharding(layout.mesh, spec), (dp.params_spec,
+                                                                           dp.specs),
+                           is_leaf=lambda x: isinstance(x, P))
+
+  def sharded(seed):
+    params, model_state = init_variables(seed)
+    return dp.worker_params(params), model_state, dp.init(params)
+  init = jax.jit(sharded, out_shardings=(shardings[0], per_worker, shardings[1])).lower(
+      seed).compile(compiler_options=_FAST_COMPILE)
+  params, model_state, opt_state = init(seed)
+  return TrainState(step, params, model_state, opt_state)
 
 
 def _local_devices(mesh: Mesh) -> list[jax.Device]:
@@ -436,6 +451,21 @@ def _communication(config, model, task, learning_rate, dp, state: TrainState, ba
           "compression_ratio": dense / wire if wire else None,
           "bytes_by_kind": by_kind, "guard_bytes": in_step_guard + replica_check,
           "bytes_by_axis": _by_axis(dp, sent, steps)}
+
+
+def _peak_bytes(dp, state: TrainState, batch, steps: int) -> dict[str, Any]:
+  """``peak_bytes_by_kind``: the most bytes one device holds while it runs a step of each kind
+  the run runs (its arguments, outputs and temporaries less what is donated, from the compiled
+  program's memory analysis: :meth:`compressors.DataParallel.peak_bytes_per_device`), and
+  ``peak_bytes_per_device``, the largest of them (None where the backend gives no analysis).
+  ``state`` and ``batch`` are read for their shapes only."""
+  ran = dp.kind_counts(0, steps)
+  by_kind = {kind: dp.peak_bytes_per_device(state.params, state.opt_state, batch, kind=kind,
+                                            model_state=state.model_state)
+             for kind in dp.kinds if ran[kind]}
+  known = [b for b in by_kind.values() if b is not None]
+  return {"peak_bytes_per_device": max(known) if known else None,
+          "peak_bytes_by_kind": by_kind}
 
 
 def _bytes_so_far(communication: dict[str, Any], dp, done: int) -> dict[str, Any]:
@@ -722,7 +752,8 @@ def _prepare(config, workdir, lock_workdir) -> tuple[_Run, TrainState]:
     logging.warning("%s: resuming from the checkpoint of step %d", workdir, resumed[0])
     state = resumed[1]
   communication = {**_communication(config, model, task, learning_rate, dp, state, batch_shape,
-                                   steps), "state_bytes_per_device": held}
+                                   steps), "state_bytes_per_device": held,
+                   **_peak_bytes(dp, state, batch_shape, steps)}
   return _Run(config, workdir, workers, dataset, steps, learning_rate, dp,
               dp.reduce(_evaluation_sums(model, task)), communication, checkpointer,
               sum(x.size for x in jax.tree.leaves(dp.model_params(state)))), state

@@ -33,6 +33,9 @@ def _config(tmp_path, module=lm_stdlib, **args):
   return config
 
 
+SMOKE_BUDGET = 30_000  # bytes; the smoke model's parameters alone are 33,472
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
   """Smoke runs: plain dense, and dense and DiLoCo (int8) across 2 islands of 4 (top-k's bytes
@@ -40,6 +43,8 @@ def runs(tmp_path_factory):
   root = tmp_path_factory.mktemp("islands")
   configs = {"plain": _config(root), "dense": _config(root, fsdp=4),
              "diloco": _config(root, lm_islands, method="diloco")}  # int8, 2 x 4
+  # Less than the model's parameters: the islands' quarter of the state fits, the whole does not.
+  configs["dense"].max_state_bytes_per_device = SMOKE_BUDGET
   configs["diloco"].compression.diloco.every = 1
   results = {name: train.train_and_evaluate(config, str(root / name))
              for name, config in configs.items()}
@@ -56,6 +61,54 @@ def test_dense_across_islands_trains_as_eight_way_data_parallelism(runs):
   assert islands["state_bytes_per_device"] <= 0.30 * plain["state_bytes_per_device"]
   assert set(islands["bytes_by_axis"]) == {"islands", "fsdp", "islands+fsdp"}
   assert set(plain["bytes_by_axis"]) == {"data"}
+  # A model larger than one device's budget trains on the islands, which report their peak.
+  assert islands["num_params"] * 4 > SMOKE_BUDGET >= islands["state_bytes_per_device"]
+  assert 0 < islands["peak_bytes_per_device"] < plain["peak_bytes_per_device"]
+  assert islands["peak_bytes_by_kind"] == {"step": islands["peak_bytes_per_device"]}
+  with open(os.path.join(root, "dense", train.RESULTS_FILE)) as f:
+    assert json.load(f)["peak_bytes_per_device"] == islands["peak_bytes_per_device"]
+
+
+@pytest.mark.slow  # two runs' compiles (about 50 s on 2 CPU cores)
+def test_a_model_over_one_devices_budget_peaks_at_under_half_the_replicated_step(tmp_path,
+                                                                               monkeypatch):
+  """Four 64-wide layers (881,152 bytes of parameters) under a budget of 800,000 bytes a
+  device: replicated, the run is refused; on 2 islands x 4 it trains, and a device's peak in the
+  step (parameters, state, gradients, activations, gathered leaves; the compiled program's
+  memory analysis) is under half the replicated step's, the loss that of the replicated run.
+  Its initialisation makes each device's shards without the whole model: the program's
+  temporaries are under half the parameters' bytes (replicated: 1.5 times them)."""
+  inits = []  # the memory analyses of the programs compiled as the initialisation is
+  compile_program = jax.stages.Lowered.compile
+
+  def compile_and_note(lowered, *args, compiler_options=None, **kwargs):
+    compiled = compile_program(lowered, *args, compiler_options=compiler_options, **kwargs)
+    if compiler_options == train._FAST_COMPILE:  # pylint: disable=protected-access
+      inits.append(compiled.memory_analysis())
+    return compiled
+  monkeypatch.setattr(jax.stages.Lowered, "compile", compile_and_note)
+  results = {}
+  for name, fsdp in (("replicated", 1), ("islands", 4)):
+    config = _config(tmp_path, fsdp=fsdp)
+    config.model.hidden, config.model.num_layers = 64, 4
+    results[name] = train.train_and_evaluate(config, str(tmp_path / name))
+  replicated, islands = results["replicated"], results["islands"]
+  param_bytes = islands["num_params"] * 4
+  assert inits[0].temp_size_in_bytes > param_bytes > 2 * inits[1].temp_size_in_bytes, (
+      [m.temp_size_in_bytes for m in inits], param_bytes)
+  # Its outputs: a quarter of the parameters and of AdamW's two moments, and the model state
+  # (and the guard's counters).
+  assert inits[1].output_size_in_bytes <= 1.01 * islands["state_bytes_per_device"]
+  budget = 800_000
+  assert param_bytes > budget >= islands["state_bytes_per_device"]
+  assert islands["peak_bytes_per_device"] < 0.5 * replicated["peak_bytes_per_device"], (
+      islands["peak_bytes_per_device"], replicated["peak_bytes_per_device"])
+  assert islands["test_loss"] == pytest.approx(replicated["test_loss"], rel=1e-6)
+  config = _config(tmp_path, fsdp=1)
+  config.model.hidden, config.model.num_layers = 64, 4
+  config.max_state_bytes_per_device = budget
+  with pytest.raises(ValueError, match="config.max_state_bytes_per_device=800,000"):
+    train.train_and_evaluate(config, str(tmp_path / "refused"))
 
 
 def test_a_classifier_with_leaves_fsdp_does_not_divide_trains_and_loads_in_natural_shapes(

@@ -12,7 +12,9 @@ device); :mod:`~compressors.parallel.per_worker` lays the state out per worker;
 :mod:`~compressors.parallel.nonfinite` skips a step on every worker when one worker's gradient is
 not finite; :mod:`~compressors.parallel.drift` checks that replicas are bit-identical;
 :mod:`~compressors.parallel.evaluation` sums an evaluation over the workers;
-:mod:`~compressors.parallel.fsdp` lays parameters out sharded over an island's fast axis;
-:mod:`~compressors.parallel.step_bytes` reads a step's bytes from its compiled programs, with
+:mod:`~compressors.parallel.fsdp` lays parameters out sharded over an island's fast axis, and
+:mod:`~compressors.parallel.gather_on_use` gathers each where the loss reads it;
+:mod:`~compressors.parallel.step_bytes` reads a step's bytes (and its peak memory) from its
+compiled programs, with
 :mod:`~compressors.parallel.hlo_bytes` reading the bytes on the wire of any compiled program.
 """

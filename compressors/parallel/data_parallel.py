@@ -39,9 +39,9 @@ model (:class:`compressors.method_protocol.SynchronisingState`).
 
 Islands (``shard_axis="fsdp"`` on a mesh ``("islands", "fsdp")``): the parameters, the
 gradient and the state built from them are sharded over the fast axis inside each island
-(ZeRO-3: the loss all-gathers each shard, autodiff reduce-scatters the gradient;
-:mod:`compressors.parallel.fsdp`), and ``tx``, built with ``axis_name="islands"``, exchanges each
-device's shard across the islands::
+(ZeRO-3: the loss all-gathers each leaf where it reads it, and the gradient is reduce-scattered;
+:mod:`compressors.parallel.fsdp`, :mod:`compressors.parallel.gather_on_use`), and ``tx``, built
+with ``axis_name="islands"``, exchanges each device's shard across the islands::
 
   dp = compressors.data_parallel(loss, tx, mesh, params, batch, axis_name="islands",
                                  shard_axis="fsdp")
@@ -74,6 +74,7 @@ from compressors.network import axes
 from compressors.parallel import drift
 from compressors.parallel import evaluation
 from compressors.parallel import fsdp
+from compressors.parallel import gather_on_use
 from compressors.parallel import hlo_bytes
 from compressors.parallel import nonfinite
 from compressors.parallel import per_worker
@@ -196,6 +197,13 @@ class DataParallel(NamedTuple):
     """:func:`compressors.parallel.step_bytes.wire_bytes` of this step."""
     return step_bytes.wire_bytes(self, params, state, batch, kind=kind, model_state=model_state)
 
+  def peak_bytes_per_device(self, params: chex.ArrayTree, state: chex.ArrayTree,
+                            batch: chex.ArrayTree, *, kind: str | None = None,
+                            model_state: chex.ArrayTree = ()) -> int | None:
+    """:func:`compressors.parallel.step_bytes.peak_bytes_per_device` of this step."""
+    return step_bytes.peak_bytes_per_device(self, params, state, batch, kind=kind,
+                                            model_state=model_state)
+
   def bytes_per_step(self, per_kind: dict[str, float], start: int, stop: int) -> float:
     """:func:`compressors.parallel.step_bytes.bytes_per_step` of this step."""
     return step_bytes.bytes_per_step(self, per_kind, start, stop)
@@ -298,8 +306,7 @@ def data_parallel(loss_fn: Callable[..., Any], tx: optax.GradientTransformation,
              else tx)
   worker = _WorkerStep(
       loss_fn, wrapped, axis_name, layout.worker_axes, has_aux, model_state is not None, rng,
-      skip_nonfinite, (lambda p: p) if per_worker_params else layout.own_copy,
-      *(() if param_layout is None else (param_layout.gather, layout.shards)))
+      skip_nonfinite, (lambda p: p) if per_worker_params else layout.own_copy, param_layout)
   model_state = () if model_state is None else model_state
   # Shapes and dtypes, laid out as the step takes them (a mesh of explicit axes checks that);
   # the parameters as init takes them (with islands: stored, one shard per device).
@@ -418,9 +425,8 @@ class _WorkerStep(NamedTuple):
   skip_nonfinite: bool
   # A per-worker copy of the parameters, to differentiate.
   own_copy: Callable[[chex.ArrayTree], chex.ArrayTree]
-  # One device's parameters -> the model's (islands: all-gathered over the fast axis).
-  gather: Callable[[chex.ArrayTree], chex.ArrayTree] = lambda params: params
-  shards: int = 1  # devices an island's gradient is summed over by the gather's transpose
+  # Islands: the parameters' layout over the fast axis (one device holds a shard of each).
+  param_layout: fsdp.ParamLayout | None = None
 
   def keys(self, step):
     """``(loss key of the step, inputs key of the step)``, or Nones and a fixed inputs key
@@ -431,8 +437,15 @@ class _WorkerStep(NamedTuple):
     return jax.random.fold_in(loss_key, step), jax.random.fold_in(inputs_key, step)
 
   def loss(self, params, batch, model_state, rng):
-    """``(loss, (aux, new_model_state))`` whatever the form of ``loss_fn``."""
-    params = self.gather(params)
+    """``(loss, (aux, new_model_state))`` whatever the form of ``loss_fn``; with islands, of
+    the whole model all-gathered at once (for per-step inputs, which may differentiate it
+    forward-over-reverse)."""
+    if self.param_layout is not None:
+      params = self.param_layout.gather(params)
+    return self.natural_loss(params, batch, model_state, rng)
+
+  def natural_loss(self, params, batch, model_state, rng):
+    """:meth:`loss` of the model's parameters."""
     if self.stateful:
       return self.loss_fn(params, batch, model_state, rng)
     out = self.loss_fn(params, batch)
@@ -449,10 +462,14 @@ class _WorkerStep(NamedTuple):
     worker_key = (None if loss_key is None
                   else jax.random.fold_in(loss_key, axes.worker_index(self.worker_axes)))
     local_params = self.own_copy(params)
-    (loss, (aux, new_model_state)), grads = jax.value_and_grad(self.loss, has_aux=True)(
+    # Islands: each leaf gathered where the loss reads it, so that a device's peak holds one
+    # layer's leaves, not the model (compressors.parallel.gather_on_use).
+    loss_fn = (self.loss if self.param_layout is None
+               else gather_on_use.loss_on_use(self.natural_loss, self.param_layout))
+    (loss, (aux, new_model_state)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
         local_params, batch, model_state, worker_key)
-    if self.shards > 1:  # the gather's transpose summed the island's gradients: their mean
-      grads = jax.tree.map(lambda g: g / self.shards, grads)
+    if self.param_layout is not None:  # the scatter summed the island's gradients: their mean
+      grads = jax.tree.map(lambda g: g / self.param_layout.shards, grads)
     extra = self.inputs(kind, local_params, batch, new_model_state, step) if kind.inputs else {}
     updates, state = self.tx.update(grads, state, params, **extra, **kind.update_kwargs())
     # This worker's own metrics: no collective, so a step's bytes are its exchange's alone.

@@ -3,10 +3,12 @@
 Inside an island the devices of the fast axis (``"fsdp"``) each hold one of its ``F`` shards of
 every parameter, and of every optimizer-state leaf built from them; the whole leaf exists only
 for the moment the loss needs it. The step is one ``shard_map`` manual over both axes: the loss
-all-gathers each shard over the fast axis (:meth:`ParamLayout.gather`), and autodiff transposes
-that gather into a reduce-scatter, so each device's gradient is its shard of the island's
-summed gradient. A method built with ``axis_name="islands"`` then runs unchanged on the shard,
-over the slow axis only (:func:`compressors.data_parallel` with ``shard_axis``).
+all-gathers each leaf over the fast axis where it reads it, and again in the backward pass
+(:mod:`compressors.parallel.gather_on_use`; :meth:`ParamLayout.gather` gathers every leaf at
+once, for what differentiates the loss forward-over-reverse), and the gather's transpose is a
+reduce-scatter, so each device's gradient is its shard of the island's summed gradient. A
+method built with ``axis_name="islands"`` then runs unchanged on the shard, over the slow axis
+only (:func:`compressors.data_parallel` with ``shard_axis``).
 
 A leaf's layout (:func:`leaf_layout`) depends on its shape and ``F`` alone: it is sharded along
 its largest dimension that ``F`` divides (the first of equals), in its natural shape; a leaf

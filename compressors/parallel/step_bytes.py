@@ -3,7 +3,8 @@
 :func:`wire_bytes` reads one step kind's program (with several simulated workers per device,
 the program of the same step with one worker per device: its collectives are the real ones);
 :func:`bytes_per_step` charges each step its kind's bytes; :func:`nonfinite_flag_bytes` and
-:func:`replica_check_bytes` price the non-finite skip's flag and one replica check. Each takes a
+:func:`replica_check_bytes` price the non-finite skip's flag and one replica check;
+:func:`peak_bytes_per_device` reads the memory a device holds while it runs a step. Each takes a
 :class:`compressors.DataParallel` (``dp``); its methods of the same names call these.
 """
 
@@ -48,12 +49,35 @@ def wire_bytes(dp: Any, params: chex.ArrayTree, state: chex.ArrayTree, batch: ch
   # The steps' own lower (not a jit around them): a wrapped step still compiles the real one.
   if dp.train_step is None:  # pmap
     return hlo_bytes.wire_bytes(dp.step, params, state, batch, kind=kind)
+  state, batch = _laid_out(dp, params, state, batch, model_state)
+  return hlo_bytes.wire_bytes(dp.train_step, state, batch, kind=kind, mesh=dp.mesh)
+
+
+def _laid_out(dp: Any, params, state, batch, model_state) -> tuple[TrainState, chex.ArrayTree]:
+  """The train step's arguments' shapes, laid out on ``dp``'s mesh as the step takes them."""
   state = TrainState(abstract(jnp.zeros((), jnp.int32), dp.mesh, P()),
                      abstract(params, dp.mesh, dp.params_spec),
                      abstract(model_state, dp.mesh, dp.workers.spec),
                      abstract(state, dp.mesh, dp.specs))
-  batch = abstract(batch, dp.mesh, dp.workers.spec)
-  return hlo_bytes.wire_bytes(dp.train_step, state, batch, kind=kind, mesh=dp.mesh)
+  return state, abstract(batch, dp.mesh, dp.workers.spec)
+
+
+def peak_bytes_per_device(dp: Any, params: chex.ArrayTree, state: chex.ArrayTree,
+                          batch: chex.ArrayTree, *, kind: str | None = None,
+                          model_state: chex.ArrayTree = ()) -> int | None:
+  """The most bytes one device holds while it runs a train step of ``kind`` (None: the
+  every-step kind), from the compiled program's memory analysis (compiled, never run): its
+  arguments (parameters, optimizer and model state, batch) + its outputs + its temporaries
+  (gradients, activations, gathered parameters) - the outputs written into donated arguments.
+  An upper bound: the compiler's buffers, counted as if all were live at once. None where the
+  backend gives no analysis. Needs a mesh; the arguments may be abstract."""
+  kind = kind or kinds_lib.steady(tuple(dp.kinds.values()))
+  state, batch = _laid_out(dp, params, state, batch, model_state)
+  stats = dp.train_step.lower(state, batch, kind=kind).compile().memory_analysis()
+  if stats is None:
+    return None
+  return (stats.argument_size_in_bytes + stats.output_size_in_bytes + stats.temp_size_in_bytes
+          - stats.alias_size_in_bytes)
 
 
 def bytes_per_step(dp: Any, per_kind: dict[str, float], start: int, stop: int) -> float:
