@@ -24,11 +24,17 @@ is the alpha-beta model's. What hides depends on what a step kind does (its opti
   et al. 2025), not a measurement.
 
 Islands (:func:`island_kind_times`): a two-level topology, islands across its major (slow)
-axis and an island's fsdp devices along its minor (fast) one. Each step all-gathers the whole
-model over the fast link and reduce-scatters its gradient (ZeRO-3: a ring all-reduce's two
-halves, not hidden: the forward pass waits for the gather, the update for the reduce-scatter),
-and the method's exchange runs across the islands on each device's shard, every device of an
-island at once (through a shared medium, such as one NIC per node, each gets its share).
+axis and an island's fsdp devices along its minor (fast) one. The method's exchange runs across
+the islands on each device's shard, every device of an island at once (through a shared medium,
+such as one NIC per node, each gets its share). On the fast link each step gathers parameters
+and reduce-scatters their gradient, not hidden (the forward pass waits for a gather, the update
+for the reduce-scatter). How much it gathers the shapes alone cannot tell: the loss gathers a
+leaf in every block that reads it and again in the backward pass where that block's gradient
+reads it (:mod:`compressors.parallel.gather_on_use`; a tied embedding twice or more, a bias
+not at all). Given the compiled program's collectives (``fast_collectives``, from
+:meth:`~compressors.parallel.data_parallel.DataParallel.wire_bytes`), the fast link is charged
+exactly those, each as a ring over its group (:func:`collectives_seconds`); without them, ZeRO-3's
+minimum, one gather and one reduce-scatter of the whole model, a lower bound.
 
 Limits, said where the figures are used: one link class (the topology's), the buckets in
 reverse leaf order (the backward pass's order) of :data:`BUCKET_BYTES` of float32 gradient with a
@@ -38,15 +44,17 @@ parameters in proportion to their size, and no contention between compute and co
 
 import dataclasses
 import math
-from typing import Any, NamedTuple, Sequence
+from typing import Any, Mapping, NamedTuple, Sequence
 
 from compressors import registry
 from compressors.method_protocol import WHOLE_MODEL
+from compressors.network import collectives as collectives_lib
 from compressors.network import topology as topology_lib
 from compressors.parallel import fsdp
+from compressors.parallel import hlo_bytes
 
-__all__ = ("BACKWARD_SHARE", "BUCKET_BYTES", "StepTime", "bucket_sizes", "island_kind_times",
-           "kind_times", "mean_step_seconds", "overlapped_seconds")
+__all__ = ("BACKWARD_SHARE", "BUCKET_BYTES", "StepTime", "bucket_sizes", "collectives_seconds",
+           "island_kind_times", "kind_times", "mean_step_seconds", "overlapped_seconds")
 
 # The backward pass costs about twice the forward's FLOPs (two matrix products per one).
 BACKWARD_SHARE = 2 / 3
@@ -184,6 +192,7 @@ def _local_kind_time(method, settings, kind, shapes, compute: float, exchange) -
 
 def island_kind_times(name: str, shapes: Sequence[tuple[int, ...]],
                       topology: topology_lib.Topology, compute: float, settings: Any = None,
+                      fast_collectives: Mapping[str, Sequence[hlo_bytes.Collective]] | None = None,
                       **options) -> dict[str, StepTime]:
   """Each step kind's :class:`StepTime` on islands (the module docstring).
 
@@ -193,14 +202,17 @@ def island_kind_times(name: str, shapes: Sequence[tuple[int, ...]],
     topology: two axes: the islands (major, slow) and each island's fsdp devices (minor, fast).
     compute: seconds of one step's compute.
     settings: the method's settings (None: its defaults).
+    fast_collectives: step kind -> the collectives of its compiled program
+      (``WireBytes.collectives``); those over the fast axis alone are priced on the fast link.
+      None: ZeRO-3's minimum (one gather and one reduce-scatter of the model), a lower bound.
     **options: :func:`kind_times`'s keyword arguments.
 
   Returns:
-    Step kind name -> its time: the exchange across the islands on one shard, plus ZeRO-3's
-    gather and reduce-scatter on the fast link.
+    Step kind name -> its time: the exchange across the islands on one shard, plus the
+    gathers and reduce-scatters on the fast link.
 
   Raises:
-    ValueError: ``topology`` does not have two axes.
+    ValueError: ``topology`` does not have two axes, or ``fast_collectives`` lacks a kind.
   """
   if len(topology.axes) != 2:
     raise ValueError(f"island_kind_times: topology {topology.name!r} has axes "
@@ -212,11 +224,45 @@ def island_kind_times(name: str, shapes: Sequence[tuple[int, ...]],
     link = dataclasses.replace(link, bandwidth=link.bandwidth / fast.size)
   across = kind_times(name, [l.shard_shape for l in layouts],
                       topology_lib.Topology.flat(slow.size, link), compute, settings, **options)
-  stored = sum(math.prod(l.stored_shape) for l in layouts)
-  zero3 = topology_lib.dense_cost("ring", topology_lib.Topology.flat(fast.size, fast.link),
-                                  stored).time if fast.size > 1 else 0.0
-  return {kind: StepTime(t.compute, t.communication + zero3, t.total + zero3)
+  if fast_collectives is None:
+    stored = sum(math.prod(l.stored_shape) for l in layouts)
+    zero3 = topology_lib.dense_cost("ring", topology_lib.Topology.flat(fast.size, fast.link),
+                                    stored).time if fast.size > 1 else 0.0
+    on_fast = dict.fromkeys(across, zero3)
+  else:
+    missing = sorted(set(across) - set(fast_collectives))
+    if missing:
+      raise ValueError(f"island_kind_times: fast_collectives has no step kind {missing}; "
+                       f"allowed: one entry per kind of {name!r}, {sorted(across)}")
+    on_fast = {kind: collectives_seconds([c for c in fast_collectives[kind]
+                                          if tuple(c.axes) == (fast.name,)], fast.link)
+               for kind in across}
+  return {kind: StepTime(t.compute, t.communication + on_fast[kind], t.total + on_fast[kind])
           for kind, t in across.items()}
+
+
+def collectives_seconds(collectives: Sequence[hlo_bytes.Collective],
+                        link: topology_lib.Link) -> float:
+  """Seconds a compiled program's ``collectives`` take on ``link``, one after another, each as
+  a ring over its group of ``n``: an all-gather, a reduce-scatter or an all-to-all of ``S``
+  bytes is ``n - 1`` steps of ``S / n`` (the reduce-scatter adding each), an all-reduce twice
+  that, a collective-permute one step of ``S``; times its executions."""
+  seconds = 0.0
+  for c in collectives:
+    n = c.group_size
+    if n < 2:
+      continue
+    ring, chunk = collectives_lib.ring_pairs(n), c.size_bytes / n
+    if c.kind == "collective-permute":
+      steps = [collectives_lib.Step(ring, c.size_bytes)]
+    else:
+      reduce = c.kind in ("reduce-scatter", "all-reduce")
+      steps = [collectives_lib.Step(ring, chunk, chunk if reduce else 0.0)] * (n - 1)
+      if c.kind == "all-reduce":  # a reduce-scatter, then an all-gather of its result
+        steps += [collectives_lib.Step(ring, chunk)] * (n - 1)
+    seconds += c.executions * topology_lib.steps_cost(
+        steps, topology_lib.Topology.flat(n, link)).time
+  return seconds
 
 
 def mean_step_seconds(times: dict[str, StepTime], counts: dict[str, int]) -> float:

@@ -12,6 +12,8 @@ from jax.sharding import PartitionSpec as P
 
 import compressors
 from compressors import registry
+from compressors import step_time
+from compressors.network import topology as topo
 from compressors.parallel import fsdp
 from compressors.parallel import gather_on_use
 from compressors.parallel import step_bytes
@@ -104,6 +106,40 @@ def test_topk_across_islands_sends_a_fiftieth_of_dense_on_the_slow_axis_and_the_
   for name in sent:
     assert abs(sent[name][("fsdp",)] - 3 / 4 * (2 * padded + regathered)) <= 0.01 * model_bytes, (
         sent)
+
+
+def test_the_islands_time_model_charges_the_fast_link_the_compiled_programs_gathers():
+  """Given the compiled program's collectives, the fast link is charged what the program sends
+  there (here the whole model gathered and reduce-scattered, and w2 gathered again in the
+  backward pass), more than ZeRO-3's minimum the shapes alone give; the slow axis's price is
+  the same either way."""
+  dp = _dp(compressors.dense(), harness.islands_mesh(), "islands", "fsdp")
+  params = dp.worker_params(PARAMS)
+  sent = dp.wire_bytes(params, dp.init(PARAMS), _batch())
+  islands = topo.Topology((topo.Axis("islands", 2, topo.ETHERNET_1G),
+                           topo.Axis("fsdp", 4, topo.NVLINK4)))
+  shapes = [x.shape for x in jax.tree.leaves(PARAMS)]
+  [minimum] = step_time.island_kind_times("dense", shapes, islands, 0.1, overlap=False).values()
+  [kind] = dp.kinds
+  [compiled] = step_time.island_kind_times("dense", shapes, islands, 0.1, overlap=False,
+                                           fast_collectives={kind: sent.collectives}).values()
+  on_fast = [c for c in sent.collectives if c.axes == ("fsdp",)]
+  assert {c.kind for c in on_fast} == {"all-gather", "reduce-scatter"}
+  link = topo.NVLINK4
+  # Each collective is a ring of 3 steps of a quarter of its bytes, the reduce-scatter's added.
+  by_hand = sum(c.executions * 3 * (link.alpha + c.size_bytes / 4 * link.beta
+                                    + (c.size_bytes / 4 * link.gamma
+                                       if c.kind == "reduce-scatter" else 0.0))
+                for c in on_fast)
+  assert step_time.collectives_seconds(on_fast, link) == pytest.approx(by_hand)
+  stored = sum(int(np.prod(fsdp.leaf_layout(shape, 4).stored_shape)) for shape in shapes)
+  zero3 = topo.dense_cost("ring", topo.Topology.flat(4, link), stored).time
+  across = compiled.communication - by_hand
+  assert minimum.communication == pytest.approx(across + zero3)
+  assert compiled.total == pytest.approx(0.1 + across + by_hand)
+  assert by_hand > 1.2 * zero3, (by_hand, zero3)  # w2's second gather, and a gather per leaf (its latency)
+  with pytest.raises(ValueError, match=r"fast_collectives has no step kind \['step'\]"):
+    step_time.island_kind_times("dense", shapes, islands, 0.1, fast_collectives={})
 
 
 def test_a_nan_on_one_shard_skips_the_step_on_every_device():

@@ -99,9 +99,10 @@ def test_one_bit_adams_warm_up_is_a_dense_all_reduce():
 
 @pytest.mark.parametrize("shared", [False, True])
 def test_islands_pay_zero3_on_the_fast_link_and_the_exchange_of_a_shard_on_the_slow(shared):
-  """2 islands x 4 fsdp: ZeRO-3's gather and reduce-scatter are a ring all-reduce's halves of
-  the whole model on NVLink, the method's exchange a 2-device exchange of one shard (a quarter
-  of each matrix) on Ethernet; through one NIC per island the four shards share its bandwidth."""
+  """2 islands x 4 fsdp, without the compiled collectives: ZeRO-3's minimum on NVLink, a gather
+  and a reduce-scatter (a ring all-reduce's halves) of the whole model; the method's exchange a
+  2-device exchange of one shard (a quarter of each matrix) on Ethernet; through one NIC per
+  island the four shards share its bandwidth."""
   islands = topo.Topology((topo.Axis("islands", 2, topo.ETHERNET_1G,
                                      ("fsdp",) if shared else ()),
                            topo.Axis("fsdp", 4, topo.NVLINK4)))
