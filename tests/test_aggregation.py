@@ -35,13 +35,15 @@ def _batch(seed=0):
   return x, x @ jax.random.normal(key_w, (DIM, DIM)) + 0.5
 
 
-def _local(agg):
-  exchange = compressors.compress(compressors.dense(), axis_name="data")
+def _local(agg, per_device=1):
+  axis = "data" if per_device == 1 else ("data", "worker")
+  exchange = compressors.compress(compressors.dense(), axis_name=axis)
   tx = compressors.local_updates(optax.sgd(INNER_LR), exchange,
                                  compressors.nesterov_outer(OUTER_LR, MOMENTUM),
-                                 aggregation=agg, axis_name="data")
-  return compressors.data_parallel(harness.regression_loss, tx, harness.mesh(), PARAMS, _batch(),
-                                   axis_name="data", kinds=compressors.local_update_kinds(EVERY),
+                                 aggregation=agg, axis_name=axis)
+  return compressors.data_parallel(harness.regression_loss, tx, harness.mesh(N // per_device),
+                                   PARAMS, _batch(), axis_name=axis, workers_per_device=per_device,
+                                   kinds=compressors.local_update_kinds(EVERY),
                                    per_worker_params=True)
 
 
@@ -144,6 +146,15 @@ def test_each_aggregator_matches_a_float64_reference_with_stragglers(rule):
   assert figures["updates_dropped"] == (4 if rule == "quorum" else 0)
   if rule != "quorum":
     assert (figures["staleness_mean"], figures["staleness_max"]) == ((N - 1) / 2, N - 1)
+
+
+def test_workers_simulated_two_per_device_meet_the_same_stragglers_as_one_per_device():
+  states = [_run(_local(_agg("quorum", speed_trace=TRACE), per_device), 6)[1]
+            for per_device in (1, 2)]
+  one, two = (compressors.synchronised_params(s) for s in states)
+  for k in PARAMS:
+    np.testing.assert_allclose(two[k], one[k], rtol=1e-6, atol=1e-7)
+  assert aggregation.totals(states[0]) == aggregation.totals(states[1])
 
 
 def test_drop_outs_change_the_result_and_a_rejoining_worker_holds_the_global_state():
