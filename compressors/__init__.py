@@ -45,9 +45,11 @@ scipy: ``from compressors.network import planner``, so that ``import compressors
 scipy (and no module here imports inside a function).
 """
 
+from compressors import aggregation
 from compressors import network
 from compressors import parallel
 from compressors import registry
+from compressors import worker_sim
 from compressors.wrapper import CompressState
 from compressors.wrapper import compress
 from compressors.parallel.data_parallel import DataParallel

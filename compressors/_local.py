@@ -36,8 +36,11 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from compressors import aggregation as aggregation_lib
 from compressors import checks
 from compressors import method_table
+from compressors import worker_sim
+from compressors.network import axes
 from compressors.method_protocol import StepInputs
 from compressors.method_protocol import StepKind
 from compressors.method_protocol import WHOLE_MODEL
@@ -79,6 +82,42 @@ class LocalUpdatesState(NamedTuple):
     return self.anchor
 
 
+class AggregatedLocalState(NamedTuple):
+  """State of :func:`local_updates` with an aggregator (:mod:`compressors.aggregation`) and
+  simulated workers (:mod:`compressors.worker_sim`) on one worker: :class:`LocalUpdatesState`'s
+  fields, and
+
+  Attributes:
+    active: ``bool[]``: this worker ran the latest step's inner step (a worker that is gone, or
+      that has run its round's steps, stays where it was, bit for bit).
+    workers: the simulator's state (:class:`compressors.worker_sim.WorkerSimState`), the same
+      on every worker.
+  """
+  synchronised: jax.Array
+  anchor: chex.ArrayTree
+  inner: Any
+  outer: Any
+  exchange: Any
+  active: jax.Array
+  workers: worker_sim.WorkerSimState
+
+  def land(self, params: chex.ArrayTree, applied: chex.ArrayTree) -> chex.ArrayTree:
+    """:meth:`LocalUpdatesState.land`, and ``params`` themselves where this worker did not
+    run."""
+    return jax.tree.map(
+        lambda a, p, q: jnp.where(self.synchronised, a, jnp.where(self.active, q, p)).astype(
+            q.dtype), self.anchor, params, applied)
+
+  def landed(self, params: chex.ArrayTree) -> chex.ArrayTree:
+    """As :meth:`LocalUpdatesState.landed`."""
+    return jax.tree.map(lambda a, p: jnp.where(self.synchronised, p, a).astype(p.dtype),
+                        self.anchor, params)
+
+  def model_params(self) -> chex.ArrayTree:
+    """The synchronised parameters (the model a run evaluates)."""
+    return self.anchor
+
+
 def nesterov_outer(learning_rate: float = 0.7,
                    momentum: float = 0.9) -> optax.GradientTransformation:
   """DiLoCo's outer optimizer: SGD with Nesterov momentum on the pseudo-gradient."""
@@ -87,8 +126,9 @@ def nesterov_outer(learning_rate: float = 0.7,
 
 def local_updates(inner: optax.GradientTransformation,
                   exchange: optax.GradientTransformation,
-                  outer: optax.GradientTransformation | None = None
-                  ) -> optax.GradientTransformationExtraArgs:
+                  outer: optax.GradientTransformation | None = None, *,
+                  aggregation: aggregation_lib.Aggregation | None = None,
+                  axis_name: axes.AxisName = None) -> optax.GradientTransformationExtraArgs:
   """Local updates with an exchanged pseudo-gradient (DiLoCo; see the module docstring).
 
   Args:
@@ -98,6 +138,11 @@ def local_updates(inner: optax.GradientTransformation,
       axis_name=...)``, ``tasc.tasc_compress(...)``, ...); it sees only pseudo-gradients.
     outer: the optimizer of the synchronised parameters, given the exchanged pseudo-gradient as
       its gradient (default :func:`nesterov_outer`: lr 0.7, Nesterov momentum 0.9).
+    aggregation: an aggregator and its simulated workers (:mod:`compressors.aggregation`), or
+      None: every worker is always there and every synchronisation takes the plain mean
+      (DiLoCo as published; the state is then a :class:`LocalUpdatesState`).
+    axis_name: the workers' axis (the exchange's), needed with ``aggregation``: each worker
+      finds its own row of the simulated workers by its index along it.
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` whose ``update(grads, state, params, *,
@@ -110,17 +155,15 @@ def local_updates(inner: optax.GradientTransformation,
   """
   outer = nesterov_outer() if outer is None else outer
   exchange = optax.with_extra_args_support(exchange)
+  if aggregation is not None:
+    return _aggregated(inner, exchange, outer, aggregation, axis_name)
 
   def init(params):
     return LocalUpdatesState(jnp.zeros((), bool), jax.tree.map(jnp.asarray, params),
                              inner.init(params), outer.init(params), exchange.init(params))
 
   def update(grads, state, params=None, *, synchronise: bool = False, **extra_args):
-    if params is None:
-      raise ValueError("local_updates: update needs params (this worker's parameters)")
-    if not isinstance(synchronise, bool):  # a traced flag would put both programs in one
-      raise TypeError(f"local_updates: synchronise={synchronise!r} must be a Python bool (a "
-                      "static argument: local and synchronising steps are two programs)")
+    _check_update(params, synchronise)
     updates, inner_state = inner.update(grads, state.inner, params)
     if not synchronise:
       return updates, state._replace(synchronised=jnp.zeros((), bool), inner=inner_state)
@@ -133,6 +176,55 @@ def local_updates(inner: optax.GradientTransformation,
     return (jax.tree.map(lambda a, p: a - p, anchor, params),
             LocalUpdatesState(jnp.ones((), bool), anchor, inner_state, outer_state,
                               exchange_state))
+
+  return optax.GradientTransformationExtraArgs(init, update)
+
+
+def _check_update(params, synchronise) -> None:
+  if params is None:
+    raise ValueError("local_updates: update needs params (this worker's parameters)")
+  if not isinstance(synchronise, bool):  # a traced flag would put both programs in one
+    raise TypeError(f"local_updates: synchronise={synchronise!r} must be a Python bool (a "
+                    "static argument: local and synchronising steps are two programs)")
+
+
+def _aggregated(inner, exchange, outer, agg: aggregation_lib.Aggregation,
+                axis_name) -> optax.GradientTransformationExtraArgs:
+  """:func:`local_updates` with ``aggregation``: each worker runs an inner step only where the
+  simulated workers say it is there and busy, and each synchronisation merges whom the
+  aggregator takes, weighted inside the per-worker program (:mod:`compressors.aggregation`)."""
+
+  def init(params):
+    return AggregatedLocalState(
+        jnp.zeros((), bool), jax.tree.map(jnp.asarray, params), inner.init(params),
+        outer.init(params), exchange.init(params), jnp.ones((), bool), worker_sim.init(agg.sim))
+
+  def update(grads, state, params=None, *, synchronise: bool = False, **extra_args):
+    _check_update(params, synchronise)
+    me = axes.worker_index(axis_name)
+    running = aggregation_lib.active(agg, state.workers)
+    active = running[me]
+    updates, inner_state = inner.update(grads, state.inner, params)
+    inner_state = jax.tree.map(lambda new, old: jnp.where(active, new, old), inner_state,
+                               state.inner)
+    sim = worker_sim.advance(state.workers, running)
+    if not synchronise:
+      return updates, state._replace(synchronised=jnp.zeros((), bool), inner=inner_state,
+                                     active=active, workers=sim)
+    worker = jax.tree.map(lambda p, q: jnp.where(active, q, p),
+                          params, optax.apply_updates(params, updates))
+    weights, merged, sim = aggregation_lib.merge(agg, sim)
+    total = weights.sum()
+    scale = jnp.where(total > 0, weights[me] * agg.sim.workers / total, 0.0)
+    contribution = jax.tree.map(lambda a, w: ((a - w) * scale.astype(a.dtype)).astype(a.dtype),
+                                state.anchor, worker)
+    mean, exchange_state = exchange.update(contribution, state.exchange, state.anchor,
+                                           **extra_args)
+    anchor, outer_state = aggregation_lib.outer_step(agg, outer, mean, state.outer,
+                                                     state.anchor, merged)
+    return (jax.tree.map(lambda a, p: a - p, anchor, params),
+            AggregatedLocalState(jnp.ones((), bool), anchor, inner_state, outer_state,
+                                 exchange_state, active, sim))
 
   return optax.GradientTransformationExtraArgs(init, update)
 
@@ -230,10 +322,11 @@ class SparselocoSettings(DilocoSettings):
   error_decay: float = checks.setting(0.95, _ERROR_DECAY)
 
 
-def _build(s: DilocoSettings, inner, exchange, *,
-           axis_name) -> optax.GradientTransformationExtraArgs:
-  del axis_name  # the exchange carries it
-  return local_updates(inner, exchange, nesterov_outer(s.outer_learning_rate, s.outer_momentum))
+def _build(s: DilocoSettings, inner, exchange, *, axis_name,
+           aggregation: aggregation_lib.Aggregation | None = None
+           ) -> optax.GradientTransformationExtraArgs:
+  return local_updates(inner, exchange, nesterov_outer(s.outer_learning_rate, s.outer_momentum),
+                       aggregation=aggregation, axis_name=axis_name)
 
 
 def with_every(s: DilocoSettings, every: int) -> DilocoSettings:
@@ -247,7 +340,7 @@ RENAMED = (("exchange", "carrier"),)
 _LOCAL_HOOKS = dict(local=_build, carrier=lambda s: s.carrier, sends_every=lambda s: s.every,
                     with_sends_every=with_every, renamed=RENAMED,
                     kinds=lambda s, carrier_inputs: local_update_kinds(s.every, carrier_inputs),
-                    error_feedback=False)
+                    error_feedback=False, aggregates=True)
 
 METHODS = (
     method_table.Method(

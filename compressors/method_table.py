@@ -163,6 +163,9 @@ class Method:
     overlaps_backward: the exchange is a plain all-reduce of the gradient that can start per
       bucket while the backward pass runs (dense, fp16, bf16), as tuned data parallelism does;
       :mod:`compressors.step_time` prices it so. False: it needs the whole gradient first.
+    aggregates: a ``local`` method whose builder also takes ``aggregation=`` (a
+      ``compressors.aggregation.Aggregation``: simulated workers that are slow, late or gone,
+      and a synchronisation that merges whom its aggregator takes); False: the plain mean only.
   """
   name: str
   summary: str
@@ -185,6 +188,7 @@ class Method:
   budget: str | Callable[..., Any] | None = None
   renamed: tuple[tuple[str, str], ...] = ()
   overlaps_backward: bool = False
+  aggregates: bool = False
 
   def __post_init__(self):
     builders = [self.compressor, self.transformation, self.optimizer, self.local]

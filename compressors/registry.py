@@ -181,7 +181,8 @@ def _momentum_of(method: Method, settings: Any, common: Common,
 
 def training(name: str, settings: Any = None, *, optimizer: optax.GradientTransformation,
              learning_rate: optax.ScalarOrSchedule, axis_name, common: Common = Common(),
-             exchange_settings: Any = None) -> optax.GradientTransformationExtraArgs:
+             exchange_settings: Any = None,
+             aggregation: Any = None) -> optax.GradientTransformationExtraArgs:
   """The whole per-worker training transformation of method ``name`` with the run's
   ``optimizer``: what ``compressors.data_parallel`` runs.
 
@@ -202,6 +203,8 @@ def training(name: str, settings: Any = None, *, optimizer: optax.GradientTransf
     axis_name: the workers' mesh axis.
     common: the settings every method shares.
     exchange_settings: the settings of a local-update method's carrier (default: its defaults).
+    aggregation: a local-update method's aggregator and simulated workers
+      (``compressors.aggregation.Aggregation``), or None: every synchronisation the plain mean.
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` to run per worker.
@@ -219,10 +222,15 @@ def training(name: str, settings: Any = None, *, optimizer: optax.GradientTransf
   _refuse_per_step_settings(method, common)
   if method.optimizer is not None:
     return method.optimizer(settings, learning_rate, axis_name=axis_name, seed=common.seed)
+  if aggregation is not None and not method.aggregates:
+    raise ValueError(f"method {name!r} takes no aggregator but the plain mean (aggregation="
+                     f"{aggregation.rule!r} and simulated workers); allowed: "
+                     f"{[n for n in names('local') if get(n).aggregates]}")
+  aggregated = {} if aggregation is None else {"aggregation": aggregation}
   return method.local(settings, optimizer, local_exchange(settings, exchange_settings,
                                                           axis_name=axis_name, common=common,
                                                           carrier=method.carrier(settings)),
-                      axis_name=axis_name)
+                      axis_name=axis_name, **aggregated)
 
 
 def _refuse_per_step_settings(method: Method, common: Common) -> None:

@@ -52,6 +52,22 @@ Fields (all overridable on the command line, e.g. ``--config.batch_size=256``):
   resume_on_other_data            resume although the data's hashes (corpus, tokenizer, files)
                                   differ from those the checkpoints record; without it such a
                                   resume is refused (may change when a run resumes)
+  aggregation                     how a local-update method's synchronisation merges the
+                                  workers (compressors.aggregation): sync (all of them, as
+                                  published), quorum (those within a deadline, token-weighted),
+                                  async (Async Local-SGD: Delayed Nesterov, per-worker step
+                                  counts), naive_async (each arrival applied as it is)
+  quorum.deadline, .deviations    quorum's deadline in modelled seconds after a round began, or
+                                  None: adaptive, the median arrival plus ``deviations`` median
+                                  absolute deviations
+  workers.*                       simulated workers that differ (compressors.worker_sim), for
+                                  the local-update methods: speed_spread (log-normal sigma of
+                                  each worker's seconds per step), speed_trace (a file of
+                                  per-worker step times, one column per worker), dropout_rate
+                                  (the chance a worker misses a synchronisation), rejoin_after
+                                  (steps it stays gone), step_seconds (modelled seconds of an
+                                  inner step at speed 1) and link_gbit (the link the time model
+                                  prices a synchronisation on, Gbit/s)
   seed
 
 Every field's type and range is declared once: the fields here in :data:`RULES`, the compression
@@ -65,6 +81,7 @@ import typing
 
 import ml_collections
 
+from compressors import aggregation
 from compressors import checks
 from compressors import registry
 import tasc  # registers the method "tasc": a config has a block per registered method
@@ -104,6 +121,7 @@ def compression_block() -> ml_collections.ConfigDict:
 
 
 _R = checks.Rule
+AGGREGATIONS = aggregation.RULES
 _DECAY_RATE = _R(float, low=0, high=1, high_open=True)
 # What each field of base() allows (in its order): experiments.validation checks a run's config,
 # and each sweep run's, against these before JAX starts; experiments.methods' factories check the
@@ -138,6 +156,14 @@ RULES = {
     "skip_nonfinite": _R(bool), "max_skipped_fraction": _R(float, low=0, high=1),
     "check_replicas_every": _R(int, low=0), "stall_timeout_seconds": _R(int, low=0),
     "resume_on_other_data": _R(bool),
+    "aggregation": _R(str, choices=AGGREGATIONS),
+    "quorum.deadline": _R(float, low=0, low_open=True, optional=True),
+    "quorum.deviations": _R(float, low=0),
+    "workers.speed_spread": _R(float, low=0), "workers.speed_trace": _R(str),
+    "workers.dropout_rate": _R(float, low=0, high=1, high_open=True),
+    "workers.rejoin_after": _R(int, low=0),
+    "workers.step_seconds": _R(float, low=0, low_open=True),
+    "workers.link_gbit": _R(float, low=0, low_open=True),
     "seed": checks.SEED,
 }
 
@@ -229,6 +255,12 @@ def base() -> ml_collections.ConfigDict:
   c.check_replicas_every = 0
   c.stall_timeout_seconds = DEFAULT_STALL_TIMEOUT_SECONDS
   c.resume_on_other_data = False
+  c.aggregation = "sync"
+  c.quorum = ml_collections.ConfigDict(dict(
+      deadline=ml_collections.FieldReference(None, field_type=float), deviations=1.0))
+  c.workers = ml_collections.ConfigDict(dict(
+      speed_spread=0.0, speed_trace="", dropout_rate=0.0, rejoin_after=0, step_seconds=1.0,
+      link_gbit=1.0))
   c.seed = 0
   return c
 

@@ -26,9 +26,13 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from compressors import aggregation as aggregation_lib
 from compressors import checks
 from compressors import equal_bytes
 from compressors import registry
+from compressors import step_time
+from compressors import worker_sim
+from compressors.network import topology as topology_lib
 from compressors.parallel import fsdp
 from configs import common as config_common
 from experiments import models
@@ -361,14 +365,62 @@ def _on_shards(param_layout: fsdp.ParamLayout) -> dict[str, Any]:
               exclude=optimizers.exclusions.excluded(optimizers.default_exclude, whole))
 
 
+def worker_simulation(config, num_workers: int) -> worker_sim.WorkerSim | None:
+  """The simulated workers of ``config`` (``config.workers``; its trace file read and checked),
+  or None where they are all alike, always there, and ``config.aggregation`` is ``"sync"``
+  (the published algorithm, with no simulator at all).
+
+  Raises:
+    ValueError: a method that takes no aggregator, or a trace file that cannot be read or has
+      not one column per worker, naming the field.
+  """
+  w = config.workers
+  if config.aggregation == "sync" and not (w.speed_spread or w.speed_trace or w.dropout_rate):
+    return None
+  method = check_method(config.method)
+  if not method.aggregates:
+    takes = [n for n in registry.names("local") if registry.get(n).aggregates]
+    raise ValueError(f"config.aggregation={config.aggregation!r} with config.workers="
+                     f"{w.to_dict()} needs a local-update method that takes an aggregator; "
+                     f"config.method={config.method!r} does not; allowed: {takes} (others: "
+                     "aggregation='sync' and workers alike)")
+  trace = worker_sim.read_trace(w.speed_trace, num_workers) if w.speed_trace else None
+  return worker_sim.WorkerSim(num_workers, w.step_seconds, w.speed_spread, trace,
+                              w.dropout_rate, w.rejoin_after, config.seed)
+
+
+def aggregation(config, sim: worker_sim.WorkerSim | None,
+                shapes) -> aggregation_lib.Aggregation | None:
+  """``config.aggregation`` over the workers ``sim`` (:func:`worker_simulation`; None: no
+  aggregator), a synchronisation's communication priced by the alpha-beta link model
+  (:func:`compressors.step_time.kind_times`) on ``config.workers.link_gbit`` for a model of
+  ``shapes``."""
+  if sim is None:
+    return None
+  gbit = config.workers.link_gbit
+  link = dataclasses.replace(topology_lib.ETHERNET_1G, bandwidth=gbit * 1e9 / 8,
+                             name=f"{gbit:g} Gbit/s")
+  own = settings(config)
+  times = step_time.kind_times(config.method, shapes,
+                               topology_lib.Topology.flat(sim.workers, link), sim.step_seconds,
+                               own, exchange_settings=exchange_settings(config),
+                               kinds=step_kinds(config))
+  return aggregation_lib.Aggregation(
+      config.aggregation, sim, registry.get(config.method).sends_every(own),
+      config.quorum.deadline, config.quorum.deviations,
+      max(t.exposed for t in times.values()))
+
+
 def make_chain(config, learning_rate: optax.ScalarOrSchedule, axis_name: str = AXIS_NAME,
-               param_layout: fsdp.ParamLayout | None = None
+               param_layout: fsdp.ParamLayout | None = None,
+               aggregator: aggregation_lib.Aggregation | None = None
                ) -> optax.GradientTransformationExtraArgs:
   """The per-worker training transformation of ``config`` (:func:`compressors.registry.training`
   with ``optimizer(config)``): run its ``update`` per worker inside ``shard_map`` over
   ``axis_name``; its output is identical on every worker (a local-update method's between
   synchronisations excepted). With islands, ``param_layout`` is the parameters' layout over the
-  fast axis, on whose shards the optimizer runs (:func:`optimizer`).
+  fast axis, on whose shards the optimizer runs (:func:`optimizer`); ``aggregator``, a
+  local-update method's aggregator and simulated workers (:func:`aggregation`).
 
   Raises:
     ValueError, TypeError: settings the method refuses, prefixed with the config block.
@@ -377,7 +429,7 @@ def make_chain(config, learning_rate: optax.ScalarOrSchedule, axis_name: str = A
   return _in_config(config, own, lambda: registry.training(
       config.method, own, optimizer=optimizer(config, learning_rate, param_layout),
       learning_rate=learning_rate, axis_name=axis_name, common=common(config),
-      exchange_settings=exchange_settings(config)))
+      exchange_settings=exchange_settings(config), aggregation=aggregator))
 
 
 def per_worker_params(config) -> bool:

@@ -699,10 +699,30 @@ def _train(config, workdir, stop: interrupt.StopRequest, started: float, lock_wo
              "wall_seconds": time.time() - started, "num_workers": run.workers.count,
              "workers_per_device": run.workers.per_device, "diverged": reason is not None,
              "divergence": reason, **final_eval, **run.communication, **run.dataset.info,
-             **({"equal_bytes": tier} if tier else {}), provenance.KEY: _provenance(run.workers)}
+             **({"equal_bytes": tier} if tier else {}), **_simulated(config, run, state),
+             provenance.KEY: _provenance(run.workers)}
   if run.is_main:
     logs.write_json(os.path.join(workdir, RESULTS_FILE), results)
   return results, state
+
+
+def _simulated(config, run: _Run, state: TrainState) -> dict[str, Any]:
+  """With simulated workers (``config.workers``, ``config.aggregation``): ``modelled_seconds``
+  of the synchronisations run, ``useful_throughput`` (tokens, or examples for a task without
+  sequences, that reached the model per modelled second), ``staleness`` (``mean`` and ``max``
+  outer steps behind of the applied contributions), ``updates_dropped`` and
+  ``updates_applied``; nothing otherwise."""
+  figures = compressors.aggregation.totals(state.opt_state)
+  if figures is None:
+    return {}
+  per_example = config.data.get("seq_len", 1) or 1
+  tokens = figures["useful_steps"] * config.batch_size // run.workers.count * per_example
+  seconds = figures["modelled_seconds"]
+  return {"modelled_seconds": seconds,
+          "useful_throughput": tokens / seconds if seconds else None,
+          "staleness": {"mean": figures["staleness_mean"], "max": figures["staleness_max"]},
+          "updates_dropped": figures["updates_dropped"],
+          "updates_applied": figures["updates_applied"]}
 
 
 def _prepare(config, workdir, lock_workdir) -> tuple[_Run, TrainState]:
@@ -739,8 +759,10 @@ def _prepare(config, workdir, lock_workdir) -> tuple[_Run, TrainState]:
   if workers.shard_axis is not None:
     shapes = compressors.parallel.fsdp.leaf_shard_shapes(shapes, workers.shards)
   validation.check_compresses(config, shapes, workers.count // workers.shards)
+  aggregator = methods.aggregation(config, methods.worker_simulation(config, workers.count),
+                                   shapes)
   tx = methods.make_chain(config, learning_rate, workers.axis_name,
-                          _param_layout(workers, params_shape))
+                          _param_layout(workers, params_shape), aggregator)
   batch_shape = jax.tree.map(lambda x: jax.ShapeDtypeStruct(
       (workers.count * x.shape[1],) + x.shape[2:], x.dtype), first_batch)
   example = TrainState(jax.ShapeDtypeStruct((), jnp.int32), params_shape, model_state_shape, ())

@@ -114,6 +114,7 @@ def check_config(config, num_workers: int) -> None:
                      "momentum twice; allowed: 'sgd' (or momentum_correction=0)")
   methods.make_chain(config, config.optimizer.learning_rate)
   methods.step_kinds(config)
+  methods.worker_simulation(config, num_workers)  # the aggregator's method, the trace's workers
   for line in unused_settings(config):
     logging.warning("%s", line)
 

@@ -289,6 +289,15 @@ def test_the_harness_imports_no_method_module():
   assert not found, "\n".join(found)
 
 
+def test_the_worker_simulator_knows_no_aggregator_and_no_method():
+  """``compressors.worker_sim`` models the workers alone: the aggregators import it, never the
+  other way round, and it imports no other module of the project."""
+  graph = import_graph()
+  found = [m for m in graph["compressors.worker_sim"] if m.split(".")[0] in PACKAGES]
+  assert not found, found
+  assert "compressors.worker_sim" in graph["compressors.aggregation"]
+
+
 # ``method.family == ...`` (or the other way round): a method's family, not an argument's.
 _FAMILY_COMPARISON = re.compile(r"\.family\b\s*(==|!=)|(==|!=)\s*[\w\[\]().]*\.family\b")
 

@@ -1,0 +1,186 @@
+"""Aggregators of a local-update method's synchronisation: whom it merges, with what weight, and
+how the merged pseudo-gradient moves the synchronised parameters, when workers are slow, late or
+gone (:mod:`compressors.worker_sim`).
+
+Every rule runs in the per-worker program of :func:`compressors.local_updates`: each worker
+multiplies its pseudo-gradient by ``workers * w_i / sum(w)`` before the exchange (the carrier
+compresses that, per worker, before the collective), so the exchange's mean is the weighted
+mean ``sum(w_i Delta_i) / sum(w)``; a worker of weight 0 puts zeros in (with an error-feedback
+carrier it still sends what its residual holds, as a worker that flushes it would). The bytes
+stay those of the compiled program. A synchronisation whose weights are all 0 moves nothing.
+
+* ``sync``: every worker that arrived, weighted by the inner steps (tokens) it ran; the round
+  waits for the last of them. With the workers alike this is DiLoCo, bit for bit.
+* ``quorum`` (Decoupled DiLoCo's token-weighted merge with a deadline): the workers that arrive
+  within the deadline, weighted by their tokens; the others' work is dropped (they land on the
+  new parameters with everyone). The deadline is ``deadline`` seconds after the round began, or
+  adaptive (``deadline=None``): the median of the arrivals plus ``deviations`` times their
+  median absolute deviation (hivemind's rule); never before the first arrival.
+* ``async``: Async Local-SGD (Liu et al. 2024, arXiv 2401.09135) with per-worker step counts
+  (each worker runs ``max(1, round(H * t_min / t_i))`` inner steps a round, so that all arrive
+  at about the fastest one's time; a worker that is done waits frozen) and Delayed Nesterov:
+  the ``m`` arrivals of a round are applied one at a time in arrival order, each on the state
+  it finds, as a plain step ``theta <- theta - lr Delta_k / m``, and the outer momentum is
+  applied once every ``m`` arrivals, with the mean of the buffered ones: ``mom <- beta mom +
+  mean; theta <- theta - lr beta mom``. Since every arrival of a round started from the same
+  parameters the plain steps add up, so the round is ``theta - lr (mean + beta mom)``: the
+  outer Nesterov step of the unweighted mean of the arrivals (one exchange), and with the
+  workers alike DiLoCo's. The ``k``-th arrival is ``k - 1`` outer steps stale.
+* ``naive_async``: the papers' baseline: every worker runs all ``H`` steps, and each of the
+  ``m`` arrivals is applied as it is, one full outer step (momentum and all) each, on the state
+  it finds; each arrival's pseudo-gradient is taken as the round's mean over ``m`` (exact when
+  the workers are alike), so the outer optimizer runs ``m`` times a round.
+
+Modelled seconds of a round: the compute the aggregator waits for (``sync``: the last arrival;
+``quorum``: the deadline or the last arrival if sooner; ``async``/``naive_async``: ``m`` arrivals
+at the workers' summed rates, ``m / sum(1 / arrival_i)``) plus one synchronisation's
+communication, ``sync_seconds``, which the caller takes from the alpha-beta link model
+(:func:`compressors.step_time.kind_times`).
+"""
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from compressors import worker_sim
+from compressors.worker_sim import WorkerSim
+from compressors.worker_sim import WorkerSimState
+
+RULES = ("sync", "quorum", "async", "naive_async")
+
+
+@dataclasses.dataclass(frozen=True)
+class Aggregation:
+  """An aggregator and the workers it meets (Python values, fixed for a run).
+
+  Attributes:
+    rule: one of :data:`RULES`.
+    sim: the workers (:class:`compressors.worker_sim.WorkerSim`).
+    round_steps: ``H``, the inner steps of a round (``Method.sends_every``).
+    deadline: ``quorum``'s deadline in modelled seconds after the round began (> 0), or None:
+      adaptive.
+    deviations: the adaptive deadline's ``k`` (>= 0).
+    sync_seconds: the modelled communication seconds of one synchronisation (>= 0).
+  """
+  rule: str
+  sim: WorkerSim
+  round_steps: int
+  deadline: float | None = None
+  deviations: float = 1.0
+  sync_seconds: float = 0.0
+
+  def __post_init__(self):
+    where = "compressors.aggregation.Aggregation"
+    if self.rule not in RULES:
+      raise ValueError(f"{where}: rule={self.rule!r}; allowed: {RULES}")
+    if self.deadline is not None and not self.deadline > 0:
+      raise ValueError(f"{where}: deadline={self.deadline!r}; allowed: seconds > 0, or None "
+                       "(adaptive)")
+    if not self.deviations >= 0:
+      raise ValueError(f"{where}: deviations={self.deviations!r}; allowed: >= 0")
+    if not self.sync_seconds >= 0:
+      raise ValueError(f"{where}: sync_seconds={self.sync_seconds!r}; allowed: >= 0")
+
+
+def active(agg: Aggregation, state: WorkerSimState) -> jax.Array:
+  """``bool[workers]``: the workers that run an inner step at the current step: those there
+  that have not yet run their round's steps (``async``: each its own count)."""
+  target = jnp.full(state.worked.shape, agg.round_steps, jnp.int32)
+  if agg.rule == "async":
+    seconds = state.seconds_per_step
+    target = jnp.maximum(1, jnp.floor(agg.round_steps * seconds.min() / seconds + 0.5)).astype(
+        jnp.int32)
+  return worker_sim.present(state) & (state.worked < target)
+
+
+def _masked_median(values: jax.Array, mask: jax.Array) -> jax.Array:
+  """The median of ``values`` where ``mask`` (at least one), in float32."""
+  ordered = jnp.sort(jnp.where(mask, values, jnp.inf))
+  m = mask.sum()
+  low, high = jnp.maximum(m - 1, 0) // 2, m // 2
+  return (ordered[low] + ordered[jnp.minimum(high, values.shape[0] - 1)]) / 2
+
+
+def _deadline(agg: Aggregation, rnd: worker_sim.Round) -> jax.Array:
+  """``quorum``'s deadline for the round (never before its first arrival)."""
+  first = jnp.where(rnd.arrived, rnd.arrival, jnp.inf).min()
+  if agg.deadline is not None:
+    return jnp.maximum(jnp.float32(agg.deadline), first)
+  median = _masked_median(rnd.arrival, rnd.arrived)
+  spread = _masked_median(jnp.abs(rnd.arrival - median), rnd.arrived)
+  return jnp.maximum(median + agg.deviations * spread, first)
+
+
+def merge(agg: Aggregation, state: WorkerSimState) -> tuple[jax.Array, jax.Array,
+                                                            WorkerSimState]:
+  """The synchronisation at the current step (after :func:`compressors.worker_sim.advance` of
+  its inner step): ``(weights float32[workers], m, the simulator's next state)``, ``m`` the
+  contributions merged (the outer steps ``naive_async`` takes)."""
+  rnd, key = worker_sim.arrivals(agg.sim, state)
+  last = jnp.where(rnd.arrived, rnd.arrival, 0.0).max()
+  merged = rnd.arrived
+  wait = last
+  if agg.rule == "quorum":
+    deadline = _deadline(agg, rnd)
+    merged = rnd.arrived & (rnd.arrival <= deadline)
+    wait = jnp.minimum(last, deadline)
+  elif agg.rule in ("async", "naive_async"):
+    rates = jnp.where(rnd.arrived, 1 / rnd.arrival, 0.0).sum()
+    wait = jnp.where(rates > 0, rnd.arrived.sum() / rates, 0.0)
+  m = merged.sum().astype(jnp.int32)
+  if agg.rule in ("async", "naive_async"):
+    weights = merged.astype(jnp.float32)
+    stale_sum, stale_max = m * (m - 1) / 2, jnp.maximum(m - 1, 0)
+  else:
+    weights = jnp.where(merged, rnd.worked, 0).astype(jnp.float32)
+    stale_sum, stale_max = jnp.zeros(()), jnp.zeros((), jnp.int32)
+  t = state.totals
+  totals = t._replace(
+      modelled_seconds=t.modelled_seconds + wait + agg.sync_seconds,
+      useful_steps=t.useful_steps + jnp.where(merged, rnd.worked, 0).sum(),
+      updates_dropped=t.updates_dropped + rnd.dropped + (rnd.arrived & ~merged).sum(),
+      updates_applied=t.updates_applied + m,
+      staleness_sum=t.staleness_sum + stale_sum.astype(jnp.float32),
+      staleness_max=jnp.maximum(t.staleness_max, stale_max))
+  left = (state.worked > 0) & ~rnd.arrived
+  return weights, m, worker_sim.close_round(agg.sim, state, key, left, totals)
+
+
+def outer_step(agg: Aggregation, outer: optax.GradientTransformation, mean: Any,
+               outer_state: Any, anchor: Any, m: jax.Array) -> tuple[Any, Any]:
+  """The synchronised parameters and the outer optimizer's state after the round whose merged
+  pseudo-gradient is ``mean`` (``m`` contributions; with none, nothing moves)."""
+  if agg.rule != "naive_async":
+    updates, new_state = outer.update(mean, outer_state, anchor)
+    moved = optax.apply_updates(anchor, updates)
+  else:  # m full outer steps, each with an arrival's share of the mean
+    share = jax.tree.map(lambda g: g / jnp.maximum(m, 1).astype(g.dtype), mean)
+
+    def arrival(k, carry):
+      params, state = carry
+      updates, stepped = outer.update(share, state, params)
+      take = lambda new, old: jnp.where(k < m, new, old)
+      return (jax.tree.map(take, optax.apply_updates(params, updates), params),
+              jax.tree.map(take, stepped, state))
+    moved, new_state = jax.lax.fori_loop(0, agg.sim.workers, arrival, (anchor, outer_state))
+  keep = lambda new, old: jnp.where(m > 0, new, old)
+  return jax.tree.map(keep, moved, anchor), jax.tree.map(keep, new_state, outer_state)
+
+
+def totals(state: Any) -> dict[str, Any] | None:
+  """The run's figures from the simulator's state inside ``state`` (an optimizer state), or
+  None without one: ``modelled_seconds``, ``useful_steps`` (worker-steps that reached the
+  model), ``updates_dropped``, ``updates_applied``, ``staleness_mean``, ``staleness_max``."""
+  found = [s for s in jax.tree.leaves(state, is_leaf=lambda x: isinstance(x, WorkerSimState))
+           if isinstance(s, WorkerSimState)]
+  if len(found) != 1:
+    return None
+  t = jax.device_get(found[0].totals)
+  applied = int(t.updates_applied)
+  return {"modelled_seconds": float(t.modelled_seconds), "useful_steps": int(t.useful_steps),
+          "updates_dropped": int(t.updates_dropped), "updates_applied": applied,
+          "staleness_mean": float(t.staleness_sum) / applied if applied else 0.0,
+          "staleness_max": int(t.staleness_max)}
