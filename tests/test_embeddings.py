@@ -1,0 +1,204 @@
+"""Embedding tables placed across devices (compressors/parallel/embeddings.py) under DLRM's tower
+(experiments/models/dlrm.py): sharding moves rows, not the math."""
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
+import numpy as np
+import pytest
+
+from compressors.parallel import embeddings
+from compressors.parallel import hlo_bytes
+from experiments import models
+from experiments.models import dlrm
+
+pytestmark = pytest.mark.usefixtures("fast_compiles")
+
+DEVICES = 8
+ROWS = (37, 5, 100, 11, 64)  # none divides by 8; table 1 has fewer rows than devices
+HOTNESS = (3, 1, 2, 4, 1)
+WIDTH = 6  # the column placement pads it to 8 columns
+BATCH = 32
+LEARNING_RATE = 0.5
+
+
+def _bce(logits, labels):
+  return jnp.mean(jnp.maximum(logits, 0) - logits * labels + jnp.log1p(jnp.exp(-jnp.abs(logits))))
+
+
+@pytest.fixture(scope="module")
+def problem():
+  rng = np.random.default_rng(0)
+  tower = dlrm.DLRMTower(embedding_dim=WIDTH, bottom=(8,), top=(8,))
+  batch = {"dense": rng.normal(size=(BATCH, dlrm.NUM_DENSE)).astype(np.float32),
+           "sparse": [rng.integers(0, r, size=(BATCH, h)).astype(np.int32)
+                      for r, h in zip(ROWS, HOTNESS)],
+           "label": (rng.random(BATCH) < 0.5).astype(np.float32)}
+  tower_params = tower.init(jax.random.PRNGKey(0), batch["dense"],
+                            jnp.zeros((BATCH, len(ROWS), WIDTH)))["params"]
+  tables = [rng.uniform(-0.3, 0.3, size=(r, WIDTH)).astype(np.float32) for r in ROWS]
+  return tower, batch, tower_params, tables
+
+
+@pytest.fixture(scope="module")
+def replicated(problem):
+  """The replicated tables' 20 losses and trained parameters."""
+  tower, batch, tower_params, tables = problem
+  return _replicated_trajectory(tower, batch, {"tower": tower_params, "tables": tables}, 20)
+
+
+def _replicated_trajectory(tower, batch, params, steps):
+  """One device, the whole batch, the tables whole: the losses of ``steps`` SGD steps."""
+  def loss(params):
+    pooled = dlrm.pooled_lookup(params["tables"], batch["sparse"])
+    return _bce(tower.apply({"params": params["tower"]}, batch["dense"], pooled), batch["label"])
+
+  @jax.jit
+  def step(params):
+    value, grads = jax.value_and_grad(loss)(params)
+    return jax.tree.map(lambda p, g: p - LEARNING_RATE * g, params, grads), value
+  losses = []
+  for _ in range(steps):
+    params, value = step(params)
+    losses.append(float(value))
+  return losses, params
+
+
+def _sharded_step(tower, plan, capacity=None):
+  """The data-parallel SGD step with the tables placed by ``plan``: ``(params, batch) ->
+  (params, mean loss, overflow)``."""
+  mesh = Mesh(np.array(jax.devices()[:DEVICES]), ("data",))
+
+  def body(params, batch):
+    def loss(params):
+      pooled, overflow = embeddings.pooled_lookup(plan, params["tables"], batch["sparse"], "data",
+                                                  capacity)
+      logits = tower.apply({"params": params["tower"]}, batch["dense"], pooled)
+      return _bce(logits, batch["label"]), overflow
+    (value, overflow), grads = jax.value_and_grad(loss, has_aux=True)(params)
+    # Every gradient arrives summed over the devices' losses (the replicated parameters' by
+    # shard_map's autodiff, the sharded rows' by the all-to-all's transpose): their mean.
+    params = jax.tree.map(lambda p, g: p - LEARNING_RATE * g / DEVICES, params, grads)
+    return params, jax.lax.pmean(value, "data"), jax.lax.psum(overflow, "data")
+  specs = {"tower": P(), "tables": embeddings.specs(plan, "data")}
+  return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(specs, P("data")),
+                               out_specs=(specs, P(), P())))
+
+
+@pytest.mark.parametrize("placement", [*embeddings.PLACEMENTS,
+                                       ("row", "table", "column", "replicated", "table")])
+def test_each_placement_gives_the_replicated_trajectory_over_20_steps(problem, replicated,
+                                                                     placement):
+  tower, batch, tower_params, tables = problem
+  expected, trained = replicated
+  plan = embeddings.plan(ROWS, WIDTH, placement, DEVICES)
+  step = _sharded_step(tower, plan)
+  params = {"tower": tower_params, "tables": embeddings.shard(plan, tables)}
+  losses = []
+  for _ in range(20):
+    params, value, overflow = step(params, batch)
+    losses.append(float(value))
+    assert int(overflow) == 0
+  assert expected[-1] < expected[0] - 0.05  # it learns: the comparison is not of constants
+  np.testing.assert_allclose(losses, expected, rtol=2e-6, atol=2e-6)
+  for got, want in zip(embeddings.unshard(plan, jax.device_get(params["tables"])),
+                       trained["tables"]):
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_the_layout_round_trips_with_padding_and_balances_whole_tables():
+  plan = embeddings.plan(ROWS, WIDTH, ("row", "table", "column", "replicated", "table"), DEVICES)
+  assert plan.column_width == 1 and plan.column_rows == 100
+  assert plan.owners[4] != plan.owners[1]  # the two whole tables on different devices
+  assert plan.bank_rows == 5 + 64  # ceil(37 / 8) shared rows, then the largest whole table
+  tables = [np.random.default_rng(t).normal(size=(r, WIDTH)).astype(np.float32)
+            for t, r in enumerate(ROWS)]
+  laid_out = embeddings.shard(plan, tables)
+  assert laid_out["bank"].shape == (DEVICES * 69, WIDTH)
+  assert laid_out["column_bank"].shape == (100, DEVICES)
+  for got, want in zip(embeddings.unshard(plan, laid_out), tables):
+    np.testing.assert_array_equal(got, want)
+  # Row 9 of the row-placed table: device 9 mod 8 = 1, local row 9 div 8 = 1.
+  np.testing.assert_array_equal(laid_out["bank"][1 * 69 + 1], tables[0][9])
+  assert plan.bytes_per_device() == 4 * (11 * WIDTH + 69 * WIDTH + 100 * 1)
+
+
+def test_an_overflow_is_counted_and_refused_in_one_line(problem):
+  tower, batch, tower_params, tables = problem
+  plan = embeddings.plan(ROWS, WIDTH, "row", DEVICES)
+  params = {"tower": tower_params, "tables": embeddings.shard(plan, tables)}
+  _, _, overflow = _sharded_step(tower, plan, capacity=1)(params, batch)
+  # Per device and owner, the distinct keys beyond the first, counted on the host.
+  expected = 0
+  for device in range(DEVICES):
+    rows = slice(device * BATCH // DEVICES, (device + 1) * BATCH // DEVICES)
+    keys = {(int(i) % DEVICES, t, int(i)) for t in range(len(ROWS))
+            for i in batch["sparse"][t][rows].ravel()}
+    per_owner = np.bincount([k[0] for k in keys], minlength=DEVICES)
+    expected += int(np.maximum(per_owner - 1, 0).sum())
+  assert int(overflow) == expected > 0
+  with pytest.raises(ValueError, match=r"^the exchange: \d+ de-duplicated IDs did not fit") as e:
+    embeddings.check_overflow(overflow)
+  assert "\n" not in str(e.value)
+  embeddings.check_overflow(jnp.zeros(()))
+
+
+@pytest.mark.parametrize("bad,message", [(-1, "ID -1"), (100, "ID 100")])
+def test_ids_outside_their_table_are_refused_in_one_line(bad, message):
+  plan = embeddings.plan(ROWS, WIDTH, "row", DEVICES)
+  sparse = [np.zeros((4, h), np.int32) for h in HOTNESS]
+  embeddings.check_ids(plan, sparse)
+  sparse[2][3, 1] = bad
+  with pytest.raises(ValueError, match=rf"^table 2: {message} is not allowed; allowed: 0 \.\. 99"):
+    embeddings.check_ids(plan, sparse)
+
+
+@pytest.mark.parametrize("rows,width,placement,message", [
+    (ROWS, WIDTH, "diagonal", r"embedding.placement='diagonal' \(table 0\) is not allowed"),
+    (ROWS, WIDTH, ("row", "table"), "embedding.placement has 2 entries for 5 tables"),
+    ((3, 0), WIDTH, "row", "table 1 has 0 rows"),
+])
+def test_a_bad_plan_is_refused_in_one_line(rows, width, placement, message):
+  with pytest.raises(ValueError, match=message):
+    embeddings.plan(rows, width, placement, DEVICES)
+
+
+@pytest.mark.parametrize("placement,capacity", [("row", None), ("table", 3), ("column", 5)])
+def test_the_compiled_exchange_sends_the_predicted_bytes(problem, placement, capacity):
+  tower, batch, tower_params, tables = problem
+  plan = embeddings.plan(ROWS, WIDTH, placement, DEVICES)
+  params = {"tower": tower_params, "tables": embeddings.shard(plan, tables)}
+  measured = hlo_bytes.wire_bytes(_sharded_step(tower, plan, capacity), params, batch)
+  lookups = [BATCH // DEVICES * h for h in HOTNESS]
+  predicted = embeddings.exchange_bytes(plan, lookups, capacity)
+  exchanged = measured.by_kind.get("all-to-all", 0) + measured.by_kind.get("all-gather", 0)
+  assert exchanged == pytest.approx(predicted["forward"] + predicted["backward"], rel=1e-9)
+
+
+def test_expected_unique_matches_sampling():
+  rng = np.random.default_rng(1)
+  probabilities = 1.0 / np.arange(1, 1001) ** 1.1
+  probabilities /= probabilities.sum()
+  counts = [np.unique(rng.choice(1000, size=300, p=probabilities)).size for _ in range(400)]
+  assert embeddings.expected_unique(probabilities, 300) == pytest.approx(np.mean(counts), rel=0.02)
+  assert embeddings.capacity_from_skew(100.0, 8) == 19
+
+
+def test_the_model_registry_builds_dlrm_with_either_interaction():
+  dense = jnp.ones((4, dlrm.NUM_DENSE))
+  sparse = [jnp.zeros((4, 2), jnp.int32), jnp.ones((4, 1), jnp.int32)]
+  for fields in ({"interaction": "dot"}, {"interaction": "dcn", "cross_rank": 3}):
+    model = models.build_model({"name": "dlrm", "embedding_dim": 4, **fields},
+                               cardinalities=(10, 3))
+    variables = model.init(jax.random.PRNGKey(0), dense, sparse)
+    assert variables["params"]["embedding_0"].shape == (10, 4)
+    assert model.apply(variables, dense, sparse).shape == (4,)
+  with pytest.raises(ValueError, match="config.model.interaction='cross' is not allowed"):
+    models.build_model({"name": "dlrm", "interaction": "cross"}, cardinalities=(10, 3))
+
+
+def test_the_cpu_tier_caps_the_real_shapes():
+  assert len(dlrm.CRITEO_KAGGLE_ROWS) == len(dlrm.MLPERF_DCNV2_ROWS) == 26
+  assert len(dlrm.MLPERF_DCNV2_HOTNESS) == 26 and sum(dlrm.MLPERF_DCNV2_HOTNESS) == 214
+  assert dlrm.capped(dlrm.MLPERF_DCNV2_ROWS, 1000)[:6] == (1000, 1000, 1000, 1000, 1000, 3)
