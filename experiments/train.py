@@ -538,15 +538,43 @@ def _train_batch(dataset, config, step: int) -> dict[str, np.ndarray]:
         f"must be readable in the dataset's format (see experiments/data/)") from e
 
 
-def _evaluate(evaluate, state, dataset, workers, dp) -> dict[str, float]:
-  """The test metrics of the model's parameters (with local updates, the synchronised ones)."""
+def _evaluate(evaluate, state, dataset, workers, dp, score=None) -> dict[str, float]:
+  """The test metrics of the model's parameters (with local updates, the synchronised ones);
+  with ``score`` (:func:`_scorer`), also the task's metrics of the whole set's logits."""
   params = dp.model_params(state)
-  sums = np.zeros(3)
+  sums, scored = np.zeros(3), []
   for batch in dataset.eval_batches():
-    sums += np.asarray(jax.device_get(evaluate(params, state.model_state,
-                                               _to_global(batch, workers))))
-  return dataset.derive({"test_loss": float(sums[0] / sums[2]),
-                         "test_accuracy": float(sums[1] / sums[2])})
+    batch = _to_global(batch, workers)
+    sums += np.asarray(jax.device_get(evaluate(params, state.model_state, batch)))
+    if score is not None:
+      scored.append(multihost_utils.process_allgather(
+          (score.logits(params, state.model_state, batch), batch["label"], batch["mask"]),
+          tiled=True))
+  metrics = {"test_loss": float(sums[0] / sums[2]), "test_accuracy": float(sums[1] / sums[2])}
+  if scored:
+    logits, labels, mask = (np.concatenate(parts) for parts in zip(*scored))
+    metrics.update(score.metrics(labels[mask > 0], logits[mask > 0]))
+  return dataset.derive(metrics)
+
+
+class _Scorer(NamedTuple):
+  """A task's metrics of the whole evaluation set's logits (AUC: they do not sum over
+  batches): ``logits(params, model_state, global batch)`` (the model state averaged over the
+  workers, as the evaluation's sums take it) and ``metrics(labels, logits)``."""
+  logits: Any
+  metrics: Any
+
+
+def _scorer(model, task) -> _Scorer | None:
+  """The :class:`_Scorer` of ``task``, None when it has no such metrics."""
+  if task.scores is None:
+    return None
+
+  @jax.jit
+  def logits(params, model_state, batch):
+    averaged = jax.tree.map(lambda x: jnp.mean(x, axis=0), model_state)
+    return model.apply({"params": params, **averaged}, *task.inputs(batch), train=False)
+  return _Scorer(logits, task.scores)
 
 
 def _skipped_steps(state: TrainState) -> int:
@@ -665,6 +693,7 @@ class _Run(NamedTuple):
   communication: dict[str, Any]
   checkpointer: checkpoint.Checkpointer
   num_params: int
+  score: _Scorer | None  # the task's metrics of the whole evaluation set's logits
 
   @property
   def is_main(self) -> bool:
@@ -681,7 +710,7 @@ def _train(config, workdir, stop: interrupt.StopRequest, started: float, lock_wo
   if (config.check_replicas_every and not run.dp.per_worker_params
       and run.steps % config.check_replicas_every):
     _check_replicas(run.dp, state, run.steps)  # before the final checkpoint
-  final_eval = _evaluate(run.evaluate, state, run.dataset, run.workers, run.dp)
+  final_eval = _evaluate(run.evaluate, state, run.dataset, run.workers, run.dp, run.score)
   writer.write(run.steps, final_eval)
   run.checkpointer.save(run.steps, state)
   run.checkpointer.close()
@@ -756,7 +785,8 @@ def _prepare(config, workdir, lock_workdir) -> tuple[_Run, TrainState]:
                    **_peak_bytes(dp, state, batch_shape, steps)}
   return _Run(config, workdir, workers, dataset, steps, learning_rate, dp,
               dp.reduce(_evaluation_sums(model, task)), communication, checkpointer,
-              sum(x.size for x in jax.tree.leaves(dp.model_params(state)))), state
+              sum(x.size for x in jax.tree.leaves(dp.model_params(state))),
+              _scorer(model, task)), state
 
 
 def _loop(run: _Run, state: TrainState, start: int, writer, stop: interrupt.StopRequest):
@@ -815,7 +845,8 @@ def _loop(run: _Run, state: TrainState, start: int, writer, stop: interrupt.Stop
           _check_replicas(dp, state, done)
       stop.step_completed()
       if config.eval_every and done % config.eval_every == 0 and done != run.steps:
-        writer.write(done, _evaluate(run.evaluate, state, run.dataset, run.workers, dp))
+        writer.write(done, _evaluate(run.evaluate, state, run.dataset, run.workers, dp,
+                                     run.score))
       if config.checkpoint_every and done % config.checkpoint_every == 0:
         run.checkpointer.save(done, state)
   return state, train_loss, examples_per_sec

@@ -3,11 +3,13 @@
 import itertools
 import math
 
+import ml_collections
 import numpy as np
 import pytest
 
 from experiments import ctr_metrics
 from experiments.data import criteo
+from experiments.data import pipeline
 from experiments.models import dlrm
 
 ROWS = (1000,) * 24 + (7, 3)
@@ -131,3 +133,25 @@ def test_log_loss_matches_the_cross_entropy_of_the_probabilities():
   assert ctr_metrics.log_loss(labels, logits) == pytest.approx(expected, rel=1e-9)
   with pytest.raises(ValueError, match="labels other than 0 and 1"):
     ctr_metrics.log_loss([0, 2], [0.0, 1.0])
+
+
+def _data_config(**data):
+  config = ml_collections.ConfigDict({"batch_size": 8, "eval_batch_size": 8, "seed": 0,
+                                      "data": data})
+  return config
+
+
+def test_the_criteo_dataset_reads_only_the_lines_it_holds(tmp_path):
+  path = tmp_path / "day.tsv"
+  path.write_text(_line() * 24 + "a line no reader reaches\n")
+  shards = pipeline.ShardSpec(2, (0, 1))
+  dataset = criteo.criteo(_data_config(criteo_tsv=str(path), num_train=16, num_eval=8), shards)
+  assert dataset.task == "ctr" and dataset.num_train == 16 and dataset.num_eval == 8
+  assert dataset.model_fields["hotness"] == (1,) * 26
+  assert dataset.train_batch(0)["sparse"].shape == (2, 4, 26)
+  short = tmp_path / "short.tsv"
+  short.write_text(_line() * 24)
+  with pytest.raises(ValueError, match=r"has 24 lines; allowed: at least .* = 32"):
+    criteo.criteo(_data_config(criteo_tsv=str(short), num_train=24, num_eval=8), shards)
+  with pytest.raises(ValueError, match="needs config.data.criteo_tsv=PATH"):
+    criteo.criteo(_data_config(), shards)

@@ -44,7 +44,9 @@ import pathlib
 from absl import logging
 import numpy as np
 
+from experiments.data import pipeline
 from experiments.data import tokenizer as tokenizer_lib
+from experiments.models import dlrm
 
 NUM_INTEGER, NUM_CATEGORICAL = 13, 26
 COLUMNS = 1 + NUM_INTEGER + NUM_CATEGORICAL
@@ -242,3 +244,72 @@ def synthetic(rows: Sequence[int], hotness: Sequence[int], count: int, seed: int
   folder.mkdir(parents=True, exist_ok=True)
   tokenizer_lib.publish_once(path, payload + hashlib.sha256(payload).digest())
   return generated, hashlib.sha256(payload).hexdigest()
+
+
+_SHAPES = {"mlperf": (dlrm.MLPERF_DCNV2_ROWS, dlrm.MLPERF_DCNV2_HOTNESS),
+           "kaggle": (dlrm.CRITEO_KAGGLE_ROWS, (1,) * NUM_CATEGORICAL)}
+
+
+def _shapes(options) -> tuple[tuple[int, ...], tuple[int, ...]]:
+  """The tables' rows (capped at ``data.max_rows``) and hotness (capped at
+  ``data.max_hotness``) of ``data.shapes``."""
+  shapes = options.get("shapes", "mlperf")
+  if shapes not in _SHAPES:
+    raise ValueError(f"config.data.shapes={shapes!r} is not allowed; allowed: {sorted(_SHAPES)}")
+  max_rows, max_hotness = options.get("max_rows", 20000), options.get("max_hotness", 1000)
+  pipeline.check_positive("config.data.max_rows", max_rows)
+  pipeline.check_positive("config.data.max_hotness", max_hotness)
+  rows, hotness = _SHAPES[shapes]
+  return dlrm.capped(rows, max_rows), tuple(min(h, max_hotness) for h in hotness)
+
+
+def _dataset(config, shards, train, test, rows, hotness, info) -> pipeline.ShardedDataset:
+  return pipeline.ShardedDataset(
+      task="ctr", model_fields={"cardinalities": rows, "hotness": hotness},
+      train=pipeline.split_rows(train, shards), evaluation=pipeline.split_rows(test, shards),
+      num_train=len(train["label"]), num_eval=len(test["label"]), shards=shards,
+      batch_per_device=config.batch_size // shards.num_shards,
+      eval_batch_per_device=config.eval_batch_size // shards.num_shards, seed=config.seed,
+      info=info)
+
+
+def synthetic_ctr(config, shards: pipeline.ShardSpec) -> pipeline.ShardedDataset:
+  """Synthetic click logs (:func:`synthetic`): ``config.data.shapes`` (``mlperf``: MLPerf
+  DLRM-DCNv2's tables and hotness; ``kaggle``: Criteo Kaggle's, one ID each) capped at
+  ``data.max_rows`` rows and ``data.max_hotness`` IDs, ``data.num_train`` and ``data.num_eval``
+  rows drawn with ``data.seed`` (default 0), cached in ``data.cache_dir``."""
+  options = config.data
+  rows, hotness = _shapes(options)
+  num_train, num_eval = options.get("num_train", 65536), options.get("num_eval", 8192)
+  pipeline.check_positive("config.data.num_train", num_train)
+  pipeline.check_positive("config.data.num_eval", num_eval)
+  logs, digest = synthetic(rows, hotness, num_train + num_eval, options.get("seed", 0),
+                           options.get("cache_dir"))
+  train = {k: v[:num_train] for k, v in logs.items()}
+  test = {k: v[num_train:] for k, v in logs.items()}
+  return _dataset(config, shards, train, test, rows, hotness, {"data_sha256": digest})
+
+
+def criteo(config, shards: pipeline.ShardSpec) -> pipeline.ShardedDataset:
+  """Criteo's TSV ``config.data.criteo_tsv`` (:func:`read_tsv`): its first ``data.num_train``
+  lines train, the next ``data.num_eval`` evaluate (the file is streamed; the run holds those
+  rows), with Criteo Kaggle's tables capped at ``data.max_rows`` rows. The file's path, size and
+  modification time are hashed (``files_sha256``)."""
+  options = config.data
+  path = options.get("criteo_tsv", "")
+  if not path:
+    raise ValueError("config.dataset='criteo' needs config.data.criteo_tsv=PATH (a file in "
+                     "Criteo's TSV format)")
+  status = pipeline.check_regular_file("criteo", path)
+  rows = dlrm.capped(dlrm.CRITEO_KAGGLE_ROWS, options.get("max_rows", 20000))
+  num_train, num_eval = options.get("num_train", 65536), options.get("num_eval", 8192)
+  # The first batch only: the lines after it are never read.
+  logs = next(read_tsv(path, rows, batch_size=num_train + num_eval), {"label": ()})
+  if len(logs["label"]) < num_train + num_eval:
+    raise ValueError(f"config.data.criteo_tsv={path!r} has {len(logs['label'])} lines; "
+                     "allowed: at least config.data.num_train + num_eval = "
+                     f"{num_train + num_eval}")
+  digest = hashlib.sha256(f"{path}:{status.st_size}:{status.st_mtime_ns}".encode()).hexdigest()
+  return _dataset(config, shards, {k: v[:num_train] for k, v in logs.items()},
+                  {k: v[num_train:] for k, v in logs.items()}, rows, (1,) * NUM_CATEGORICAL,
+                  {"files_sha256": digest})

@@ -17,7 +17,9 @@ takes the pooled embeddings ``[batch, tables, width]``; :class:`DLRM` holds the 
 (``embedding_0`` ... as ``[rows, width]`` parameters) and the tower (``tower``).
 
 Inputs: ``dense [batch, 13]`` (float) and ``sparse``, one ``[batch, hotness]`` int array per table
-(the hotness may differ from table to table; an ID is a row of its table).
+(the hotness may differ from table to table; an ID is a row of its table), or, as the click-log
+datasets give them, one ``[batch, sum of hotness]`` array of every table's IDs in turn, split by
+the field ``hotness``.
 
 Shapes of real workloads, as data (:data:`CRITEO_KAGGLE_ROWS`, :data:`MLPERF_DCNV2_ROWS`,
 :data:`MLPERF_DCNV2_HOTNESS`, :data:`MLPERF_DCNV2_ARCH`), and :func:`capped`, the CPU tier's rows.
@@ -123,15 +125,21 @@ class DLRM(nn.Module):
 
   Attributes:
     cardinalities: rows per table (the dataset sets them).
+    hotness: IDs per table of a row, to split one array of every table's IDs (the dataset sets
+      them; empty: ``sparse`` comes as one array per table).
     embedding_dim, bottom, top, interaction, cross_layers, cross_rank: as :class:`DLRMTower`'s.
+    frozen_embeddings: the tables keep their initial values (no gradient reaches them): the
+      baseline that shows what learning the embeddings is worth.
   """
   cardinalities: Sequence[int]
+  hotness: Sequence[int] = ()
   embedding_dim: int = fields.integer(16)
   bottom: Sequence[int] = fields.integers((64,))
   top: Sequence[int] = fields.integers((64, 32))
   interaction: str = fields.choice("dot", INTERACTIONS)
   cross_layers: int = fields.integer(2)
   cross_rank: int = fields.integer(0, minimum=0)
+  frozen_embeddings: bool = fields.choice(False, (False, True))
 
   def tower(self) -> DLRMTower:
     return DLRMTower(self.embedding_dim, tuple(self.bottom), tuple(self.top), self.interaction,
@@ -140,11 +148,16 @@ class DLRM(nn.Module):
   @nn.compact
   def __call__(self, dense, sparse, train: bool = False):
     del train
+    if self.hotness and not isinstance(sparse, (list, tuple)):
+      splits = [sum(self.hotness[:t + 1]) for t in range(len(self.hotness) - 1)]
+      sparse = jnp.split(sparse, splits, axis=1)
     if len(sparse) != len(self.cardinalities):
       raise ValueError(f"DLRM: {len(sparse)} sparse features for {len(self.cardinalities)} "
                        "tables (config.model.cardinalities); allowed: one per table")
     tables = [self.param(f"embedding_{t}", _uniform_init(rows), (rows, self.embedding_dim))
               for t, rows in enumerate(self.cardinalities)]
+    if self.frozen_embeddings:
+      tables = [jax.lax.stop_gradient(table) for table in tables]
     return self.tower()(dense, pooled_lookup(tables, sparse))
 
 
