@@ -86,13 +86,17 @@ def _sharded_step(tower, plan, capacity=None):
                                out_specs=(specs, P(), P())))
 
 
-@pytest.mark.parametrize("placement", [*embeddings.PLACEMENTS,
-                                       ("row", "table", "column", "replicated", "table")])
+MIXED = ("row", "table", "column", "replicated", "table")
+
+
+@pytest.mark.parametrize("placement,row_reduction", [
+    *((p, "all_to_all") for p in embeddings.PLACEMENTS), ("row", "reduce_scatter"),
+    (MIXED, "all_to_all"), (MIXED, "reduce_scatter")])
 def test_each_placement_gives_the_replicated_trajectory_over_20_steps(problem, replicated,
-                                                                     placement):
+                                                                     placement, row_reduction):
   tower, batch, tower_params, tables = problem
   expected, trained = replicated
-  plan = embeddings.plan(ROWS, WIDTH, placement, DEVICES)
+  plan = embeddings.plan(ROWS, WIDTH, placement, DEVICES, row_reduction)
   step = _sharded_step(tower, plan)
   params = {"tower": tower_params, "tables": embeddings.shard(plan, tables)}
   losses = []
@@ -108,7 +112,7 @@ def test_each_placement_gives_the_replicated_trajectory_over_20_steps(problem, r
 
 
 def test_the_layout_round_trips_with_padding_and_balances_whole_tables():
-  plan = embeddings.plan(ROWS, WIDTH, ("row", "table", "column", "replicated", "table"), DEVICES)
+  plan = embeddings.plan(ROWS, WIDTH, MIXED, DEVICES)
   assert plan.column_width == 1 and plan.column_rows == 100
   assert plan.owners[4] != plan.owners[1]  # the two whole tables on different devices
   assert plan.bank_rows == 5 + 64  # ceil(37 / 8) shared rows, then the largest whole table
@@ -162,17 +166,23 @@ def test_ids_outside_their_table_are_refused_in_one_line(bad, message):
 def test_a_bad_plan_is_refused_in_one_line(rows, width, placement, message):
   with pytest.raises(ValueError, match=message):
     embeddings.plan(rows, width, placement, DEVICES)
+  with pytest.raises(ValueError, match="embedding.row_reduction='psum' is not allowed"):
+    embeddings.plan(ROWS, WIDTH, "row", DEVICES, "psum")
 
 
-@pytest.mark.parametrize("placement,capacity", [("row", None), ("table", 3), ("column", 5)])
-def test_the_compiled_exchange_sends_the_predicted_bytes(problem, placement, capacity):
+@pytest.mark.parametrize("placement,row_reduction,capacity", [
+    ("row", "all_to_all", None), ("table", "all_to_all", 3), ("column", "all_to_all", 5),
+    (MIXED, "reduce_scatter", 4)])
+def test_the_compiled_exchange_sends_the_predicted_bytes(problem, placement, row_reduction,
+                                                         capacity):
   tower, batch, tower_params, tables = problem
-  plan = embeddings.plan(ROWS, WIDTH, placement, DEVICES)
+  plan = embeddings.plan(ROWS, WIDTH, placement, DEVICES, row_reduction)
   params = {"tower": tower_params, "tables": embeddings.shard(plan, tables)}
   measured = hlo_bytes.wire_bytes(_sharded_step(tower, plan, capacity), params, batch)
-  lookups = [BATCH // DEVICES * h for h in HOTNESS]
-  predicted = embeddings.exchange_bytes(plan, lookups, capacity)
-  exchanged = measured.by_kind.get("all-to-all", 0) + measured.by_kind.get("all-gather", 0)
+  predicted = embeddings.exchange_bytes(plan, BATCH // DEVICES, HOTNESS, capacity)
+  # The rest is the dense part's all-reduce and the step's two scalars.
+  exchanged = sum(measured.by_kind.get(kind, 0)
+                  for kind in ("all-to-all", "all-gather", "reduce-scatter"))
   assert exchanged == pytest.approx(predicted["forward"] + predicted["backward"], rel=1e-9)
 
 

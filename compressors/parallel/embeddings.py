@@ -18,7 +18,8 @@ over the axis: device ``k`` holds block ``k``), and one exchange; column-placed 
 therefore needs ``ceil(rows / n)`` rows of every device (row), its rows on one (table), or its
 columns on all (column): sizes that the device count does not divide are padded, never refused.
 
-The exchange, inside ``shard_map`` (:func:`pooled_lookup`), per device and step:
+The exchange, inside ``shard_map`` (:func:`pooled_lookup`), per device and step (row-placed
+tables may instead be pooled where their rows live, below):
 
 1. the device's IDs of every bank table become *keys* ``owner * rows_per_device + local row``,
    de-duplicated (``jnp.unique``): a row that recurs in the batch travels once;
@@ -29,7 +30,16 @@ The exchange, inside ``shard_map`` (:func:`pooled_lookup`), per device and step:
 4. each device sums its bags from the rows it received.
 
 The backward pass is JAX's transpose of the same program: the rows' gradients return to their
-owners by one ``all_to_all`` and are summed there (scatter-add). Column-placed tables send the
+owners by one ``all_to_all`` and are summed there (scatter-add).
+
+With ``plan(..., row_reduction="reduce_scatter")`` row-placed tables are pooled as TorchRec's
+row-wise sharding pools them: every device's IDs of those tables are all-gathered, each device
+sums, for every row of the global batch, the looked-up rows it holds (a partial bag), and one
+``psum_scatter`` (reduce-scatter) gives each device its own rows' bags; the backward pass
+all-gathers the bags' gradients. Its bytes do not depend on the skew (nothing is
+de-duplicated): ``(n - 1)`` times a device's bags, against the all-to-all's de-duplicated rows.
+
+Column-placed tables send the
 de-duplicated keys to every device (``all_gather``) and receive each device's columns of their
 rows (``all_to_all``). Replicated tables take rows locally.
 
@@ -52,7 +62,7 @@ from jax.sharding import PartitionSpec as P
 import numpy as np
 
 PLACEMENTS = ("replicated", "table", "row", "column")
-_BANK = ("row", "table")
+ROW_REDUCTIONS = ("all_to_all", "reduce_scatter")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,6 +79,9 @@ class Plan:
       (``column``), -1 for ``replicated``.
     bank_rows: rows of the bank per device.
     column_rows: rows of the column bank.
+    row_reduction: how row-placed tables' bags are made: ``all_to_all`` (their rows fetched
+      de-duplicated, the bags summed by the device that looks them up) or ``reduce_scatter``
+      (partial bags summed where the rows live, then reduce-scattered).
   """
   rows: tuple[int, ...]
   width: int
@@ -78,6 +91,7 @@ class Plan:
   offsets: tuple[int, ...]
   bank_rows: int
   column_rows: int
+  row_reduction: str = "all_to_all"
 
   @property
   def column_width(self) -> int:
@@ -88,6 +102,16 @@ class Plan:
     """The tables with one of ``placements``."""
     return [t for t, p in enumerate(self.placements) if p in placements]
 
+  @property
+  def fetched(self) -> list[int]:
+    """The bank's tables whose rows the all-to-all fetches."""
+    return self.tables("table", *(("row",) if self.row_reduction == "all_to_all" else ()))
+
+  @property
+  def reduce_scattered(self) -> list[int]:
+    """The tables pooled where their rows live, then reduce-scattered."""
+    return self.tables("row") if self.row_reduction == "reduce_scatter" else []
+
   def bytes_per_device(self, itemsize: int = 4) -> int:
     """Bytes of the tables one device holds as laid out (padding included)."""
     replicated = sum(self.rows[t] for t in self.tables("replicated")) * self.width
@@ -95,8 +119,8 @@ class Plan:
                        + self.column_rows * self.column_width)
 
 
-def plan(rows: Sequence[int], width: int, placements: str | Sequence[str],
-         devices: int) -> Plan:
+def plan(rows: Sequence[int], width: int, placements: str | Sequence[str], devices: int,
+         row_reduction: str = "all_to_all") -> Plan:
   """Places ``rows`` (rows per table) of ``width`` columns on ``devices`` devices.
 
   Args:
@@ -104,11 +128,15 @@ def plan(rows: Sequence[int], width: int, placements: str | Sequence[str],
     width: the tables' width.
     placements: one of :data:`PLACEMENTS` for all tables, or one per table.
     devices: devices of the axis the tables are sharded over.
+    row_reduction: see :class:`Plan`.
 
   Raises:
-    ValueError: an unknown placement, a count of placements other than the tables', or a
-      table without rows.
+    ValueError: an unknown placement or row reduction, a count of placements other than the
+      tables', or a table without rows.
   """
+  if row_reduction not in ROW_REDUCTIONS:
+    raise ValueError(f"embedding.row_reduction={row_reduction!r} is not allowed; allowed: "
+                     f"{list(ROW_REDUCTIONS)}")
   rows = tuple(int(r) for r in rows)
   if isinstance(placements, str):
     placements = (placements,) * len(rows)
@@ -135,7 +163,7 @@ def plan(rows: Sequence[int], width: int, placements: str | Sequence[str],
   for t in (t for t, p in enumerate(placements) if p == "column"):
     offsets[t], column_rows = column_rows, column_rows + rows[t]
   return Plan(rows, int(width), placements, int(devices), tuple(owners), tuple(offsets),
-              shared + max(held), column_rows)
+              shared + max(held), column_rows, row_reduction)
 
 
 def _bank_address(p: Plan, t: int, ids):
@@ -153,7 +181,7 @@ def shard(p: Plan, tables: Sequence[np.ndarray]) -> dict:
   dtype = tables[0].dtype if tables else np.float32
   bank = np.zeros((p.devices * p.bank_rows, p.width), dtype)
   columns = np.zeros((p.column_rows, p.devices * p.column_width), dtype)
-  for t in p.tables(*_BANK):
+  for t in p.tables("row", "table"):
     owner, local = _bank_address(p, t, np.arange(p.rows[t]))
     bank[owner * p.bank_rows + local] = tables[t]
   for t in p.tables("column"):
@@ -229,26 +257,33 @@ def capacity_from_skew(unique_per_device: float, devices: int, margin: float = 1
   return max(1, math.ceil(margin * unique_per_device / devices))
 
 
-def exchange_bytes(p: Plan, lookups: Sequence[int], capacity: int | None = None,
+def exchange_bytes(p: Plan, batch: int, hotness: Sequence[int], capacity: int | None = None,
                    itemsize: int = 4) -> dict[str, float]:
   """Bytes one device sends per step in the exchange of :func:`pooled_lookup`, as
-  :mod:`compressors.parallel.hlo_bytes` charges them (an all-to-all or all-gather of ``S``
-  bytes: ``(n - 1) / n * S``): ``forward`` (keys and rows) and ``backward`` (the rows'
-  gradients).
+  :mod:`compressors.parallel.hlo_bytes` charges them (an all-to-all, all-gather or
+  reduce-scatter of ``S`` bytes: ``(n - 1) / n * S``): ``forward`` (IDs, rows, bags) and
+  ``backward`` (the rows' or the bags' gradients).
 
   Args:
     p: the plan.
-    lookups: per table, the IDs one device looks up per step (its batch times the hotness).
+    batch: rows of a device's batch.
+    hotness: IDs per table of a row.
     capacity: as :func:`pooled_lookup`'s.
     itemsize: bytes of a table's element.
   """
   n, share = p.devices, (p.devices - 1) / p.devices
   forward = backward = 0.0
-  for tables, width in ((p.tables(*_BANK), p.width), (p.tables("column"), p.column_width)):
-    if tables and n > 1:
-      slots = n * (capacity or sum(lookups[t] for t in tables))
+  if n == 1:
+    return {"forward": forward, "backward": backward}
+  for tables, width in ((p.fetched, p.width), (p.tables("column"), p.column_width)):
+    if tables:
+      slots = n * (capacity or batch * sum(hotness[t] for t in tables))
       forward += share * slots * (4 + width * itemsize)  # int32 keys, then the rows
       backward += share * slots * width * itemsize
+  if p.reduce_scattered:
+    bags = n * batch * len(p.reduce_scattered) * p.width * itemsize
+    forward += share * (n * batch * sum(hotness[t] for t in p.reduce_scattered) * 4 + bags)
+    backward += share * bags
   return {"forward": forward, "backward": backward}
 
 
@@ -291,6 +326,20 @@ def _column_rows(p: Plan, columns, keys, axis, capacity):
   return rows, jnp.maximum(count - capacity, 0)
 
 
+def _reduce_scattered_bags(p: Plan, bank, sparse, axis):
+  """The bags of :attr:`Plan.reduce_scattered` tables: ``[batch, those tables, width]``."""
+  tables = p.reduce_scattered
+  everyone = jax.lax.all_gather(jnp.concatenate([sparse[t] for t in tables], axis=1), axis,
+                                tiled=True)  # [n * batch, their hotness]
+  me, partial, start = jax.lax.axis_index(axis), [], 0
+  for t in tables:
+    ids = everyone[:, start:start + sparse[t].shape[1]]
+    owner, local = _bank_address(p, t, ids)
+    partial.append(jnp.where((owner == me)[..., None], bank[local], 0).sum(axis=1))
+    start += sparse[t].shape[1]
+  return jax.lax.psum_scatter(jnp.stack(partial, axis=1), axis, scatter_dimension=0, tiled=True)
+
+
 def _concatenated_keys(p: Plan, sparse, tables, key_of):
   keys = [key_of(t, sparse[t].reshape(-1)) for t in tables]
   return jnp.concatenate(keys) if keys else jnp.zeros((0,), jnp.int32)
@@ -321,7 +370,11 @@ def pooled_lookup(p: Plan, params: dict, sparse: Sequence[jax.Array], axis,
   for t, table in zip(p.tables("replicated"), params["replicated"]):
     pooled[t] = jnp.take(table, sparse[t], axis=0).sum(axis=1)
   overflow = jnp.zeros((), jnp.int32)
-  bank_tables = p.tables(*_BANK)
+  if p.reduce_scattered:
+    bags = _reduce_scattered_bags(p, params["bank"], sparse, axis)
+    for i, t in enumerate(p.reduce_scattered):
+      pooled[t] = bags[:, i]
+  bank_tables = p.fetched
   if bank_tables:
     keys = _concatenated_keys(p, sparse, bank_tables, lambda t, ids: (
         lambda owner, local: owner * p.bank_rows + local)(*_bank_address(p, t, ids)))
