@@ -11,6 +11,7 @@ import pytest
 from compressors.parallel import embeddings
 from compressors.parallel import hlo_bytes
 from experiments import models
+from experiments.data import criteo
 from experiments.models import dlrm
 
 pytestmark = pytest.mark.usefixtures("fast_compiles")
@@ -212,3 +213,32 @@ def test_the_cpu_tier_caps_the_real_shapes():
   assert len(dlrm.CRITEO_KAGGLE_ROWS) == len(dlrm.MLPERF_DCNV2_ROWS) == 26
   assert len(dlrm.MLPERF_DCNV2_HOTNESS) == 26 and sum(dlrm.MLPERF_DCNV2_HOTNESS) == 214
   assert dlrm.capped(dlrm.MLPERF_DCNV2_ROWS, 1000)[:6] == (1000, 1000, 1000, 1000, 1000, 3)
+
+
+def test_a_capacity_from_the_skew_fits_the_synthetic_logs_at_a_thirtieth_of_the_bytes():
+  """The smoke tier's click logs (26 tables of at most 2,000 rows, 64 rows a device, 4,096
+  lookups): 696 distinct rows expected per device, a capacity of 131 keys per owner (against
+  4,096 that nothing can overflow), and no overflow over 10 steps of sampled batches."""
+  rows = dlrm.capped(dlrm.MLPERF_DCNV2_ROWS, 2000)
+  hotness = tuple(min(h, 4) for h in dlrm.MLPERF_DCNV2_HOTNESS)
+  generator = criteo.Generator(rows, hotness, seed=0)
+  batch = 64
+  unique = sum(embeddings.expected_unique(generator.probabilities(t), batch * h)
+               for t, h in enumerate(hotness))
+  capacity = embeddings.capacity_from_skew(unique, DEVICES)
+  assert unique == pytest.approx(696.2, abs=0.1) and capacity == 131
+  plan = embeddings.plan(rows, 4, "row", DEVICES)
+  mesh = Mesh(np.array(jax.devices()[:DEVICES]), ("data",))
+  splits = np.cumsum(hotness)[:-1]
+  lookup = jax.jit(jax.shard_map(
+      lambda params, ids: embeddings.pooled_lookup(
+          plan, params, jnp.split(ids, splits, axis=1), "data", capacity)[1][None],
+      mesh=mesh, in_specs=(embeddings.specs(plan, "data"), P("data")), out_specs=P("data")))
+  params = embeddings.shard(plan, [np.zeros((r, 4), np.float32) for r in rows])
+  sampled = generator.sample(10 * DEVICES * batch, seed=1)["sparse"]
+  for step in range(10):
+    ids = sampled[step * DEVICES * batch:(step + 1) * DEVICES * batch]
+    assert int(lookup(params, ids).sum()) == 0
+  full = embeddings.exchange_bytes(plan, batch, hotness)
+  skewed = embeddings.exchange_bytes(plan, batch, hotness, capacity)
+  assert full["forward"] / skewed["forward"] == pytest.approx(4096 / 131)
