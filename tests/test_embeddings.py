@@ -6,6 +6,7 @@ import jax.numpy as jnp
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 import numpy as np
+import optax
 import pytest
 
 from compressors.parallel import embeddings
@@ -13,6 +14,7 @@ from compressors.parallel import hlo_bytes
 from experiments import models
 from experiments.data import criteo
 from experiments.models import dlrm
+import optimizers
 
 pytestmark = pytest.mark.usefixtures("fast_compiles")
 
@@ -242,3 +244,51 @@ def test_a_capacity_from_the_skew_fits_the_synthetic_logs_at_a_thirtieth_of_the_
   full = embeddings.exchange_bytes(plan, batch, hotness)
   skewed = embeddings.exchange_bytes(plan, batch, hotness, capacity)
   assert full["forward"] / skewed["forward"] == pytest.approx(4096 / 131)
+
+
+@pytest.mark.parametrize("placement", ["row", "table"])
+def test_rowwise_adagrad_on_sharded_rows_gives_the_replicated_trajectory(problem, placement):
+  """MLPerf's optimizer of the tables: each device updates the rows it holds, nothing moves."""
+  tower, batch, tower_params, tables = problem
+  tx = optimizers.rowwise_adagrad(0.1)
+
+  def loss(tower_params, pooled):
+    return _bce(tower.apply({"params": tower_params}, batch["dense"], pooled), batch["label"])
+
+  @jax.jit
+  def replicated_step(tower_params, tables, state):
+    value, (tower_grads, table_grads) = jax.value_and_grad(
+        lambda p, t: loss(p, dlrm.pooled_lookup(t, batch["sparse"])), argnums=(0, 1))(
+            tower_params, tables)
+    updates, state = tx.update(table_grads, state)
+    return (jax.tree.map(lambda p, g: p - LEARNING_RATE * g, tower_params, tower_grads),
+            optax.apply_updates(tables, updates), state, value)
+
+  plan = embeddings.plan(ROWS, WIDTH, placement, DEVICES)
+  mesh = Mesh(np.array(jax.devices()[:DEVICES]), ("data",))
+
+  def body(tower_params, bank, state, batch):
+    def sharded_loss(tower_params, bank):
+      laid_out = {"replicated": (), "bank": bank, "column_bank": jnp.zeros((0, DEVICES))}
+      pooled, _ = embeddings.pooled_lookup(plan, laid_out, batch["sparse"], "data")
+      return _bce(tower.apply({"params": tower_params}, batch["dense"], pooled), batch["label"])
+    value, (tower_grads, bank_grads) = jax.value_and_grad(sharded_loss, argnums=(0, 1))(
+        tower_params, bank)
+    updates, state = tx.update(bank_grads / DEVICES, state)
+    return (jax.tree.map(lambda p, g: p - LEARNING_RATE * g / DEVICES, tower_params, tower_grads),
+            bank + updates, state, jax.lax.pmean(value, "data"))
+  state_spec = jax.tree.map(lambda _: P("data"), tx.init(jnp.zeros((DEVICES, WIDTH))))
+  sharded_step = jax.jit(jax.shard_map(
+      body, mesh=mesh, in_specs=(P(), P("data"), state_spec, P("data")),
+      out_specs=(P(), P("data"), state_spec, P())))
+  replicated = (tower_params, tables, tx.init(tables))
+  bank = embeddings.shard(plan, tables)["bank"]
+  sharded = (tower_params, bank, tx.init(jnp.asarray(bank)))
+  for _ in range(20):
+    *replicated, expected = replicated_step(*replicated)
+    *sharded, got = sharded_step(*sharded, batch)
+    np.testing.assert_allclose(float(got), float(expected), rtol=2e-6, atol=2e-6)
+  assert float(expected) < 0.6  # it learned
+  laid_out = {"replicated": (), "bank": sharded[1], "column_bank": np.zeros((0, DEVICES))}
+  for got_table, want in zip(embeddings.unshard(plan, jax.device_get(laid_out)), replicated[1]):
+    np.testing.assert_allclose(got_table, want, rtol=1e-5, atol=1e-6)
