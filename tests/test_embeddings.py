@@ -292,3 +292,20 @@ def test_rowwise_adagrad_on_sharded_rows_gives_the_replicated_trajectory(problem
   laid_out = {"replicated": (), "bank": sharded[1], "column_bank": np.zeros((0, DEVICES))}
   for got_table, want in zip(embeddings.unshard(plan, jax.device_get(laid_out)), replicated[1]):
     np.testing.assert_allclose(got_table, want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_table_over_the_memory_budget_is_refused_in_one_line_naming_it():
+  tier = (100_000, 5000, 3000, 10)  # the largest: 100,000 x 16 x 4 = 6.4 MB
+  budget = 4 * 2**20
+  replicated = embeddings.plan(tier, 16, "replicated", DEVICES)
+  with pytest.raises(ValueError, match=r"^table 0 \(100,000 rows, placement 'replicated'\) "
+                                       r"needs 6,400,000 bytes of one device; allowed: at most "
+                                       r"the budget of 4,194,304"):
+    embeddings.check_budget(replicated, budget)
+  by_rows = embeddings.plan(tier, 16, "row", DEVICES)
+  embeddings.check_budget(by_rows, budget)  # the whole fits the machine, sharded
+  assert by_rows.bytes_per_device() < budget < replicated.bytes_per_device()
+  with pytest.raises(ValueError, match=r"^the embedding tables need [\d,]+ bytes of one device"):
+    embeddings.check_budget(by_rows, by_rows.bytes_per_device() - 1)
+  with pytest.raises(ValueError, match="cannot address them; allowed: fewer than 2\\*\\*31"):
+    embeddings.plan((2**31,), 4, "row", DEVICES)

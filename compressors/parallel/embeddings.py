@@ -48,8 +48,9 @@ and the IDs' skew; the default, every lookup of the device, cannot overflow). Ke
 *counted* (:func:`pooled_lookup`'s second output, :func:`check_overflow` refuses a count > 0 in
 one line) and contribute zero rows to that step: never dropped silently.
 
-Bad input, before anything compiles (:func:`check_ids`): an ID outside its table or negative, in
-one line naming the table.
+Bad input, before anything compiles, in one line: an ID outside its table or negative, naming the
+table (:func:`check_ids`); a table, or all of them, over a device's memory budget as placed
+(:func:`check_budget`); tables too large for the exchange's int32 keys (:func:`plan`).
 """
 
 import dataclasses
@@ -162,8 +163,33 @@ def plan(rows: Sequence[int], width: int, placements: str | Sequence[str], devic
   column_rows = 0
   for t in (t for t, p in enumerate(placements) if p == "column"):
     offsets[t], column_rows = column_rows, column_rows + rows[t]
-  return Plan(rows, int(width), placements, int(devices), tuple(owners), tuple(offsets),
+  made = Plan(rows, int(width), placements, int(devices), tuple(owners), tuple(offsets),
               shared + max(held), column_rows, row_reduction)
+  if max(made.devices * made.bank_rows, made.column_rows) >= 2**31:
+    raise ValueError(f"embedding tables of {sum(rows):,} rows on {devices} devices: a key of "
+                     "the exchange (int32) cannot address them; allowed: fewer than 2**31 rows "
+                     "in the bank and in the column bank")
+  return made
+
+
+def check_budget(p: Plan, budget_bytes: int, itemsize: int = 4) -> None:
+  """Refuses a plan whose tables need more than ``budget_bytes`` of one device.
+
+  Raises:
+    ValueError: one line naming the table that alone does not fit as placed (its bytes on the
+      device that holds most of it), or else the bytes all the tables need.
+  """
+  for t, placement in enumerate(p.placements):
+    held = itemsize * {"replicated": p.rows[t] * p.width, "table": p.rows[t] * p.width,
+                       "row": -(-p.rows[t] // p.devices) * p.width,
+                       "column": p.rows[t] * p.column_width}[placement]
+    if held > budget_bytes:
+      raise ValueError(f"table {t} ({p.rows[t]:,} rows, placement {placement!r}) needs "
+                       f"{held:,} bytes of one device; allowed: at most the budget of "
+                       f"{budget_bytes:,} (place it by rows or columns, or on more devices)")
+  if p.bytes_per_device(itemsize) > budget_bytes:
+    raise ValueError(f"the embedding tables need {p.bytes_per_device(itemsize):,} bytes of one "
+                     f"device as placed; allowed: at most the budget of {budget_bytes:,}")
 
 
 def _bank_address(p: Plan, t: int, ids):
