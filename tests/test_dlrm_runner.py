@@ -6,6 +6,7 @@ import os
 
 import pytest
 
+from experiments import logs
 from experiments import train
 
 
@@ -26,6 +27,7 @@ def test_the_smoke_run_reports_auc_and_log_loss(tmp_path):
   # The whole set's log-loss is the evaluation's summed binary cross-entropy.
   assert results["log_loss"] == pytest.approx(results["test_loss"], rel=1e-5)
   assert results["data_sha256"]
+  assert logs.summary(results).startswith(f"test AUC {results['auc']:.4f}, test accuracy ")
 
 
 @pytest.mark.slow
