@@ -309,3 +309,47 @@ def test_a_table_over_the_memory_budget_is_refused_in_one_line_naming_it():
     embeddings.check_budget(by_rows, by_rows.bytes_per_device() - 1)
   with pytest.raises(ValueError, match="cannot address them; allowed: fewer than 2\\*\\*31"):
     embeddings.plan((2**31,), 4, "row", DEVICES)
+
+
+@pytest.mark.parametrize("placement,row_reduction", [("row", "all_to_all"),
+                                                     (MIXED, "reduce_scatter")])
+def test_simulated_workers_exchange_as_devices_do(problem, placement, row_reduction):
+  """2 devices x 4 workers simulated on each (``jax.vmap`` over ``"worker"``, as the runner's
+  ``workers_per_device``): the bags and the tables' gradient of 8 workers."""
+  _, batch, _, tables = problem
+  plan = embeddings.plan(ROWS, WIDTH, placement, DEVICES, row_reduction)
+  laid_out = embeddings.shard(plan, tables)
+  rng = np.random.default_rng(5)
+  cotangent = rng.normal(size=(BATCH, len(ROWS), WIDTH)).astype(np.float32)
+  expected, vjp = jax.vjp(lambda t: dlrm.pooled_lookup(t, batch["sparse"]), tables)
+  (expected_grads,) = vjp(cotangent)
+  workers, devices = DEVICES // 2, 2
+
+  def worker(params, sparse, cotangent):
+    pooled, vjp = jax.vjp(
+        lambda p: embeddings.pooled_lookup(plan, p, sparse, ("data", "worker"))[0], params)
+    return pooled, vjp(cotangent)[0]
+
+  def body(params, sparse, cotangent):
+    per_worker = {"replicated": tuple(jnp.broadcast_to(t, (workers,) + t.shape)
+                                      for t in params["replicated"]),
+                  "bank": params["bank"].reshape(workers, -1, WIDTH),
+                  "column_bank": params["column_bank"].reshape(
+                      plan.column_rows, workers, plan.column_width).transpose(1, 0, 2)}
+    split = lambda x: x.reshape((workers, -1) + x.shape[1:])
+    pooled, grads = jax.vmap(worker, axis_name="worker")(
+        per_worker, [split(s) for s in sparse], split(cotangent))
+    grads = {"replicated": tuple(jax.lax.psum(g.sum(0), "data") for g in grads["replicated"]),
+             "bank": grads["bank"].reshape(-1, WIDTH),
+             "column_bank": grads["column_bank"].transpose(1, 0, 2).reshape(
+                 plan.column_rows, workers * plan.column_width)}
+    return pooled.reshape((-1,) + pooled.shape[2:]), grads
+  specs = embeddings.specs(plan, "data")
+  mesh = Mesh(np.array(jax.devices()[:devices]), ("data",))
+  run = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(specs, P("data"), P("data")),
+                              out_specs=(P("data"), specs), check_vma=False))
+  pooled, grads = run(laid_out, batch["sparse"], cotangent)
+  np.testing.assert_allclose(np.asarray(pooled), np.asarray(expected), rtol=1e-5, atol=1e-6)
+  got = embeddings.unshard(plan, jax.device_get(grads))
+  for g, want in zip(got, expected_grads):
+    np.testing.assert_allclose(g, np.asarray(want), rtol=1e-5, atol=1e-5)

@@ -43,6 +43,10 @@ Column-placed tables send the
 de-duplicated keys to every device (``all_gather``) and receive each device's columns of their
 rows (``all_to_all``). Replicated tables take rows locally.
 
+``axis`` may be a mesh axis or, for workers simulated on each device (``jax.vmap`` inside
+``shard_map``, untyped), a tuple such as ``("data", "worker")``: the collectives then go through
+:mod:`compressors.network.axes`, and the bags and gradients are those of as many devices.
+
 Capacity: a bucket holds ``capacity`` keys (:func:`capacity_from_skew` sizes it from the batch
 and the IDs' skew; the default, every lookup of the device, cannot overflow). Keys beyond it are
 *counted* (:func:`pooled_lookup`'s second output, :func:`check_overflow` refuses a count > 0 in
@@ -61,6 +65,8 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 import numpy as np
+
+from compressors.network import axes
 
 PLACEMENTS = ("replicated", "table", "row", "column")
 ROW_REDUCTIONS = ("all_to_all", "reduce_scatter")
@@ -343,7 +349,7 @@ def _column_rows(p: Plan, columns, keys, axis, capacity):
   """Each key's row of the column bank, its columns from every device: ``(rows, overflow)``."""
   unique, inverse, count = _dedup(keys, p.column_rows)
   kept = unique[:capacity]
-  everyone = jax.lax.all_gather(kept, axis)  # [n, capacity]
+  everyone = axes.all_gather(kept, axis)  # [n, capacity]
   found = jnp.where((everyone < p.column_rows)[..., None],
                     columns[jnp.minimum(everyone, p.column_rows - 1)], 0)
   returned = jax.lax.all_to_all(found, axis, 0, 0, tiled=True)  # [n (column block), cap, cols]
@@ -355,15 +361,15 @@ def _column_rows(p: Plan, columns, keys, axis, capacity):
 def _reduce_scattered_bags(p: Plan, bank, sparse, axis):
   """The bags of :attr:`Plan.reduce_scattered` tables: ``[batch, those tables, width]``."""
   tables = p.reduce_scattered
-  everyone = jax.lax.all_gather(jnp.concatenate([sparse[t] for t in tables], axis=1), axis,
-                                tiled=True)  # [n * batch, their hotness]
-  me, partial, start = jax.lax.axis_index(axis), [], 0
+  mine = jnp.concatenate([sparse[t] for t in tables], axis=1)
+  everyone = axes.all_gather(mine, axis).reshape(-1, mine.shape[1])  # [n * batch, hotness]
+  me, partial, start = axes.worker_index(axis), [], 0
   for t in tables:
     ids = everyone[:, start:start + sparse[t].shape[1]]
     owner, local = _bank_address(p, t, ids)
     partial.append(jnp.where((owner == me)[..., None], bank[local], 0).sum(axis=1))
     start += sparse[t].shape[1]
-  return jax.lax.psum_scatter(jnp.stack(partial, axis=1), axis, scatter_dimension=0, tiled=True)
+  return axes.psum_scatter(jnp.stack(partial, axis=1), axis)
 
 
 def _concatenated_keys(p: Plan, sparse, tables, key_of):
