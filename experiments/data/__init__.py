@@ -6,7 +6,8 @@ module for the layout it expects); the language-modelling corpus ``stdlib_lm`` i
 own standard library (:mod:`.stdlib`), or with ``config.data.corpus='pypi'`` the source of pinned
 packages whose archives ``python -m experiments.data.pypi_corpus`` fetched beforehand
 (:mod:`.pypi_corpus`). Click logs for recommendation models are generated (``synthetic_ctr``) or
-read from Criteo's TSV (``criteo``, ``config.data.criteo_tsv``) (:mod:`.criteo`). Every process loads only the rows of its own devices' shards.
+read from Criteo's TSV (``criteo``, ``config.data.criteo_tsv``) (:mod:`.criteo`). Every process
+loads only the rows of its own devices' shards.
 """
 
 from experiments.data import builtin
