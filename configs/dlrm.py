@@ -16,8 +16,12 @@ initial values) AUC 0.628, log-loss 0.545 (the dense features alone rank the cli
 the teacher's rows are what the embeddings learn). Runtime: about 25 seconds on 2 CPU cores,
 the first run also generating the logs (a second, cached).
 
-Tables sharded across the devices (compressors/parallel/embeddings.py) are not yet wired into
-this runner: every table here is replicated.
+Tables placed across the devices (compressors/parallel/embeddings.py): ``config.embedding``:
+``placement`` (``replicated``, ``table``, ``row`` or ``column``, for every table), ``overrides``
+(``"3:row,7:table"``: some tables placed otherwise), ``row_reduction`` (``all_to_all`` or
+``reduce_scatter``, row-placed tables' bags), ``optimizer`` (the placed tables': ``same``, the
+run's, or ``rowwise_adagrad`` at ``learning_rate``). Without compression each placement gives the
+replicated tables' losses to float rounding (tests/test_dlrm_runner.py).
 
 Arguments: ``smoke`` (2 steps on fewer rows, for tests), ``frozen=true``.
 """
@@ -33,6 +37,8 @@ def get_config(arg=None):
                      num_eval=4096, seed=0, cache_dir=""))
   c.model = dict(name="dlrm", embedding_dim=8, bottom=(16,), top=(16,), interaction="dot",
                  frozen_embeddings=args["frozen"])
+  c.embedding = dict(placement="replicated", overrides="", row_reduction="all_to_all",
+                     optimizer="same", learning_rate=0.01)
   c.method = "dense"
   c.optimizer.update(dict(name="adam", learning_rate=0.01, b1=0.9, b2=0.999, eps=1e-8))
   c.batch_size = 512

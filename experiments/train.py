@@ -97,6 +97,7 @@ import optax
 import tqdm
 
 import compressors
+import optimizers
 from experiments import checkpoint
 from experiments import data
 from experiments import distributed
@@ -109,6 +110,7 @@ from experiments import provenance
 from experiments import tasks
 from experiments import validation
 from experiments import watchdog
+from experiments.models import placed_dlrm
 
 AXIS = methods.AXIS_NAME
 WORKER_AXIS = "worker"  # the simulated workers' axis (vmap), inside each device
@@ -261,6 +263,53 @@ def _evaluation_sums(model, task):
   return sums
 
 
+def _placed(config, model, workers, learning_rate):
+  """``model`` with its tables placed across the devices as ``config.embedding`` says
+  (:class:`experiments.models.placed_dlrm.PlacedDLRM`), or ``model`` itself when every table is
+  replicated (or the config has no ``embedding`` block).
+
+  Raises:
+    ValueError: a placement, an override or a table optimizer that is not allowed, or tables
+      placed for a model that has none, in one line naming the field.
+  """
+  block = config.get("embedding")
+  if block is None:
+    return model
+  if not isinstance(model, models.DLRM):
+    if block.placement != "replicated" or block.overrides:
+      raise ValueError(f"config.embedding.placement={block.placement!r} for model "
+                       f"{config.model.name!r}; allowed: embedding tables placed for dlrm only")
+    return model
+  chosen = placed_dlrm.placements(model.cardinalities, block.placement, block.overrides)
+  plan = compressors.parallel.embeddings.plan(model.cardinalities, model.embedding_dim, chosen,
+                                              workers.count, block.row_reduction)
+  if all(p == "replicated" for p in chosen):
+    return model
+  return placed_dlrm.PlacedDLRM(model, plan, workers.axis_name,
+                                _table_optimizer(config, block, chosen, learning_rate))
+
+
+def _table_optimizer(config, block, chosen, learning_rate) -> optax.GradientTransformation:
+  """The sharded tables' optimizer: ``same`` (the run's optimizer, elementwise ones only: a
+  per-leaf norm would be a device's block's) or ``rowwise_adagrad`` (MLPerf DLRM-DCNv2's, at
+  ``config.embedding.learning_rate``; rows whole, so not with column-placed tables)."""
+  if block.optimizer == "same":
+    if config.optimizer.name in ("lamb", "lars"):
+      raise ValueError(f"config.embedding.optimizer='same' with config.optimizer.name="
+                       f"{config.optimizer.name!r}: its per-leaf norms would be each device's "
+                       "block's; allowed: an elementwise optimizer, or embedding.optimizer="
+                       "'rowwise_adagrad'")
+    return methods.optimizer(config, learning_rate)
+  if block.optimizer == "rowwise_adagrad":
+    if "column" in chosen:
+      raise ValueError("config.embedding.optimizer='rowwise_adagrad' with column-placed tables: "
+                       "a device holds part of each row; allowed: placements row, table, "
+                       "replicated, or embedding.optimizer='same'")
+    return optimizers.rowwise_adagrad(block.learning_rate)
+  raise ValueError(f"config.embedding.optimizer={block.optimizer!r} is not allowed; allowed: "
+                   "['same', 'rowwise_adagrad']")
+
+
 def _param_layout(workers: compressors.Workers,
                   params) -> compressors.parallel.fsdp.ParamLayout | None:
   """With islands, the layout of ``params`` (natural shapes) over the fast axis, the one the
@@ -280,7 +329,9 @@ def _data_parallel(config, model, task, tx, workers, example: TrainState,
       axis_name=workers.axis_name, workers_per_device=workers.per_device,
       kinds=methods.step_kinds(config), model_state=example.model_state,
       rng=jax.random.PRNGKey(config.seed), skip_nonfinite=config.skip_nonfinite,
-      per_worker_params=methods.per_worker_params(config), shard_axis=workers.shard_axis)
+      per_worker_params=methods.per_worker_params(config), shard_axis=workers.shard_axis,
+      sharded=(model.sharded_params(example.params) if isinstance(model, placed_dlrm.PlacedDLRM)
+               else None))
 
 
 def _state_bytes_per_device(config, dp: compressors.DataParallel, example: TrainState) -> int:
@@ -312,7 +363,9 @@ def _init_state(init_variables, dp: compressors.DataParallel, seed) -> TrainStat
   # Initialisation runs once: compile it without LLVM's expensive passes (threefry random bits
   # otherwise take tens of seconds to compile on CPU for a ResNet).
   if dp.param_layout is None:
-    init = jax.jit(init_variables, out_shardings=(replicated, per_worker)).lower(seed).compile(
+    placed = jax.tree.map(lambda spec: NamedSharding(layout.mesh, spec), dp.params_spec,
+                          is_leaf=lambda x: isinstance(x, P))  # tables sharded as placed
+    init = jax.jit(init_variables, out_shardings=(placed, per_worker)).lower(seed).compile(
         compiler_options=_FAST_COMPILE)
     params, model_state = init(seed)
     return TrainState(step, dp.worker_params(params), model_state, dp.init(params))
@@ -450,7 +503,33 @@ def _communication(config, model, task, learning_rate, dp, state: TrainState, ba
   return {"wire_bytes": wire, "dense_bytes": dense,
           "compression_ratio": dense / wire if wire else None,
           "bytes_by_kind": by_kind, "guard_bytes": in_step_guard + replica_check,
-          "bytes_by_axis": _by_axis(dp, sent, steps)}
+          "bytes_by_axis": _by_axis(dp, sent, steps),
+          **({"bytes_by_collective": _bytes_by_collective(model, task, dp, state, batch,
+                                                          sent[dp.kind_at(0)], in_step_guard)}
+             if dp.sharded is not None else {})}
+
+
+_EXCHANGE_KINDS = ("all-to-all", "all-gather", "reduce-scatter")  # the embedding exchange's
+
+
+def _bytes_by_collective(model, task, dp, state: TrainState, batch, step_sent,
+                         in_step_guard: float) -> dict[str, float]:
+  """Placed tables: bytes per device per step of the embedding exchange's forward pass (the
+  IDs and rows or bags: its all-to-all, and the all-gather of some placements), of its
+  backward pass (the rows' or bags' gradients) and of the dense all-reduce (the replicated
+  leaves' exchange by the run's method, the non-finite flag taken out), all from compiled
+  programs: the forward from the loss alone compiled on the training batch, the backward the
+  step's exchange less it."""
+  def loss_sum(params, model_state, batch):
+    outcomes, _ = _forward(model, task, {"params": params, **model_state}, batch, train=False,
+                           rng=None)
+    return outcomes.loss.sum()
+  forward_sent = compressors.parallel.hlo_bytes.wire_bytes(
+      dp.reduce(loss_sum), state.params, state.model_state, batch)
+  exchanged = lambda sent: sum(sent.by_kind.get(kind, 0.0) for kind in _EXCHANGE_KINDS)
+  forward = exchanged(forward_sent)
+  return {"embedding_forward": forward, "embedding_backward": exchanged(step_sent) - forward,
+          "dense_all_reduce": step_sent.by_kind.get("all-reduce", 0.0) - in_step_guard}
 
 
 def _peak_bytes(dp, state: TrainState, batch, steps: int) -> dict[str, Any]:
@@ -538,6 +617,14 @@ def _train_batch(dataset, config, step: int) -> dict[str, np.ndarray]:
         f"must be readable in the dataset's format (see experiments/data/)") from e
 
 
+def _checked(run, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+  """``batch``, refused in one line by ``run.check_batch`` (placed tables: an ID outside its
+  table) before it reaches the step."""
+  if run.check_batch is not None:
+    run.check_batch(batch)
+  return batch
+
+
 def _evaluate(evaluate, state, dataset, workers, dp, score=None) -> dict[str, float]:
   """The test metrics of the model's parameters (with local updates, the synchronised ones);
   with ``score`` (:func:`_scorer`), also the task's metrics of the whole set's logits."""
@@ -565,10 +652,18 @@ class _Scorer(NamedTuple):
   metrics: Any
 
 
-def _scorer(model, task) -> _Scorer | None:
+def _scorer(model, task, dp) -> _Scorer | None:
   """The :class:`_Scorer` of ``task``, None when it has no such metrics."""
   if task.scores is None:
     return None
+  if dp.sharded is not None:  # placed tables: each device's rows, their lookups exchanged
+    layout = dp.workers
+    each = lambda params, model_state, batch: model.apply(
+        {"params": params, **jax.tree.map(lambda x: jax.lax.pmean(x[0], layout.axis_name),
+                                          model_state)}, *task.inputs(batch), train=False)
+    return _Scorer(jax.jit(layout.shard_map(each, in_specs=(dp.params_spec, layout.spec,
+                                                            layout.spec),
+                                            out_specs=layout.spec)), task.scores)
 
   @jax.jit
   def logits(params, model_state, batch):
@@ -694,6 +789,7 @@ class _Run(NamedTuple):
   checkpointer: checkpoint.Checkpointer
   num_params: int
   score: _Scorer | None  # the task's metrics of the whole evaluation set's logits
+  check_batch: Any = None  # a host batch -> None, or a one-line refusal (IDs outside a table)
 
   @property
   def is_main(self) -> bool:
@@ -760,6 +856,12 @@ def _prepare(config, workdir, lock_workdir) -> tuple[_Run, TrainState]:
 
   init_variables = _variables_initializer(model, task, {k: v[0] for k, v in first_batch.items()},
                                           workers.count)
+  model = _placed(config, model, workers, learning_rate)
+  if isinstance(model, placed_dlrm.PlacedDLRM):
+    natural_init = init_variables
+    init_variables = lambda seed: (lambda p, s: (model.place(p), s))(*natural_init(seed))
+    if jax.process_index() == 0:
+      checkpoint.write_embedding_layout(workdir, model.plan)
   params_shape, model_state_shape = jax.eval_shape(init_variables, config.seed)
   if workers.shard_axis is not None and jax.process_index() == 0:
     checkpoint.write_param_layout(workdir, params_shape, workers.shards)
@@ -786,7 +888,8 @@ def _prepare(config, workdir, lock_workdir) -> tuple[_Run, TrainState]:
   return _Run(config, workdir, workers, dataset, steps, learning_rate, dp,
               dp.reduce(_evaluation_sums(model, task)), communication, checkpointer,
               sum(x.size for x in jax.tree.leaves(dp.model_params(state))),
-              _scorer(model, task)), state
+              _scorer(model, task, dp),
+              model.check_batch if isinstance(model, placed_dlrm.PlacedDLRM) else None), state
 
 
 def _loop(run: _Run, state: TrainState, start: int, writer, stop: interrupt.StopRequest):
@@ -805,8 +908,8 @@ def _loop(run: _Run, state: TrainState, start: int, writer, stop: interrupt.Stop
                  desc=os.path.basename(os.path.normpath(run.workdir)),
                  dynamic_ncols=True) as progress:
     train_loss, examples_per_sec, last = float("nan"), 0.0, (time.time(), start)
-    batches = _prefetch(lambda s: _to_global(_train_batch(run.dataset, config, s), run.workers),
-                        range(start, run.steps))
+    batches = _prefetch(lambda s: _to_global(_checked(run, _train_batch(run.dataset, config, s)),
+                                             run.workers), range(start, run.steps))
     on_cpu = run.workers.mesh.devices.flat[0].platform == "cpu"
     stalls, compiled, where = watchdog.Watchdog(), set(), _whose_step(run)
     for step in range(start, run.steps + 1):  # every step boundary, where a signal stops the run

@@ -1,13 +1,18 @@
 """DLRM through the runner (configs/dlrm.py): the click task, the synthetic click logs, AUC and
-log-loss in results.json."""
+log-loss in results.json; tables placed across the devices (config.embedding) train as
+replicated ones do, and the compiled exchange sends the formula's bytes."""
 
 import json
 import os
 
+import numpy as np
 import pytest
 
+from compressors.parallel import embeddings
+from experiments import checkpoint
 from experiments import logs
 from experiments import train
+from experiments.data import criteo
 
 
 def _config(arg, cache_dir, **fields):
@@ -40,3 +45,67 @@ def test_learned_embeddings_rank_clicks_well_above_frozen_ones(tmp_path):
   assert learned["auc"] == pytest.approx(0.752, abs=0.01)
   assert frozen["auc"] == pytest.approx(0.628, abs=0.01)
   assert learned["log_loss"] < frozen["log_loss"] - 0.03
+
+
+def _placed_config(placement, cache_dir, overrides=""):
+  """20 steps of a small DLRM (tables capped at 50 rows: most not divisible by the 8 devices),
+  logged every step."""
+  config = _config("smoke", cache_dir)
+  config.data.update(dict(max_rows=50, num_train=512, num_eval=256))
+  config.update_from_flattened_dict({"batch_size": 64, "eval_batch_size": 256, "num_steps": 20,
+                                     "checkpoint_every": 0, "embedding.placement": placement,
+                                     "embedding.overrides": overrides})
+  return config
+
+
+def _losses(workdir):
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    return [row["loss"] for row in map(json.loads, f) if "loss" in row]
+
+
+@pytest.fixture(scope="module")
+def replicated_run(tmp_path_factory):
+  path = tmp_path_factory.mktemp("dlrm")
+  results = train.train_and_evaluate(_placed_config("replicated", path / "cache"),
+                                     str(path / "run"))
+  return path, results, _losses(path / "run")
+
+
+@pytest.mark.slow  # about 15 s a placement on 2 cores (the step, its bytes and the evaluation)
+@pytest.mark.usefixtures("fast_compiles")
+@pytest.mark.parametrize("placement,overrides", [
+    ("row", ""), ("table", ""), ("column", ""), ("row", "0:replicated,3:table,5:column")])
+def test_each_placement_through_the_runner_gives_the_replicated_trajectory(
+    replicated_run, tmp_path, placement, overrides):
+  path, replicated, expected = replicated_run
+  config = _placed_config(placement, path / "cache", overrides)
+  results = train.train_and_evaluate(config, str(tmp_path / "run"))
+  losses = _losses(tmp_path / "run")
+  assert len(losses) == 20 and expected[-1] < expected[0] - 0.05  # it learns
+  np.testing.assert_allclose(losses, expected, rtol=1e-5, atol=1e-6)
+  assert results["auc"] == pytest.approx(replicated["auc"], abs=1e-4)
+  # The compiled program's exchange is the formula's, forward and backward.
+  with open(os.path.join(tmp_path, "run", checkpoint.EMBEDDING_LAYOUT_FILE)) as f:
+    layout = json.load(f)
+  plan = embeddings.Plan(**{k: tuple(v) if isinstance(v, list) else v for k, v in layout.items()})
+  assert plan.placements[0] == ("replicated" if overrides else placement)
+  _, hotness = criteo.table_shapes(config.data)
+  predicted = embeddings.exchange_bytes(plan, config.batch_size // 8, hotness)
+  sent = results["bytes_by_collective"]
+  assert sent["embedding_forward"] == pytest.approx(predicted["forward"], rel=1e-9)
+  assert sent["embedding_backward"] == pytest.approx(predicted["backward"], rel=1e-9)
+  assert sent["dense_all_reduce"] > 0
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("embedding.overrides", "26:row", "config.embedding.overrides names table 26; allowed: "
+                                      "tables 0 .. 25"),
+    ("embedding.placement", "rows", "embedding.placement='rows' .table 0. is not allowed"),
+    ("embedding.optimizer", "adagrad", "config.embedding.optimizer='adagrad' is not allowed")])
+def test_a_bad_placement_is_refused_in_one_line(tmp_path, field, value, message):
+  config = _config("smoke", tmp_path / "cache", **{field: value})
+  config.data.update(dict(max_rows=50, num_train=512, num_eval=256))
+  if field == "embedding.optimizer":
+    config.embedding.placement = "row"
+  with pytest.raises(ValueError, match=message):
+    train.train_and_evaluate(config, str(tmp_path / "run"))

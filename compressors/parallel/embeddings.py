@@ -205,19 +205,20 @@ def _bank_address(p: Plan, t: int, ids):
   return ids * 0 + p.owners[t], p.offsets[t] + ids
 
 
-def shard(p: Plan, tables: Sequence[np.ndarray]) -> dict:
+def shard(p: Plan, tables: Sequence[jax.Array]) -> dict:
   """The tables (``[rows, width]`` each) laid out as ``p`` places them: ``{"replicated": tuple of
   tables, "bank": [n * bank_rows, width], "column_bank": [column_rows, n * column_width]}``
-  (global arrays; :func:`specs` shards them)."""
-  tables = [np.asarray(x) for x in tables]
-  dtype = tables[0].dtype if tables else np.float32
-  bank = np.zeros((p.devices * p.bank_rows, p.width), dtype)
-  columns = np.zeros((p.column_rows, p.devices * p.column_width), dtype)
+  (global arrays; :func:`specs` shards them). Traceable: a run lays out its initial tables
+  inside the program that draws them."""
+  tables = [jnp.asarray(x) for x in tables]
+  dtype = tables[0].dtype if tables else jnp.float32
+  bank = jnp.zeros((p.devices * p.bank_rows, p.width), dtype)
+  columns = jnp.zeros((p.column_rows, p.devices * p.column_width), dtype)
   for t in p.tables("row", "table"):
     owner, local = _bank_address(p, t, np.arange(p.rows[t]))
-    bank[owner * p.bank_rows + local] = tables[t]
+    bank = bank.at[owner * p.bank_rows + local].set(tables[t])
   for t in p.tables("column"):
-    columns[p.offsets[t]:p.offsets[t] + p.rows[t], :p.width] = tables[t]
+    columns = columns.at[p.offsets[t]:p.offsets[t] + p.rows[t], :p.width].set(tables[t])
   return {"replicated": tuple(tables[t] for t in p.tables("replicated")), "bank": bank,
           "column_bank": columns}
 

@@ -250,7 +250,7 @@ _SHAPES = {"mlperf": (dlrm.MLPERF_DCNV2_ROWS, dlrm.MLPERF_DCNV2_HOTNESS),
            "kaggle": (dlrm.CRITEO_KAGGLE_ROWS, (1,) * NUM_CATEGORICAL)}
 
 
-def _shapes(options) -> tuple[tuple[int, ...], tuple[int, ...]]:
+def table_shapes(options) -> tuple[tuple[int, ...], tuple[int, ...]]:
   """The tables' rows (capped at ``data.max_rows``) and hotness (capped at
   ``data.max_hotness``) of ``data.shapes``."""
   shapes = options.get("shapes", "mlperf")
@@ -279,7 +279,7 @@ def synthetic_ctr(config, shards: pipeline.ShardSpec) -> pipeline.ShardedDataset
   ``data.max_rows`` rows and ``data.max_hotness`` IDs, ``data.num_train`` and ``data.num_eval``
   rows drawn with ``data.seed`` (default 0), cached in ``data.cache_dir``."""
   options = config.data
-  rows, hotness = _shapes(options)
+  rows, hotness = table_shapes(options)
   num_train, num_eval = options.get("num_train", 65536), options.get("num_eval", 8192)
   pipeline.check_positive("config.data.num_train", num_train)
   pipeline.check_positive("config.data.num_eval", num_eval)

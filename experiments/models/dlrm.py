@@ -141,9 +141,11 @@ class DLRM(nn.Module):
   cross_rank: int = fields.integer(0, minimum=0)
   frozen_embeddings: bool = fields.choice(False, (False, True))
 
-  def tower(self) -> DLRMTower:
+  def tower(self, **where) -> DLRMTower:
+    """The tower of this model's shape: ``name="tower"`` inside :meth:`__call__`;
+    ``parent=None`` for a module of its own (placed tables apply it so)."""
     return DLRMTower(self.embedding_dim, tuple(self.bottom), tuple(self.top), self.interaction,
-                     self.cross_layers, self.cross_rank, name="tower")
+                     self.cross_layers, self.cross_rank, **where)
 
   @nn.compact
   def __call__(self, dense, sparse, train: bool = False):
@@ -158,7 +160,7 @@ class DLRM(nn.Module):
               for t, rows in enumerate(self.cardinalities)]
     if self.frozen_embeddings:
       tables = [jax.lax.stop_gradient(table) for table in tables]
-    return self.tower()(dense, pooled_lookup(tables, sparse))
+    return self.tower(name="tower")(dense, pooled_lookup(tables, sparse))
 
 
 def _uniform_init(rows: int):
