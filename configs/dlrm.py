@@ -20,7 +20,9 @@ Tables placed across the devices (compressors/parallel/embeddings.py): ``config.
 ``placement`` (``replicated``, ``table``, ``row`` or ``column``, for every table), ``overrides``
 (``"3:row,7:table"``: some tables placed otherwise), ``row_reduction`` (``all_to_all`` or
 ``reduce_scatter``, row-placed tables' bags), ``optimizer`` (the placed tables': ``same``, the
-run's, or ``rowwise_adagrad`` at ``learning_rate``). Without compression each placement gives the
+run's, or ``rowwise_adagrad`` at ``learning_rate``), ``capacity`` (keys per bucket of a
+training step's all-to-all; 0: every lookup of a device, nothing can overflow; an overflow is
+refused in one line). Without compression each placement gives the
 replicated tables' losses to float rounding (tests/test_dlrm_runner.py).
 
 Arguments: ``smoke`` (2 steps on fewer rows, for tests), ``frozen=true``.
@@ -38,7 +40,7 @@ def get_config(arg=None):
   c.model = dict(name="dlrm", embedding_dim=8, bottom=(16,), top=(16,), interaction="dot",
                  frozen_embeddings=args["frozen"])
   c.embedding = dict(placement="replicated", overrides="", row_reduction="all_to_all",
-                     optimizer="same", learning_rate=0.01)
+                     optimizer="same", learning_rate=0.01, capacity=0)
   c.method = "dense"
   c.optimizer.update(dict(name="adam", learning_rate=0.01, b1=0.9, b2=0.999, eps=1e-8))
   c.batch_size = 512

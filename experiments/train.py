@@ -285,8 +285,12 @@ def _placed(config, model, workers, learning_rate):
                                               workers.count, block.row_reduction)
   if all(p == "replicated" for p in chosen):
     return model
+  if block.capacity < 0:
+    raise ValueError(f"config.embedding.capacity={block.capacity} is not allowed; allowed: 0 "
+                     "(every lookup of a device fits) or keys per bucket >= 1")
   return placed_dlrm.PlacedDLRM(model, plan, workers.axis_name,
-                                _table_optimizer(config, block, chosen, learning_rate))
+                                _table_optimizer(config, block, chosen, learning_rate),
+                                block.capacity or None)
 
 
 def _table_optimizer(config, block, chosen, learning_rate) -> optax.GradientTransformation:
@@ -516,20 +520,22 @@ def _bytes_by_collective(model, task, dp, state: TrainState, batch, step_sent,
                          in_step_guard: float) -> dict[str, float]:
   """Placed tables: bytes per device per step of the embedding exchange's forward pass (the
   IDs and rows or bags: its all-to-all, and the all-gather of some placements), of its
-  backward pass (the rows' or bags' gradients) and of the dense all-reduce (the replicated
-  leaves' exchange by the run's method, the non-finite flag taken out), all from compiled
-  programs: the forward from the loss alone compiled on the training batch, the backward the
-  step's exchange less it."""
-  def loss_sum(params, model_state, batch):
-    outcomes, _ = _forward(model, task, {"params": params, **model_state}, batch, train=False,
+  backward pass (the rows' or bags' gradients) and of the dense exchange (the replicated
+  leaves', by the run's method: an all-reduce, or a sparsifier's all-gather; the non-finite
+  flag taken out), all from compiled programs on the training batch: the loss alone gives the
+  forward, its gradient (the dense leaves' summed by an all-reduce, not counted) forward and
+  backward, and the step less both the dense exchange."""
+  def loss_sum(params, model_state, batch):  # as the training step runs it (its capacity)
+    outcomes, _ = _forward(model, task, {"params": params, **model_state}, batch, train=True,
                            rng=None)
     return outcomes.loss.sum()
-  forward_sent = compressors.parallel.hlo_bytes.wire_bytes(
-      dp.reduce(loss_sum), state.params, state.model_state, batch)
-  exchanged = lambda sent: sum(sent.by_kind.get(kind, 0.0) for kind in _EXCHANGE_KINDS)
-  forward = exchanged(forward_sent)
-  return {"embedding_forward": forward, "embedding_backward": exchanged(step_sent) - forward,
-          "dense_all_reduce": step_sent.by_kind.get("all-reduce", 0.0) - in_step_guard}
+  def exchanged(fn):
+    sent = compressors.parallel.hlo_bytes.wire_bytes(dp.reduce(fn), state.params,
+                                                     state.model_state, batch)
+    return sum(sent.by_kind.get(kind, 0.0) for kind in _EXCHANGE_KINDS)
+  forward, both = exchanged(loss_sum), exchanged(jax.grad(loss_sum))
+  return {"embedding_forward": forward, "embedding_backward": both - forward,
+          "dense_exchange": step_sent.total - in_step_guard - both}
 
 
 def _peak_bytes(dp, state: TrainState, batch, steps: int) -> dict[str, Any]:
@@ -790,6 +796,7 @@ class _Run(NamedTuple):
   num_params: int
   score: _Scorer | None  # the task's metrics of the whole evaluation set's logits
   check_batch: Any = None  # a host batch -> None, or a one-line refusal (IDs outside a table)
+  check_step: Any = None  # (model state, step) -> None, or a one-line refusal (an overflow)
 
   @property
   def is_main(self) -> bool:
@@ -859,7 +866,8 @@ def _prepare(config, workdir, lock_workdir) -> tuple[_Run, TrainState]:
   model = _placed(config, model, workers, learning_rate)
   if isinstance(model, placed_dlrm.PlacedDLRM):
     natural_init = init_variables
-    init_variables = lambda seed: (lambda p, s: (model.place(p), s))(*natural_init(seed))
+    init_variables = lambda seed: (lambda p, s: (model.place(p), {
+        **s, **model.overflow_state(workers.count)}))(*natural_init(seed))
     if jax.process_index() == 0:
       checkpoint.write_embedding_layout(workdir, model.plan)
   params_shape, model_state_shape = jax.eval_shape(init_variables, config.seed)
@@ -889,7 +897,8 @@ def _prepare(config, workdir, lock_workdir) -> tuple[_Run, TrainState]:
               dp.reduce(_evaluation_sums(model, task)), communication, checkpointer,
               sum(x.size for x in jax.tree.leaves(dp.model_params(state))),
               _scorer(model, task, dp),
-              model.check_batch if isinstance(model, placed_dlrm.PlacedDLRM) else None), state
+              *((model.check_batch, model.check_step) if isinstance(model, placed_dlrm.PlacedDLRM)
+                else ())), state
 
 
 def _loop(run: _Run, state: TrainState, start: int, writer, stop: interrupt.StopRequest):
@@ -936,6 +945,8 @@ def _loop(run: _Run, state: TrainState, start: int, writer, stop: interrupt.Stop
           # (experiments.distributed).
           jax.block_until_ready(state.step)
         done = step + 1
+        if run.check_step is not None:
+          run.check_step(state.model_state, done)
         progress.update(1)
         if (config.log_every and done % config.log_every == 0) or done == run.steps:
           now = time.time()

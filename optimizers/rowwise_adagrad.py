@@ -53,10 +53,12 @@ def scale_by_rowwise_adagrad(eps: float = 1e-8,
       # Zero only where the row's gradients have all been zero (and eps is): it stays put.
       scaled = jnp.where(denominator > 0, rows / jnp.where(denominator > 0, denominator, 1), 0)
       return scaled.reshape(g.shape).astype(g.dtype), accumulated
-    pairs = jax.tree.map(one, updates, state.sum_of_squares)
-    is_pair = lambda x: isinstance(x, tuple)
-    return (jax.tree.map(lambda p: p[0], pairs, is_leaf=is_pair),
-            ScaleByRowwiseAdagradState(jax.tree.map(lambda p: p[1], pairs, is_leaf=is_pair)))
+    # Flattened, not mapped to pairs: a masked leaf (optax.MaskedNode) is a tuple too.
+    leaves, structure = jax.tree.flatten(updates)
+    pairs = [one(g, a) for g, a in zip(leaves,
+                                       structure.flatten_up_to(state.sum_of_squares))]
+    return (structure.unflatten([p[0] for p in pairs]),
+            ScaleByRowwiseAdagradState(structure.unflatten([p[1] for p in pairs])))
   return optax.GradientTransformation(init_fn, update_fn)
 
 

@@ -4,6 +4,7 @@ replicated ones do, and the compiled exchange sends the formula's bytes."""
 
 import json
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -58,6 +59,9 @@ def _placed_config(placement, cache_dir, overrides=""):
   return config
 
 
+CAPACITY = 96  # keys per owner of a device: those of the 20 steps fit (64 do not)
+
+
 def _losses(workdir):
   with open(os.path.join(workdir, "metrics.jsonl")) as f:
     return [row["loss"] for row in map(json.loads, f) if "loss" in row]
@@ -94,7 +98,10 @@ def test_each_placement_through_the_runner_gives_the_replicated_trajectory(
   sent = results["bytes_by_collective"]
   assert sent["embedding_forward"] == pytest.approx(predicted["forward"], rel=1e-9)
   assert sent["embedding_backward"] == pytest.approx(predicted["backward"], rel=1e-9)
-  assert sent["dense_all_reduce"] > 0
+  # The rest of the step is the dense all-reduce of the tower (and the replicated tables).
+  sharded = 8 * (plan.bank_rows * plan.width + plan.column_rows * plan.column_width)
+  dense = (results["num_params"] - sharded) * 4 * 2 * 7 / 8
+  assert sent["dense_exchange"] == pytest.approx(dense, rel=0.01)
 
 
 @pytest.mark.parametrize("field,value,message", [
@@ -109,3 +116,44 @@ def test_a_bad_placement_is_refused_in_one_line(tmp_path, field, value, message)
     config.embedding.placement = "row"
   with pytest.raises(ValueError, match=message):
     train.train_and_evaluate(config, str(tmp_path / "run"))
+
+
+@pytest.mark.slow  # about 40 s on 2 cores: two runs, the second resumed
+@pytest.mark.usefixtures("fast_compiles")
+def test_top_k_on_the_tower_rowwise_adagrad_on_the_tables_and_a_resumed_run(replicated_run,
+                                                                           tmp_path):
+  """The dense part runs a registered method (top-k with error feedback), the row-placed tables
+  MLPerf's row-wise Adagrad; a run resumed from its step-3 checkpoint ends as the whole run."""
+  path = replicated_run[0]
+  config = _placed_config("row", path / "cache")
+  config.update_from_flattened_dict({"num_steps": 6, "checkpoint_every": 3, "method": "topk",
+                                     "compression.density": 0.1,
+                                     "embedding.optimizer": "rowwise_adagrad",
+                                     "embedding.learning_rate": 0.05})
+  whole = train.train_and_evaluate(config, str(tmp_path / "run"))
+  sent = whole["bytes_by_collective"]
+  assert 0 < sent["dense_exchange"] < 0.2 * sent["embedding_backward"]  # top-k's all-gather
+  shutil.rmtree(tmp_path / "run" / "checkpoints" / "6")
+  resumed = train.train_and_evaluate(config, str(tmp_path / "run"))
+  assert resumed["auc"] == whole["auc"] and resumed["test_loss"] == whole["test_loss"]
+
+
+@pytest.mark.slow  # about 30 s on 2 cores: two runs
+@pytest.mark.usefixtures("fast_compiles")
+def test_a_capacity_sends_fewer_bytes_and_an_overflow_is_refused_in_one_line(replicated_run,
+                                                                            tmp_path):
+  path, _, expected = replicated_run
+  config = _placed_config("row", path / "cache")
+  config.embedding.capacity = CAPACITY
+  results = train.train_and_evaluate(config, str(tmp_path / "fits"))
+  np.testing.assert_allclose(_losses(tmp_path / "fits"), expected, rtol=1e-5, atol=1e-6)
+  rows, hotness = criteo.table_shapes(config.data)
+  plan = embeddings.plan(rows, config.model.embedding_dim, "row", 8)
+  predicted = embeddings.exchange_bytes(plan, config.batch_size // 8, hotness, CAPACITY)
+  sent = results["bytes_by_collective"]
+  assert sent["embedding_forward"] == pytest.approx(predicted["forward"], rel=1e-9)
+  assert sent["embedding_backward"] == pytest.approx(predicted["backward"], rel=1e-9)
+  config.embedding.capacity = 2
+  with pytest.raises(ValueError, match=r"training step 1: \d+ de-duplicated IDs did not fit the "
+                                       "all-to-all's capacity"):
+    train.train_and_evaluate(config, str(tmp_path / "overflows"))

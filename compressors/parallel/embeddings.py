@@ -272,8 +272,8 @@ def check_overflow(overflow, where: str = "the exchange") -> None:
   count = int(np.sum(np.asarray(overflow)))
   if count:
     raise ValueError(f"{where}: {count} de-duplicated IDs did not fit the all-to-all's capacity "
-                     "(their rows were not exchanged); raise embedding.capacity or leave it "
-                     "unset (every lookup of a device fits)")
+                     "(their rows were not exchanged); raise embedding.capacity, or set none "
+                     "(the runner's 0: every lookup of a device fits)")
 
 
 def expected_unique(probabilities: np.ndarray, draws: int) -> float:

@@ -23,6 +23,8 @@ from compressors.parallel import embeddings
 from compressors.parallel import sharded_params
 from experiments.models import dlrm
 
+OVERFLOW = "embedding_overflow"  # the model state's collection of the exchange's overflow
+
 
 def placements(rows: Sequence[int], placement: str, overrides: str) -> tuple[str, ...]:
   """One placement per table: ``placement`` for all, then ``overrides`` (``"t:placement,..."``,
@@ -46,11 +48,14 @@ def placements(rows: Sequence[int], placement: str, overrides: str) -> tuple[str
 
 class PlacedDLRM(NamedTuple):
   """``model``'s tables placed by ``plan`` over the mesh axis ``axis``; ``tx`` updates the
-  sharded ones (the bank and the column bank)."""
+  sharded ones (the bank and the column bank). With ``capacity``, a training step's exchange
+  counts the keys beyond it in the model state (:meth:`overflow_state`, one count per worker),
+  which :meth:`check_step` refuses; evaluation batches fetch every lookup (no capacity)."""
   model: dlrm.DLRM
   plan: embeddings.Plan
   axis: str
   tx: optax.GradientTransformation
+  capacity: int | None = None  # keys per bucket of a training step's exchange (None: all fit)
 
   @property
   def sharded(self) -> bool:
@@ -93,14 +98,31 @@ class PlacedDLRM(NamedTuple):
     """Refuses, on the host, IDs outside their table (:func:`embeddings.check_ids`)."""
     embeddings.check_ids(self.plan, self.split(np.asarray(batch["sparse"])))
 
+  def overflow_state(self, workers: int) -> dict:
+    """The model state of a run with a capacity: the keys each worker's latest step could not
+    exchange (none without a capacity: nothing can overflow)."""
+    if self.capacity is None:
+      return {}
+    return {OVERFLOW: {"count": jnp.zeros((workers,), jnp.int32)}}
+
+  def check_step(self, model_state, step: int) -> None:
+    """Refuses, on the host, a step whose exchange overflowed (:func:`embeddings.check_overflow`,
+    one line)."""
+    if OVERFLOW in model_state:
+      embeddings.check_overflow(jax.device_get(model_state[OVERFLOW]["count"]),
+                                f"training step {step}")
+
   def apply(self, variables, dense, sparse, train: bool = False, rngs=None, mutable=None):
-    """The logits of one device's rows, inside ``shard_map`` over :attr:`axis`."""
-    del train, rngs
+    """The logits of one device's rows, inside ``shard_map`` over :attr:`axis` (with
+    ``mutable``, and the step's overflow count)."""
+    del rngs
     params = variables["params"]
     tables = params["tables"]
     if self.model.frozen_embeddings:
       tables = jax.lax.stop_gradient(tables)
-    # No capacity: every lookup of a device fits its buckets, so nothing can overflow.
-    pooled, _ = embeddings.pooled_lookup(self.plan, tables, self.split(sparse), self.axis)
+    pooled, overflow = embeddings.pooled_lookup(self.plan, tables, self.split(sparse), self.axis,
+                                                self.capacity if train else None)
     logits = self.model.tower(parent=None).apply({"params": params["tower"]}, dense, pooled)
-    return (logits, {}) if mutable else logits
+    if not mutable:
+      return logits
+    return logits, ({OVERFLOW: {"count": overflow}} if OVERFLOW in mutable else {})
