@@ -285,6 +285,15 @@ def _placed(config, model, workers, learning_rate):
                                               workers.count, block.row_reduction)
   if all(p == "replicated" for p in chosen):
     return model
+  for refused, field in ((workers.per_device > 1,
+                          f"config.workers_per_device={config.workers_per_device}"),
+                         (workers.shard_axis is not None, f"config.mesh.fsdp={config.mesh.fsdp}"),
+                         (methods.per_worker_params(config), f"config.method={config.method!r} "
+                                                             "(local updates)")):
+    if refused:
+      raise ValueError(f"config.embedding places tables across devices ({block.placement!r}, "
+                       f"overrides {block.overrides!r}) with {field}; allowed: one worker per "
+                       "device, no islands, a per-step method (or every table replicated)")
   if block.capacity < 0:
     raise ValueError(f"config.embedding.capacity={block.capacity} is not allowed; allowed: 0 "
                      "(every lookup of a device fits) or keys per bucket >= 1")
@@ -367,8 +376,9 @@ def _init_state(init_variables, dp: compressors.DataParallel, seed) -> TrainStat
   # Initialisation runs once: compile it without LLVM's expensive passes (threefry random bits
   # otherwise take tens of seconds to compile on CPU for a ResNet).
   if dp.param_layout is None:
-    placed = jax.tree.map(lambda spec: NamedSharding(layout.mesh, spec), dp.params_spec,
-                          is_leaf=lambda x: isinstance(x, P))  # tables sharded as placed
+    placed = replicated if dp.sharded is None else jax.tree.map(  # tables sharded as placed
+        lambda spec: NamedSharding(layout.mesh, spec), dp.sharded.specs,
+        is_leaf=lambda x: isinstance(x, P))
     init = jax.jit(init_variables, out_shardings=(placed, per_worker)).lower(seed).compile(
         compiler_options=_FAST_COMPILE)
     params, model_state = init(seed)

@@ -441,3 +441,17 @@ def test_layers_import_only_downward():
                                                     "experiments.data.criteo")
             for module in graph.get(name, {}) if module.startswith("compressors.parallel")]
   assert not found, "\n".join(found)
+
+
+def test_placed_tables_train_in_the_one_data_parallel_step():
+  """Issue 53: tables placed across devices extend the data-parallel step
+  (``compressors.data_parallel(sharded=...)``), they do not bring a step of their own: the
+  placed model and the sharded parameters' module build no program (no ``shard_map``, no
+  ``jit``), and the runner builds its step at one call of ``compressors.data_parallel``."""
+  found = [f"{path} builds a program ({call})"
+           for path in ("experiments/models/placed_dlrm.py",
+                        "compressors/parallel/sharded_params.py")
+           for call in ("shard_map(", "jax.jit(", "pmap(")
+           if call in (ROOT / path).read_text()]
+  assert not found, "\n".join(found)
+  assert (ROOT / "experiments/train.py").read_text().count("compressors.data_parallel(") == 1

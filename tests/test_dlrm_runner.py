@@ -108,11 +108,13 @@ def test_each_placement_through_the_runner_gives_the_replicated_trajectory(
     ("embedding.overrides", "26:row", "config.embedding.overrides names table 26; allowed: "
                                       "tables 0 .. 25"),
     ("embedding.placement", "rows", "embedding.placement='rows' .table 0. is not allowed"),
-    ("embedding.optimizer", "adagrad", "config.embedding.optimizer='adagrad' is not allowed")])
+    ("embedding.optimizer", "adagrad", "config.embedding.optimizer='adagrad' is not allowed"),
+    ("workers_per_device", 2, "with config.workers_per_device=2; allowed: one worker per device"),
+    ("method", "diloco", "with config.method='diloco' .local updates.; allowed")])
 def test_a_bad_placement_is_refused_in_one_line(tmp_path, field, value, message):
   config = _config("smoke", tmp_path / "cache", **{field: value})
   config.data.update(dict(max_rows=50, num_train=512, num_eval=256))
-  if field == "embedding.optimizer":
+  if field != "embedding.placement":
     config.embedding.placement = "row"
   with pytest.raises(ValueError, match=message):
     train.train_and_evaluate(config, str(tmp_path / "run"))

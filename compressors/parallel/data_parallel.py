@@ -331,8 +331,7 @@ def data_parallel(loss_fn: Callable[..., Any], tx: optax.GradientTransformation,
       kinds={k.name: k for k in kinds}, specs=specs, mesh=mesh, workers=layout,
       equivalent=functools.cache(lambda: one_each(mesh=layout.equivalent_mesh()))
       if layout.per_device > 1 else None,
-      reduce=functools.partial(evaluation.reduce_over_workers, layout,
-                               params_spec=programs.params_spec),
+      reduce=programs.reduce,
       replicas_agree=drift.replicas_agree_program(layout, per_worker_params,
                                                   programs.params_spec),
       **({"landed": programs.landed()} if per_worker_params else {}),
@@ -571,11 +570,19 @@ class _Programs(NamedTuple):
   def shard_map(self, fn, in_specs, out_specs):
     return self.layout.shard_map(fn, in_specs, out_specs)
 
+  def reduce(self, fn):
+    """As :attr:`DataParallel.reduce`: on the model's parameters, natural ones with islands,
+    placed tables sharded as they are."""
+    return evaluation.reduce_over_workers(
+        self.layout, fn, params_spec=P() if self.sharded is None else self.sharded.specs)
+
   def init(self):
     state_axes = workers_lib.per_worker_axes(self.specs)
     each = self.layout.each(self.worker.tx.init, None, state_axes)
     if self.param_layout is None:
-      return jax.jit(self.shard_map(each, in_specs=(self.params_spec,), out_specs=self.specs))
+      # init takes replicated parameters (placed tables sharded as they are).
+      params_in = P() if self.sharded is None else self.sharded.specs
+      return jax.jit(self.shard_map(each, in_specs=(params_in,), out_specs=self.specs))
     shards = self.shard_map(each, in_specs=(self.param_layout.shard_specs,),
                             out_specs=self.specs)
     return jax.jit(lambda params: shards(self.param_layout.to_stored(params)))
