@@ -33,6 +33,7 @@ far more than writing the small replicated arrays once.
 """
 
 import contextlib
+import dataclasses
 import errno
 import gc
 import hashlib
@@ -473,6 +474,7 @@ def _first_line(error: BaseException, limit: int = 300) -> str:
 
 # Beside config.json in an islands run: each parameter's natural shape and the fast axis's size.
 PARAM_LAYOUT_FILE = "param_layout.json"
+EMBEDDING_LAYOUT_FILE = "embedding_layout.json"  # where placed tables' rows live
 
 
 def write_param_layout(workdir: str, params: Any, shards: int) -> None:
@@ -481,6 +483,13 @@ def write_param_layout(workdir: str, params: Any, shards: int) -> None:
   shapes = {jax.tree_util.keystr(path): list(np.shape(leaf))
             for path, leaf in jax.tree_util.tree_leaves_with_path(params)}
   logs.write_json(os.path.join(workdir, PARAM_LAYOUT_FILE), {"fsdp": shards, "shapes": shapes})
+
+
+def write_embedding_layout(workdir: str, plan: Any) -> None:
+  """Records where the embedding tables' rows live in the checkpoints' ``params["tables"]``
+  (a :class:`compressors.parallel.embeddings.Plan`: its placements, owners and offsets), so
+  that ``embeddings.unshard`` can give back each table."""
+  logs.write_json(os.path.join(workdir, EMBEDDING_LAYOUT_FILE), dataclasses.asdict(plan))
 
 
 def load_params(workdir: str, step: int | None = None) -> Any:

@@ -119,9 +119,10 @@ class MetricsWriter:
 
 
 def summary(results: dict) -> str:
-  """The final line printed by the runner: accuracy, skipped steps and bytes per step against
-  dense."""
-  accuracy = (f"test accuracy {results['test_accuracy']:.4f} (test loss "
+  """The final line printed by the runner: accuracy (and AUC where the task ranks), skipped
+  steps and bytes per step against dense."""
+  ranked = f"test AUC {results['auc']:.4f}, " if "auc" in results else ""
+  accuracy = (f"{ranked}test accuracy {results['test_accuracy']:.4f} (test loss "
               f"{results['test_loss']:.4g}) after {results['step']} steps, "
               f"{results['skipped_steps']} skipped (non-finite gradient)")
   if not results["dense_bytes"]:

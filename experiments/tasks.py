@@ -3,6 +3,9 @@
 ``classification``: softmax cross-entropy on ``label``, accuracy of the arg-max.
 ``masked_lm``: cross-entropy of the original tokens at the masked positions, weighted by
 ``masked_weights`` (0 for padding predictions), and the masked-token accuracy (Devlin et al. 2019).
+``ctr`` (click-through rate): one logit per row, the binary cross-entropy of ``label`` (0 or 1)
+and the accuracy of its sign; the evaluation also ranks the logits (AUC and log-loss over the
+whole evaluation set: :attr:`Task.scores`).
 ``causal_lm``: a row of ``tokens`` holds ``length + 1`` tokens; the model reads the first
 ``length`` and is scored, at every position, on the token that follows (cross-entropy in nats per
 token, and next-token accuracy).
@@ -17,7 +20,10 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
+
+from experiments import ctr_metrics
 
 Batch = dict[str, jax.Array]
 
@@ -32,9 +38,12 @@ class Task(NamedTuple):
   """Attributes:
     inputs: batch -> the model's positional inputs.
     outcomes: (logits, batch) -> :class:`Outcomes`.
+    scores: metrics of the whole evaluation set's ``(labels, logits)`` (numpy) that do not sum
+      over batches (AUC), or None.
   """
   inputs: Callable[[Batch], tuple[Any, ...]]
   outcomes: Callable[[jax.Array, Batch], Outcomes]
+  scores: Callable[[np.ndarray, np.ndarray], dict[str, float]] | None = None
 
 
 def _classification_outcomes(logits, batch):
@@ -61,12 +70,25 @@ def _causal_lm_outcomes(logits, batch):
       weight=jnp.ones(targets.shape, jnp.float32))
 
 
+def _ctr_outcomes(logits, batch):
+  labels = batch["label"].astype(jnp.float32)
+  return Outcomes(loss=optax.sigmoid_binary_cross_entropy(logits.astype(jnp.float32), labels),
+                  correct=((logits > 0) == (labels > 0.5)).astype(jnp.float32),
+                  weight=jnp.ones(labels.shape, jnp.float32))
+
+
+def _ctr_scores(labels, logits):
+  return {"auc": ctr_metrics.auc(labels, logits), "log_loss": ctr_metrics.log_loss(labels, logits)}
+
+
 TASKS = {
     "classification": Task(inputs=lambda b: (b["input"],), outcomes=_classification_outcomes),
     "masked_lm": Task(
         inputs=lambda b: (b["input_ids"], b["attention_mask"], b["masked_positions"]),
         outcomes=_masked_lm_outcomes),
     "causal_lm": Task(inputs=lambda b: (b["tokens"][:, :-1],), outcomes=_causal_lm_outcomes),
+    "ctr": Task(inputs=lambda b: (b["dense"], b["sparse"]), outcomes=_ctr_outcomes,
+                scores=_ctr_scores),
 }
 
 

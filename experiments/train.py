@@ -97,6 +97,7 @@ import optax
 import tqdm
 
 import compressors
+import optimizers
 from experiments import checkpoint
 from experiments import data
 from experiments import distributed
@@ -109,6 +110,7 @@ from experiments import provenance
 from experiments import tasks
 from experiments import validation
 from experiments import watchdog
+from experiments.models import placed_dlrm
 
 AXIS = methods.AXIS_NAME
 WORKER_AXIS = "worker"  # the simulated workers' axis (vmap), inside each device
@@ -261,6 +263,66 @@ def _evaluation_sums(model, task):
   return sums
 
 
+def _placed(config, model, workers, learning_rate):
+  """``model`` with its tables placed across the devices as ``config.embedding`` says
+  (:class:`experiments.models.placed_dlrm.PlacedDLRM`), or ``model`` itself when every table is
+  replicated (or the config has no ``embedding`` block).
+
+  Raises:
+    ValueError: a placement, an override or a table optimizer that is not allowed, or tables
+      placed for a model that has none, in one line naming the field.
+  """
+  block = config.get("embedding")
+  if block is None:
+    return model
+  if not isinstance(model, models.DLRM):
+    if block.placement != "replicated" or block.overrides:
+      raise ValueError(f"config.embedding.placement={block.placement!r} for model "
+                       f"{config.model.name!r}; allowed: embedding tables placed for dlrm only")
+    return model
+  chosen = placed_dlrm.placements(model.cardinalities, block.placement, block.overrides)
+  plan = compressors.parallel.embeddings.plan(model.cardinalities, model.embedding_dim, chosen,
+                                              workers.count, block.row_reduction)
+  if all(p == "replicated" for p in chosen):
+    return model
+  for refused, field in ((workers.per_device > 1,
+                          f"config.workers_per_device={config.workers_per_device}"),
+                         (workers.shard_axis is not None, f"config.mesh.fsdp={config.mesh.fsdp}"),
+                         (methods.per_worker_params(config), f"config.method={config.method!r} "
+                                                             "(local updates)")):
+    if refused:
+      raise ValueError(f"config.embedding places tables across devices ({block.placement!r}, "
+                       f"overrides {block.overrides!r}) with {field}; allowed: one worker per "
+                       "device, no islands, a per-step method (or every table replicated)")
+  if block.capacity < 0:
+    raise ValueError(f"config.embedding.capacity={block.capacity} is not allowed; allowed: 0 "
+                     "(every lookup of a device fits) or keys per bucket >= 1")
+  return placed_dlrm.PlacedDLRM(model, plan, workers.axis_name,
+                                _table_optimizer(config, block, chosen, learning_rate),
+                                block.capacity or None)
+
+
+def _table_optimizer(config, block, chosen, learning_rate) -> optax.GradientTransformation:
+  """The sharded tables' optimizer: ``same`` (the run's optimizer, elementwise ones only: a
+  per-leaf norm would be a device's block's) or ``rowwise_adagrad`` (MLPerf DLRM-DCNv2's, at
+  ``config.embedding.learning_rate``; rows whole, so not with column-placed tables)."""
+  if block.optimizer == "same":
+    if config.optimizer.name in ("lamb", "lars"):
+      raise ValueError(f"config.embedding.optimizer='same' with config.optimizer.name="
+                       f"{config.optimizer.name!r}: its per-leaf norms would be each device's "
+                       "block's; allowed: an elementwise optimizer, or embedding.optimizer="
+                       "'rowwise_adagrad'")
+    return methods.optimizer(config, learning_rate)
+  if block.optimizer == "rowwise_adagrad":
+    if "column" in chosen:
+      raise ValueError("config.embedding.optimizer='rowwise_adagrad' with column-placed tables: "
+                       "a device holds part of each row; allowed: placements row, table, "
+                       "replicated, or embedding.optimizer='same'")
+    return optimizers.rowwise_adagrad(block.learning_rate)
+  raise ValueError(f"config.embedding.optimizer={block.optimizer!r} is not allowed; allowed: "
+                   "['same', 'rowwise_adagrad']")
+
+
 def _param_layout(workers: compressors.Workers,
                   params) -> compressors.parallel.fsdp.ParamLayout | None:
   """With islands, the layout of ``params`` (natural shapes) over the fast axis, the one the
@@ -280,7 +342,9 @@ def _data_parallel(config, model, task, tx, workers, example: TrainState,
       axis_name=workers.axis_name, workers_per_device=workers.per_device,
       kinds=methods.step_kinds(config), model_state=example.model_state,
       rng=jax.random.PRNGKey(config.seed), skip_nonfinite=config.skip_nonfinite,
-      per_worker_params=methods.per_worker_params(config), shard_axis=workers.shard_axis)
+      per_worker_params=methods.per_worker_params(config), shard_axis=workers.shard_axis,
+      sharded=(model.sharded_params(example.params) if isinstance(model, placed_dlrm.PlacedDLRM)
+               else None))
 
 
 def _state_bytes_per_device(config, dp: compressors.DataParallel, example: TrainState) -> int:
@@ -312,7 +376,10 @@ def _init_state(init_variables, dp: compressors.DataParallel, seed) -> TrainStat
   # Initialisation runs once: compile it without LLVM's expensive passes (threefry random bits
   # otherwise take tens of seconds to compile on CPU for a ResNet).
   if dp.param_layout is None:
-    init = jax.jit(init_variables, out_shardings=(replicated, per_worker)).lower(seed).compile(
+    placed = replicated if dp.sharded is None else jax.tree.map(  # tables sharded as placed
+        lambda spec: NamedSharding(layout.mesh, spec), dp.sharded.specs,
+        is_leaf=lambda x: isinstance(x, P))
+    init = jax.jit(init_variables, out_shardings=(placed, per_worker)).lower(seed).compile(
         compiler_options=_FAST_COMPILE)
     params, model_state = init(seed)
     return TrainState(step, dp.worker_params(params), model_state, dp.init(params))
@@ -450,7 +517,35 @@ def _communication(config, model, task, learning_rate, dp, state: TrainState, ba
   return {"wire_bytes": wire, "dense_bytes": dense,
           "compression_ratio": dense / wire if wire else None,
           "bytes_by_kind": by_kind, "guard_bytes": in_step_guard + replica_check,
-          "bytes_by_axis": _by_axis(dp, sent, steps)}
+          "bytes_by_axis": _by_axis(dp, sent, steps),
+          **({"bytes_by_collective": _bytes_by_collective(model, task, dp, state, batch,
+                                                          sent[dp.kind_at(0)], in_step_guard)}
+             if dp.sharded is not None else {})}
+
+
+_EXCHANGE_KINDS = ("all-to-all", "all-gather", "reduce-scatter")  # the embedding exchange's
+
+
+def _bytes_by_collective(model, task, dp, state: TrainState, batch, step_sent,
+                         in_step_guard: float) -> dict[str, float]:
+  """Placed tables: bytes per device per step of the embedding exchange's forward pass (the
+  IDs and rows or bags: its all-to-all, and the all-gather of some placements), of its
+  backward pass (the rows' or bags' gradients) and of the dense exchange (the replicated
+  leaves', by the run's method: an all-reduce, or a sparsifier's all-gather; the non-finite
+  flag taken out), all from compiled programs on the training batch: the loss alone gives the
+  forward, its gradient (the dense leaves' summed by an all-reduce, not counted) forward and
+  backward, and the step less both the dense exchange."""
+  def loss_sum(params, model_state, batch):  # as the training step runs it (its capacity)
+    outcomes, _ = _forward(model, task, {"params": params, **model_state}, batch, train=True,
+                           rng=None)
+    return outcomes.loss.sum()
+  def exchanged(fn):
+    sent = compressors.parallel.hlo_bytes.wire_bytes(dp.reduce(fn), state.params,
+                                                     state.model_state, batch)
+    return sum(sent.by_kind.get(kind, 0.0) for kind in _EXCHANGE_KINDS)
+  forward, both = exchanged(loss_sum), exchanged(jax.grad(loss_sum))
+  return {"embedding_forward": forward, "embedding_backward": both - forward,
+          "dense_exchange": step_sent.total - in_step_guard - both}
 
 
 def _peak_bytes(dp, state: TrainState, batch, steps: int) -> dict[str, Any]:
@@ -538,15 +633,59 @@ def _train_batch(dataset, config, step: int) -> dict[str, np.ndarray]:
         f"must be readable in the dataset's format (see experiments/data/)") from e
 
 
-def _evaluate(evaluate, state, dataset, workers, dp) -> dict[str, float]:
-  """The test metrics of the model's parameters (with local updates, the synchronised ones)."""
+def _checked(run, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+  """``batch``, refused in one line by ``run.check_batch`` (placed tables: an ID outside its
+  table) before it reaches the step."""
+  if run.check_batch is not None:
+    run.check_batch(batch)
+  return batch
+
+
+def _evaluate(evaluate, state, dataset, workers, dp, score=None) -> dict[str, float]:
+  """The test metrics of the model's parameters (with local updates, the synchronised ones);
+  with ``score`` (:func:`_scorer`), also the task's metrics of the whole set's logits."""
   params = dp.model_params(state)
-  sums = np.zeros(3)
+  sums, scored = np.zeros(3), []
   for batch in dataset.eval_batches():
-    sums += np.asarray(jax.device_get(evaluate(params, state.model_state,
-                                               _to_global(batch, workers))))
-  return dataset.derive({"test_loss": float(sums[0] / sums[2]),
-                         "test_accuracy": float(sums[1] / sums[2])})
+    batch = _to_global(batch, workers)
+    sums += np.asarray(jax.device_get(evaluate(params, state.model_state, batch)))
+    if score is not None:
+      scored.append(multihost_utils.process_allgather(
+          (score.logits(params, state.model_state, batch), batch["label"], batch["mask"]),
+          tiled=True))
+  metrics = {"test_loss": float(sums[0] / sums[2]), "test_accuracy": float(sums[1] / sums[2])}
+  if scored:
+    logits, labels, mask = (np.concatenate(parts) for parts in zip(*scored))
+    metrics.update(score.metrics(labels[mask > 0], logits[mask > 0]))
+  return dataset.derive(metrics)
+
+
+class _Scorer(NamedTuple):
+  """A task's metrics of the whole evaluation set's logits (AUC: they do not sum over
+  batches): ``logits(params, model_state, global batch)`` (the model state averaged over the
+  workers, as the evaluation's sums take it) and ``metrics(labels, logits)``."""
+  logits: Any
+  metrics: Any
+
+
+def _scorer(model, task, dp) -> _Scorer | None:
+  """The :class:`_Scorer` of ``task``, None when it has no such metrics."""
+  if task.scores is None:
+    return None
+  if dp.sharded is not None:  # placed tables: each device's rows, their lookups exchanged
+    layout = dp.workers
+    each = lambda params, model_state, batch: model.apply(
+        {"params": params, **jax.tree.map(lambda x: jax.lax.pmean(x[0], layout.axis_name),
+                                          model_state)}, *task.inputs(batch), train=False)
+    return _Scorer(jax.jit(layout.shard_map(each, in_specs=(dp.params_spec, layout.spec,
+                                                            layout.spec),
+                                            out_specs=layout.spec)), task.scores)
+
+  @jax.jit
+  def logits(params, model_state, batch):
+    averaged = jax.tree.map(lambda x: jnp.mean(x, axis=0), model_state)
+    return model.apply({"params": params, **averaged}, *task.inputs(batch), train=False)
+  return _Scorer(logits, task.scores)
 
 
 def _skipped_steps(state: TrainState) -> int:
@@ -665,6 +804,9 @@ class _Run(NamedTuple):
   communication: dict[str, Any]
   checkpointer: checkpoint.Checkpointer
   num_params: int
+  score: _Scorer | None  # the task's metrics of the whole evaluation set's logits
+  check_batch: Any = None  # a host batch -> None, or a one-line refusal (IDs outside a table)
+  check_step: Any = None  # (model state, step) -> None, or a one-line refusal (an overflow)
 
   @property
   def is_main(self) -> bool:
@@ -681,7 +823,7 @@ def _train(config, workdir, stop: interrupt.StopRequest, started: float, lock_wo
   if (config.check_replicas_every and not run.dp.per_worker_params
       and run.steps % config.check_replicas_every):
     _check_replicas(run.dp, state, run.steps)  # before the final checkpoint
-  final_eval = _evaluate(run.evaluate, state, run.dataset, run.workers, run.dp)
+  final_eval = _evaluate(run.evaluate, state, run.dataset, run.workers, run.dp, run.score)
   writer.write(run.steps, final_eval)
   run.checkpointer.save(run.steps, state)
   run.checkpointer.close()
@@ -751,6 +893,13 @@ def _prepare(config, workdir, lock_workdir) -> tuple[_Run, TrainState]:
 
   init_variables = _variables_initializer(model, task, {k: v[0] for k, v in first_batch.items()},
                                           workers.count)
+  model = _placed(config, model, workers, learning_rate)
+  if isinstance(model, placed_dlrm.PlacedDLRM):
+    natural_init = init_variables
+    init_variables = lambda seed: (lambda p, s: (model.place(p), {
+        **s, **model.overflow_state(workers.count)}))(*natural_init(seed))
+    if jax.process_index() == 0:
+      checkpoint.write_embedding_layout(workdir, model.plan)
   params_shape, model_state_shape = jax.eval_shape(init_variables, config.seed)
   if workers.shard_axis is not None and jax.process_index() == 0:
     checkpoint.write_param_layout(workdir, params_shape, workers.shards)
@@ -778,7 +927,10 @@ def _prepare(config, workdir, lock_workdir) -> tuple[_Run, TrainState]:
                    **_peak_bytes(dp, state, batch_shape, steps)}
   return _Run(config, workdir, workers, dataset, steps, learning_rate, dp,
               dp.reduce(_evaluation_sums(model, task)), communication, checkpointer,
-              sum(x.size for x in jax.tree.leaves(dp.model_params(state)))), state
+              sum(x.size for x in jax.tree.leaves(dp.model_params(state))),
+              _scorer(model, task, dp),
+              *((model.check_batch, model.check_step) if isinstance(model, placed_dlrm.PlacedDLRM)
+                else ())), state
 
 
 def _loop(run: _Run, state: TrainState, start: int, writer, stop: interrupt.StopRequest):
@@ -797,8 +949,8 @@ def _loop(run: _Run, state: TrainState, start: int, writer, stop: interrupt.Stop
                  desc=os.path.basename(os.path.normpath(run.workdir)),
                  dynamic_ncols=True) as progress:
     train_loss, examples_per_sec, last = float("nan"), 0.0, (time.time(), start)
-    batches = _prefetch(lambda s: _to_global(_train_batch(run.dataset, config, s), run.workers),
-                        range(start, run.steps))
+    batches = _prefetch(lambda s: _to_global(_checked(run, _train_batch(run.dataset, config, s)),
+                                             run.workers), range(start, run.steps))
     on_cpu = run.workers.mesh.devices.flat[0].platform == "cpu"
     stalls, compiled, where = watchdog.Watchdog(), set(), _whose_step(run)
     for step in range(start, run.steps + 1):  # every step boundary, where a signal stops the run
@@ -825,6 +977,8 @@ def _loop(run: _Run, state: TrainState, start: int, writer, stop: interrupt.Stop
           # (experiments.distributed).
           jax.block_until_ready(state.step)
         done = step + 1
+        if run.check_step is not None:
+          run.check_step(state.model_state, done)
         progress.update(1)
         if (config.log_every and done % config.log_every == 0) or done == run.steps:
           now = time.time()
@@ -837,7 +991,8 @@ def _loop(run: _Run, state: TrainState, start: int, writer, stop: interrupt.Stop
           _check_replicas(dp, state, done)
       stop.step_completed()
       if config.eval_every and done % config.eval_every == 0 and done != run.steps:
-        writer.write(done, _evaluate(run.evaluate, state, run.dataset, run.workers, dp))
+        writer.write(done, _evaluate(run.evaluate, state, run.dataset, run.workers, dp,
+                                     run.score))
       if config.checkpoint_every and done % config.checkpoint_every == 0:
         run.checkpointer.save(done, state)
   return state, train_loss, examples_per_sec

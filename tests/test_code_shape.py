@@ -425,3 +425,42 @@ def test_look_alike_constants_are_named_by_what_they_hold():
   assert defined["FAMILIES"] == ["compressors/method_table.py"]
   assert defined["TIERS"] == ["compressors/equal_bytes.py"]
   assert "EXCHANGED" not in defined
+
+
+# Each library layer and the layers it may import: experiments -> tasc -> optimizers ->
+# compressors (configs, benchmarks and the tests above them all).
+_LAYERS_BELOW = {"compressors": {"compressors"}, "optimizers": {"optimizers", "compressors"},
+                 "tasc": {"tasc", "optimizers", "compressors"}}
+
+
+def test_layers_import_only_downward():
+  """No library layer imports one that wraps it; the embeddings' placement and exchange
+  (communication, ``compressors/parallel/embeddings.py``) know no model and no data, and DLRM's
+  model and data (``experiments/models/dlrm.py``, ``experiments/data/criteo.py``) no
+  communication."""
+  graph = import_graph()
+  found = [f"{name} imports {module}" for name, imported in graph.items()
+           for module in imported
+           if name.split(".")[0] in _LAYERS_BELOW
+           and module.split(".")[0] not in _LAYERS_BELOW[name.split(".")[0]]]
+  found += [f"{name} imports {module}" for name in ("compressors.parallel.embeddings",)
+            for module in graph[name]
+            if not module.startswith(("compressors.parallel", "compressors.network"))]
+  found += [f"{name} imports {module}" for name in ("experiments.models.dlrm",
+                                                    "experiments.data.criteo")
+            for module in graph.get(name, {}) if module.startswith("compressors.parallel")]
+  assert not found, "\n".join(found)
+
+
+def test_placed_tables_train_in_the_one_data_parallel_step():
+  """Issue 53: tables placed across devices extend the data-parallel step
+  (``compressors.data_parallel(sharded=...)``), they do not bring a step of their own: the
+  placed model and the sharded parameters' module build no program (no ``shard_map``, no
+  ``jit``), and the runner builds its step at one call of ``compressors.data_parallel``."""
+  found = [f"{path} builds a program ({call})"
+           for path in ("experiments/models/placed_dlrm.py",
+                        "compressors/parallel/sharded_params.py")
+           for call in ("shard_map(", "jax.jit(", "pmap(")
+           if call in (ROOT / path).read_text()]
+  assert not found, "\n".join(found)
+  assert (ROOT / "experiments/train.py").read_text().count("compressors.data_parallel(") == 1

@@ -78,6 +78,7 @@ from compressors.parallel import gather_on_use
 from compressors.parallel import hlo_bytes
 from compressors.parallel import nonfinite
 from compressors.parallel import per_worker
+from compressors.parallel import sharded_params as sharded_lib
 from compressors.parallel import step_bytes
 from compressors.parallel import step_kinds as kinds_lib
 from compressors.parallel.step_kinds import kind_at
@@ -121,6 +122,8 @@ class DataParallel(NamedTuple):
       islands, one row per island).
     param_layout: with islands (``shard_axis``), the parameters' layout over the fast axis
       (:class:`compressors.parallel.fsdp.ParamLayout`); None otherwise.
+    sharded: the parameters sharded over the workers' axis and their optimizer
+      (:class:`compressors.parallel.sharded_params.ShardedParams`), or None.
     landed: ``(params, opt_state) -> params``: with per-worker parameters, each worker's where
       they landed on the synchronised ones at the latest step (:attr:`StepKind.lands`: the whole
       model, or a part of it) and its copy of the synchronised ones elsewhere, so that
@@ -141,12 +144,13 @@ class DataParallel(NamedTuple):
   per_worker_params: bool = False
   param_layout: fsdp.ParamLayout | None = None
   landed: Callable[[chex.ArrayTree, chex.ArrayTree], chex.ArrayTree] = lambda params, _: params
+  sharded: sharded_lib.ShardedParams | None = None
 
   @property
   def params_spec(self) -> chex.ArrayTree:
     """The parameters' ``PartitionSpec`` on :attr:`mesh`: ``P()``, or one row per worker;
     with islands, a tree of them (sharded over the fast axis, a row per island)."""
-    return _params_spec(self.workers, self.per_worker_params, self.param_layout)
+    return _params_spec(self.workers, self.per_worker_params, self.param_layout, self.sharded)
 
   def model_params(self, state: TrainState) -> chex.ArrayTree:
     """The parameters the model is (to evaluate), in their natural shapes: ``state.params``,
@@ -224,7 +228,9 @@ def data_parallel(loss_fn: Callable[..., Any], tx: optax.GradientTransformation,
                   model_state: chex.ArrayTree = None,
                   rng: jax.Array | None = None, skip_nonfinite: bool = True,
                   donate: bool = False, per_worker_params: bool = False,
-                  shard_axis: str | None = None, **deprecated) -> DataParallel:
+                  shard_axis: str | None = None,
+                  sharded: sharded_lib.ShardedParams | None = None,
+                  **deprecated) -> DataParallel:
   """A data-parallel step of ``tx`` over the workers of ``axis_name`` (see the module docstring).
 
   Args:
@@ -265,6 +271,12 @@ def data_parallel(loss_fn: Callable[..., Any], tx: optax.GradientTransformation,
       span ``axis_name`` (the slow axis) on each device's shard. ``init`` and
       :meth:`DataParallel.worker_params` take natural parameters; ``step`` and ``train_step``
       take them as ``worker_params`` lays them out.
+    sharded: parameters sharded over ``axis_name`` (embedding tables) beside the replicated
+      ones, and their optimizer (:mod:`compressors.parallel.sharded_params`): the step and
+      ``init`` take them as ``sharded.specs`` lay them out, ``loss_fn`` reads each device's
+      block (and others' through its own collectives over ``axis_name``), ``tx`` updates the
+      replicated leaves only. Needs a mesh, one worker per device, no islands and no
+      per-worker parameters.
     **deprecated: ``step_inputs=``, now ``kinds=`` (a DeprecationWarning for one release).
 
   Returns:
@@ -285,6 +297,8 @@ def data_parallel(loss_fn: Callable[..., Any], tx: optax.GradientTransformation,
   if kinds is None or isinstance(kinds, StepInputs):
     kinds = method_protocol.step_kinds(kinds)
   kinds = kinds_lib.checked(kinds)
+  if sharded is not None:
+    sharded_lib.check(sharded, params, mesh, workers_per_device, per_worker_params, shard_axis)
   if mesh is None:
     _check_pmap(shard_axis, workers_per_device, model_state, batch)
     if skip_nonfinite:
@@ -298,43 +312,63 @@ def data_parallel(loss_fn: Callable[..., Any], tx: optax.GradientTransformation,
   one_each = functools.partial(
       data_parallel, loss_fn, tx, params=params, batch=batch, axis_name=axis_name,
       has_aux=has_aux, kinds=kinds, model_state=model_state, rng=rng,
-      skip_nonfinite=skip_nonfinite, per_worker_params=per_worker_params)
+      skip_nonfinite=skip_nonfinite, per_worker_params=per_worker_params, sharded=sharded)
   param_layout = None if shard_axis is None else fsdp.ParamLayout.of(
       params, shard_axis, layout.shards, per_island=per_worker_params, island_axis=axis_name)
-  # One shard's NaN skips the step on every device: an island's shards must stay one model.
-  wrapped = (nonfinite.skip_nonfinite(tx, axis_name=layout.worker_axes) if skip_nonfinite
-             else tx)
-  worker = _WorkerStep(
-      loss_fn, wrapped, axis_name, layout.worker_axes, has_aux, model_state is not None, rng,
-      skip_nonfinite, (lambda p: p) if per_worker_params else layout.own_copy, param_layout)
+  worker = _worker_step(loss_fn, tx, layout, params, axis_name, has_aux, model_state is not None,
+                        rng, skip_nonfinite, per_worker_params, param_layout, sharded)
   model_state = () if model_state is None else model_state
   # Shapes and dtypes, laid out as the step takes them (a mesh of explicit axes checks that);
   # the parameters as init takes them (with islands: stored, one shard per device).
-  params = _init_params(params, mesh, param_layout)
+  params = _init_params(params, mesh, param_layout, sharded)
   batch = step_bytes.abstract(batch, mesh, layout.spec)
   model_state = step_bytes.abstract(model_state, mesh, layout.spec)
   specs = layout.layout(_state_specs(worker, kinds, layout, params, model_state, batch,
-                                     per_worker_params, param_layout))
-  programs = _Programs(worker, layout, specs, kinds, per_worker_params, param_layout)
+                                     per_worker_params, param_layout, sharded))
+  programs = _Programs(worker, layout, specs, kinds, per_worker_params, param_layout, sharded)
   return DataParallel(
       init=programs.init(), step=programs.simple_step(donate), train_step=programs.train_step(),
       kinds={k.name: k for k in kinds}, specs=specs, mesh=mesh, workers=layout,
       equivalent=functools.cache(lambda: one_each(mesh=layout.equivalent_mesh()))
       if layout.per_device > 1 else None,
-      reduce=functools.partial(evaluation.reduce_over_workers, layout),
+      reduce=programs.reduce,
       replicas_agree=drift.replicas_agree_program(layout, per_worker_params,
                                                   programs.params_spec),
       **({"landed": programs.landed()} if per_worker_params else {}),
       worker_params=programs.worker_params(), per_worker_params=per_worker_params,
-      param_layout=param_layout)
+      param_layout=param_layout, sharded=sharded)
+
+
+def _worker_step(loss_fn, tx, layout, params, axis_name, has_aux, stateful, rng, skip_nonfinite,
+                 per_worker_params, param_layout, sharded) -> "_WorkerStep":
+  """One worker's step on a mesh: ``tx`` protected by the non-finite skip (one shard's NaN skips
+  the step on every device: an island's shards must stay one model), with sharded parameters
+  beside it (their optimizer inside the skip too)."""
+  protect = lambda tx: (nonfinite.skip_nonfinite(tx, axis_name=layout.worker_axes)
+                        if skip_nonfinite else tx)
+  own_copy = (lambda p: p) if per_worker_params else layout.own_copy
+  if sharded is not None:
+    # The replicated leaves' updates must agree on every worker: checked with the sharded
+    # leaves' (which differ by design) left out.
+    per_worker.state_specs(protect(sharded.without_sharded_updates(tx)),
+                           sharded.block_shapes(params, layout.mesh), layout.mesh.abstract_mesh,
+                           axis_name)
+    own_copy = functools.partial(sharded.own_copy, layout.own_copy)
+    tx = sharded.combined(tx)
+  return _WorkerStep(loss_fn, protect(tx), axis_name, layout.worker_axes, has_aux, stateful, rng,
+                     skip_nonfinite, own_copy, param_layout, sharded)
 
 
 def _params_spec(layout: workers_lib.Workers, per_worker_params: bool,
-                 param_layout: fsdp.ParamLayout | None) -> chex.ArrayTree:
+                 param_layout: fsdp.ParamLayout | None,
+                 sharded: sharded_lib.ShardedParams | None = None) -> chex.ArrayTree:
   """The parameters' specs: ``P()`` replicated, the workers' spec with per-worker parameters,
-  with islands a tree (sharded over the fast axis, a row per island)."""
+  with islands a tree (sharded over the fast axis, a row per island), with sharded parameters
+  their specs."""
   if param_layout is not None:
     return param_layout.specs
+  if sharded is not None:
+    return sharded.specs
   return layout.spec if per_worker_params else P()
 
 
@@ -352,11 +386,11 @@ def _check_pmap(shard_axis, workers_per_device, model_state, batch) -> None:
   _check_batch(batch, jax.local_device_count())
 
 
-def _init_params(params, mesh, param_layout) -> chex.ArrayTree:
-  """The parameters' shapes as ``init`` takes them: replicated, or with islands stored and
-  sharded over the fast axis (a shard per device)."""
+def _init_params(params, mesh, param_layout, sharded=None) -> chex.ArrayTree:
+  """The parameters' shapes as ``init`` takes them: replicated (sharded ones as their specs
+  say), or with islands stored and sharded over the fast axis (a shard per device)."""
   if param_layout is None:
-    return step_bytes.abstract(params, mesh, P())
+    return step_bytes.abstract(params, mesh, P() if sharded is None else sharded.specs)
   return step_bytes.abstract(jax.eval_shape(param_layout.to_stored, params), mesh,
                              param_layout.shard_specs)
 
@@ -374,7 +408,7 @@ def _check_batch(batch: chex.ArrayTree, num_workers: int) -> None:
 
 
 def _state_specs(worker, kinds, layout, params, model_state, batch, per_worker_params,
-                 param_layout) -> chex.ArrayTree:
+                 param_layout, sharded=None) -> chex.ArrayTree:
   """:func:`compressors.state_specs` of the step, traced on the mesh of one worker per device
   (the state's layout is the same with simulated workers) for each kind, with what its inputs
   make per worker and its options: a leaf is per worker if any kind makes it so. With islands
@@ -383,6 +417,8 @@ def _state_specs(worker, kinds, layout, params, model_state, batch, per_worker_p
   params_in, analysed = P(), params
   if param_layout is not None:
     params_in, analysed = param_layout.shard_specs, param_layout.shard_shapes(params)
+  if sharded is not None:
+    params_in, analysed = sharded.specs, sharded.block_shapes(params, layout.mesh)
   if layout.per_device == 1:  # the mesh itself, with the inputs laid out on it
     mesh = layout.mesh
   else:
@@ -407,7 +443,7 @@ def _state_specs(worker, kinds, layout, params, model_state, batch, per_worker_p
     specs = per_worker.state_specs(worker.tx, analysed, mesh, axis,
                                    per_worker_params=per_worker_params,
                                    options=kind.update_kwargs(), shard_axis=layout.shard_axis,
-                                   **extras)
+                                   check_updates=sharded is None, **extras)
     found = specs if found is None else jax.tree.map(
         lambda a, b: a if a != P() else b, found, specs, is_leaf=lambda x: isinstance(x, P))
   return found
@@ -427,6 +463,8 @@ class _WorkerStep(NamedTuple):
   own_copy: Callable[[chex.ArrayTree], chex.ArrayTree]
   # Islands: the parameters' layout over the fast axis (one device holds a shard of each).
   param_layout: fsdp.ParamLayout | None = None
+  # Parameters sharded over the workers' axis (their gradient summed by the loss's collectives).
+  sharded: sharded_lib.ShardedParams | None = None
 
   def keys(self, step):
     """``(loss key of the step, inputs key of the step)``, or Nones and a fixed inputs key
@@ -470,6 +508,8 @@ class _WorkerStep(NamedTuple):
         local_params, batch, model_state, worker_key)
     if self.param_layout is not None:  # the scatter summed the island's gradients: their mean
       grads = jax.tree.map(lambda g: g / self.param_layout.shards, grads)
+    if self.sharded is not None:
+      grads = self.sharded.mean_gradient(grads, axes.num_workers(self.worker_axes))
     extra = self.inputs(kind, local_params, batch, new_model_state, step) if kind.inputs else {}
     updates, state = self.tx.update(grads, state, params, **extra, **kind.update_kwargs())
     # This worker's own metrics: no collective, so a step's bytes are its exchange's alone.
@@ -485,6 +525,15 @@ class _WorkerStep(NamedTuple):
     return (method_protocol.apply_local_updates(params, updates, state), new_model_state, state,
             metrics)
 
+  def _varying(self, x):
+    """``x`` typed as differing between workers (an aux the same on every worker, such as an
+    exchange's overflow count that a step without an exchange leaves 0, would otherwise be
+    gathered into a value typed as differing)."""
+    names = axes.as_tuple(self.worker_axes)
+    if axes.replication_checked(names) and not axes.is_varying(x, names):
+      return jax.lax.pcast(x, names, to="varying")
+    return x
+
   def gathered(self, metrics):
     """A worker's metrics as :attr:`DataParallel.step` reports them: the mean loss, every
     worker's aux stacked along a leading worker axis (``skipped_steps`` is left out: the caller
@@ -492,7 +541,8 @@ class _WorkerStep(NamedTuple):
     metrics = {k: v for k, v in metrics.items() if k != "skipped_steps"}
     metrics["loss"] = jax.lax.pmean(metrics["loss"], self.worker_axes)
     if "aux" in metrics:
-      metrics["aux"] = jax.tree.map(lambda a: axes.all_gather(a, self.worker_axes),
+      metrics["aux"] = jax.tree.map(lambda a: axes.all_gather_invariant(self._varying(a),
+                                                                    self.worker_axes),
                                     metrics["aux"])
     return metrics
 
@@ -505,11 +555,12 @@ class _Programs(NamedTuple):
   kinds: tuple[StepKind, ...]
   per_worker_params: bool
   param_layout: fsdp.ParamLayout | None
+  sharded: sharded_lib.ShardedParams | None = None
 
   @property
   def params_spec(self) -> chex.ArrayTree:
     """As :attr:`DataParallel.params_spec`."""
-    return _params_spec(self.layout, self.per_worker_params, self.param_layout)
+    return _params_spec(self.layout, self.per_worker_params, self.param_layout, self.sharded)
 
   @property
   def params_axis(self):
@@ -519,11 +570,19 @@ class _Programs(NamedTuple):
   def shard_map(self, fn, in_specs, out_specs):
     return self.layout.shard_map(fn, in_specs, out_specs)
 
+  def reduce(self, fn):
+    """As :attr:`DataParallel.reduce`: on the model's parameters, natural ones with islands,
+    placed tables sharded as they are."""
+    return evaluation.reduce_over_workers(
+        self.layout, fn, params_spec=P() if self.sharded is None else self.sharded.specs)
+
   def init(self):
     state_axes = workers_lib.per_worker_axes(self.specs)
     each = self.layout.each(self.worker.tx.init, None, state_axes)
     if self.param_layout is None:
-      return jax.jit(self.shard_map(each, in_specs=P(), out_specs=self.specs))
+      # init takes replicated parameters (placed tables sharded as they are).
+      params_in = P() if self.sharded is None else self.sharded.specs
+      return jax.jit(self.shard_map(each, in_specs=(params_in,), out_specs=self.specs))
     shards = self.shard_map(each, in_specs=(self.param_layout.shard_specs,),
                             out_specs=self.specs)
     return jax.jit(lambda params: shards(self.param_layout.to_stored(params)))

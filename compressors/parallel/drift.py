@@ -47,7 +47,8 @@ def replicas_agree_program(layout: workers_lib.Workers, per_worker_params: bool,
   parameters bit-identical on every device (replicated parameters), or every worker's row the
   same (per-worker parameters, as after a synchronising step). With islands (parameters
   sharded over ``layout.shard_axis``, laid out by ``params_spec``) each shard is compared
-  across the islands."""
+  across the islands; leaves sharded over the workers' axis (``params_spec`` other than ``P()``,
+  :mod:`compressors.parallel.sharded_params`) are left out."""
   if layout.shard_axis is not None:
     def shard_agrees(params):
       if per_worker_params:
@@ -57,12 +58,22 @@ def replicas_agree_program(layout: workers_lib.Workers, per_worker_params: bool,
     return jax.jit(jax.shard_map(shard_agrees, mesh=layout.mesh, in_specs=(params_spec,),
                                  out_specs=P()))
   if not per_worker_params:
-    return jax.jit(jax.shard_map(lambda params: replicas_agree(params, layout.device_axes),
-                                 mesh=layout.mesh, in_specs=P(), out_specs=P()))
+    def replicated(params):  # sharded leaves (embedding tables) differ by design: left out
+      if params_spec == P():
+        return params
+      return [x for x, s in zip(jax.tree.leaves(params),
+                                jax.tree.leaves(params_spec, is_leaf=_is_spec)) if s == P()]
+    return jax.jit(jax.shard_map(
+        lambda params: replicas_agree(replicated(params), layout.device_axes),
+        mesh=layout.mesh, in_specs=(params_spec,), out_specs=P()))
   # Per-worker parameters: every worker's row against every other's (a checksum per leaf).
   each = layout.each(lambda params: replicas_agree(params, layout.axis_name), 0, 0)
   rows = layout.shard_map(each, in_specs=layout.spec, out_specs=layout.spec)
   return jax.jit(lambda params: jnp.all(rows(params)))
+
+
+def _is_spec(x) -> bool:
+  return isinstance(x, P)
 
 
 def _as_uint32(x: jax.Array) -> jax.Array:

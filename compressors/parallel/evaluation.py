@@ -10,13 +10,14 @@ from jax.sharding import PartitionSpec as P
 from compressors.parallel import workers as workers_lib
 
 
-def reduce_over_workers(layout: workers_lib.Workers,
-                        fn: Callable[..., Any]) -> Callable[..., Any]:
+def reduce_over_workers(layout: workers_lib.Workers, fn: Callable[..., Any], *,
+                        params_spec: Any = P()) -> Callable[..., Any]:
   """``fn`` summed over the workers of ``layout``.
 
   Args:
     layout: where the workers run.
     fn: ``(params, model_state, batch) -> pytree`` of one worker on its share of the batch.
+    params_spec: the parameters' specs (sharded parameters: ``fn`` reads its device's blocks).
 
   Returns:
     A jitted ``(params, model_state, batch) -> sum over workers of fn(params, mean model_state,
@@ -32,5 +33,5 @@ def reduce_over_workers(layout: workers_lib.Workers,
   def body(params, model_state, batch):
     each = layout.each(worker, (None, 0, 0), None)
     return each(params, model_state, layout.rows(batch))
-  return jax.jit(layout.shard_map(body, in_specs=(P(), layout.spec, layout.spec),
+  return jax.jit(layout.shard_map(body, in_specs=(params_spec, layout.spec, layout.spec),
                                   out_specs=P()))

@@ -5,11 +5,14 @@ CIFAR, ImageNet and text are read from ``config.data_dir`` in their standard for
 module for the layout it expects); the language-modelling corpus ``stdlib_lm`` is this Python's
 own standard library (:mod:`.stdlib`), or with ``config.data.corpus='pypi'`` the source of pinned
 packages whose archives ``python -m experiments.data.pypi_corpus`` fetched beforehand
-(:mod:`.pypi_corpus`). Every process loads only the rows of its own devices' shards.
+(:mod:`.pypi_corpus`). Click logs for recommendation models are generated (``synthetic_ctr``) or
+read from Criteo's TSV (``criteo``, ``config.data.criteo_tsv``) (:mod:`.criteo`). Every process
+loads only the rows of its own devices' shards.
 """
 
 from experiments.data import builtin
 from experiments.data import cifar
+from experiments.data import criteo
 from experiments.data import imagenet
 from experiments.data import stdlib
 from experiments.data import text
@@ -25,6 +28,8 @@ DATASETS = {
     "text": text.text,
     "pydoc_text": text.pydoc_text,
     "stdlib_lm": stdlib.stdlib_lm,
+    "synthetic_ctr": criteo.synthetic_ctr,
+    "criteo": criteo.criteo,
 }
 
 

@@ -3,7 +3,8 @@
 All models are flax linen modules called as ``model.apply(variables, *inputs, train=...)``.
 Image classifiers take ``[batch, height, width, channels]`` (or ``[batch, length]`` for MNIST-1D)
 and return logits; :class:`BertMLM` takes token ids, an attention mask and the masked positions;
-:class:`DecoderLM` takes token ids and returns next-token logits at every position.
+:class:`DecoderLM` takes token ids and returns next-token logits at every position;
+:class:`DLRM` takes dense features and one array of IDs per table and returns click logits.
 Normalisation is per device (batch norm over the device's own batch, or layer norm); see
 :mod:`experiments.models.resnet` for how the trainer keeps batch-norm statistics identical.
 Each model declares what its fields allow next to them (:mod:`experiments.models.fields`), and
@@ -20,6 +21,7 @@ import flax.linen as nn
 from experiments.models import fields as fields_lib
 from experiments.models.bert import BertMLM
 from experiments.models.decoder import DecoderLM
+from experiments.models.dlrm import DLRM
 from experiments.models.resnet import CifarResNet
 from experiments.models.resnet import ImageNetResNet
 from experiments.models.resnet import WideResNet
@@ -38,6 +40,7 @@ MODELS = {
     "imagenet_resnet": ImageNetResNet,
     "bert": BertMLM,
     "decoder_lm": DecoderLM,
+    "dlrm": DLRM,
 }
 
 

@@ -1,0 +1,128 @@
+"""DLRM with its tables placed across the devices of the workers' axis
+(:mod:`compressors.parallel.embeddings`), as the runner trains it (``config.embedding``).
+
+:class:`PlacedDLRM` has a flax module's ``apply`` (so the runner's loss and evaluation call it as
+they call any model), run inside ``shard_map`` over ``axis``: the tables' pooled lookup goes
+through the embedding exchange, then :class:`experiments.models.dlrm.DLRMTower`. Its parameters
+are ``{"tower": ..., "tables": embeddings.shard(...)}`` (:meth:`PlacedDLRM.place` lays out the
+model's ``embedding_<t>`` tables so); the bank and the column bank are sharded over ``axis``
+(:meth:`PlacedDLRM.sharded_params`), updated by their own optimizer, the rest replicated and
+updated by the run's chain.
+"""
+
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.sharding import PartitionSpec as P
+
+from compressors.parallel import embeddings
+from compressors.parallel import sharded_params
+from experiments.models import dlrm
+
+OVERFLOW = "embedding_overflow"  # the model state's collection of the exchange's overflow
+
+
+def placements(rows: Sequence[int], placement: str, overrides: str) -> tuple[str, ...]:
+  """One placement per table: ``placement`` for all, then ``overrides`` (``"t:placement,..."``,
+  table indices from 0) for some.
+
+  Raises:
+    ValueError: an override that is not ``index:placement``, or names a missing table.
+  """
+  chosen = [placement] * len(rows)
+  for item in (x.strip() for x in overrides.split(",") if x.strip()):
+    table, _, name = item.partition(":")
+    if not table.strip().isdigit() or not name:
+      raise ValueError(f"config.embedding.overrides item {item!r} is not allowed; allowed: "
+                       "'table:placement' items separated by commas, e.g. '3:row,7:table'")
+    if int(table) >= len(rows):
+      raise ValueError(f"config.embedding.overrides names table {int(table)}; allowed: tables "
+                       f"0 .. {len(rows) - 1} (the model has {len(rows)})")
+    chosen[int(table)] = name.strip()
+  return tuple(chosen)
+
+
+class PlacedDLRM(NamedTuple):
+  """``model``'s tables placed by ``plan`` over the mesh axis ``axis``; ``tx`` updates the
+  sharded ones (the bank and the column bank). With ``capacity``, a training step's exchange
+  counts the keys beyond it in the model state (:meth:`overflow_state`, one count per worker),
+  which :meth:`check_step` refuses; evaluation batches fetch every lookup (no capacity)."""
+  model: dlrm.DLRM
+  plan: embeddings.Plan
+  axis: str
+  tx: optax.GradientTransformation
+  capacity: int | None = None  # keys per bucket of a training step's exchange (None: all fit)
+
+  @property
+  def sharded(self) -> bool:
+    """Whether any table is not replicated (else the model runs as it is)."""
+    return any(p != "replicated" for p in self.plan.placements)
+
+  def place(self, params: dict) -> dict:
+    """The model's parameters (``embedding_<t>`` and ``tower``) laid out by the plan
+    (traceable)."""
+    tables = [params[f"embedding_{t}"] for t in range(len(self.plan.rows))]
+    return {"tower": params["tower"], "tables": self._held(embeddings.shard(self.plan, tables))}
+
+  def _held(self, laid_out: dict) -> dict:
+    """``laid_out`` without a bank that holds no rows (no table placed there): an empty leaf
+    would be a parameter of no size, whose optimizer state a trace cannot tell sharded."""
+    empty = {"bank": self.plan.bank_rows == 0, "column_bank": self.plan.column_rows == 0}
+    return {k: v for k, v in laid_out.items() if not empty.get(k, False)}
+
+  def natural(self, params: dict) -> dict:
+    """:meth:`place` undone (numpy): the model's parameters."""
+    held = jax.device_get(params["tables"])
+    tables = embeddings.unshard(self.plan, {"bank": np.zeros((0, self.plan.width)),
+                                            "column_bank": np.zeros((0, 0)), **held})
+    return {"tower": params["tower"], **{f"embedding_{t}": x for t, x in enumerate(tables)}}
+
+  def sharded_params(self, placed_params: Any) -> sharded_params.ShardedParams:
+    """Which leaves of :meth:`place`'s layout are sharded, and their optimizer."""
+    specs = {"tower": jax.tree.map(lambda _: P(), placed_params["tower"]),
+             "tables": self._held(embeddings.specs(self.plan, self.axis))}
+    return sharded_params.ShardedParams(specs, self.tx)
+
+  def split(self, sparse) -> list:
+    """Every table's IDs in turn along the last axis -> one array per table (the model's
+    hotness)."""
+    bounds = np.cumsum(self.model.hotness)[:-1].tolist()
+    return (np.split(sparse, bounds, axis=-1) if isinstance(sparse, np.ndarray)
+            else jnp.split(sparse, bounds, axis=-1))
+
+  def check_batch(self, batch: dict) -> None:
+    """Refuses, on the host, IDs outside their table (:func:`embeddings.check_ids`)."""
+    embeddings.check_ids(self.plan, self.split(np.asarray(batch["sparse"])))
+
+  def overflow_state(self, workers: int) -> dict:
+    """The model state of a run with a capacity: the keys each worker's latest step could not
+    exchange (none without a capacity: nothing can overflow)."""
+    if self.capacity is None:
+      return {}
+    return {OVERFLOW: {"count": jnp.zeros((workers,), jnp.int32)}}
+
+  def check_step(self, model_state, step: int) -> None:
+    """Refuses, on the host, a step whose exchange overflowed (:func:`embeddings.check_overflow`,
+    one line)."""
+    if OVERFLOW in model_state:
+      embeddings.check_overflow(jax.device_get(model_state[OVERFLOW]["count"]),
+                                f"training step {step}")
+
+  def apply(self, variables, dense, sparse, train: bool = False, rngs=None, mutable=None):
+    """The logits of one device's rows, inside ``shard_map`` over :attr:`axis` (with
+    ``mutable``, and the step's overflow count)."""
+    del rngs
+    params = variables["params"]
+    tables = params["tables"]
+    if self.model.frozen_embeddings:
+      tables = jax.lax.stop_gradient(tables)
+    pooled, overflow = embeddings.pooled_lookup(self.plan, tables, self.split(sparse), self.axis,
+                                                self.capacity if train else None)
+    logits = self.model.tower(parent=None).apply({"params": params["tower"]}, dense, pooled)
+    if not mutable:
+      return logits
+    return logits, ({OVERFLOW: {"count": overflow}} if OVERFLOW in mutable else {})

@@ -1,0 +1,154 @@
+"""Embedding tables sharded over the workers' axis in the one data-parallel step
+(compressors.data_parallel(sharded=...), compressors/parallel/sharded_params.py): each placement
+gives the replicated tables' trajectory, the compiled step sends the exchange's bytes, the dense
+part runs a compressing chain, the replica check skips the tables."""
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
+import numpy as np
+import optax
+import pytest
+
+import compressors
+from compressors.parallel import embeddings
+from compressors.parallel import sharded_params
+from experiments.models import dlrm
+
+pytestmark = pytest.mark.usefixtures("fast_compiles")
+
+DEVICES = 8
+ROWS = (37, 5, 100, 11, 64)  # none divides by 8; table 1 has fewer rows than devices
+HOTNESS = (3, 1, 2, 4, 1)
+WIDTH = 6
+BATCH = 32
+LEARNING_RATE = 0.5
+MIXED = ("row", "table", "column", "replicated", "table")
+
+
+def _bce(logits, labels):
+  return jnp.mean(jnp.maximum(logits, 0) - logits * labels + jnp.log1p(jnp.exp(-jnp.abs(logits))))
+
+
+@pytest.fixture(scope="module")
+def problem():
+  rng = np.random.default_rng(0)
+  tower = dlrm.DLRMTower(embedding_dim=WIDTH, bottom=(8,), top=(8,))
+  batch = {"dense": rng.normal(size=(BATCH, dlrm.NUM_DENSE)).astype(np.float32),
+           "sparse": [rng.integers(0, r, size=(BATCH, h)).astype(np.int32)
+                      for r, h in zip(ROWS, HOTNESS)],
+           "label": (rng.random(BATCH) < 0.5).astype(np.float32)}
+  tower_params = tower.init(jax.random.PRNGKey(0), batch["dense"],
+                            jnp.zeros((BATCH, len(ROWS), WIDTH)))["params"]
+  tables = [rng.uniform(-0.3, 0.3, size=(r, WIDTH)).astype(np.float32) for r in ROWS]
+  return tower, batch, tower_params, tables
+
+
+@pytest.fixture(scope="module")
+def replicated(problem):
+  """One device, the whole batch, the tables whole: 20 SGD losses."""
+  tower, batch, tower_params, tables = problem
+
+  def loss(params):
+    pooled = dlrm.pooled_lookup(params["tables"], batch["sparse"])
+    return _bce(tower.apply({"params": params["tower"]}, batch["dense"], pooled), batch["label"])
+
+  @jax.jit
+  def step(params):
+    value, grads = jax.value_and_grad(loss)(params)
+    return jax.tree.map(lambda p, g: p - LEARNING_RATE * g, params, grads), value
+  params, losses = {"tower": tower_params, "tables": tables}, []
+  for _ in range(20):
+    params, value = step(params)
+    losses.append(float(value))
+  return losses, params
+
+
+def _data_parallel(problem, plan, method=None):
+  tower, batch, tower_params, tables = problem
+  mesh = Mesh(np.array(jax.devices()[:DEVICES]), ("data",))
+
+  def loss(params, batch):
+    pooled, overflow = embeddings.pooled_lookup(plan, params["tables"], batch["sparse"], "data")
+    logits = tower.apply({"params": params["tower"]}, batch["dense"], pooled)
+    return _bce(logits, batch["label"]), overflow
+  params = {"tower": tower_params, "tables": embeddings.shard(plan, tables)}
+  specs = {"tower": jax.tree.map(lambda _: P(), tower_params),
+           "tables": embeddings.specs(plan, "data")}
+  tx = optax.chain(compressors.compress(method or compressors.dense(), axis_name="data"),
+                   optax.sgd(LEARNING_RATE))
+  dp = compressors.data_parallel(
+      loss, tx, mesh, params, batch, has_aux=True,
+      sharded=sharded_params.ShardedParams(specs, optax.sgd(LEARNING_RATE)))
+  return dp, jax.device_put(params, jax.tree.map(lambda s: jax.NamedSharding(mesh, s),
+                                                 dp.params_spec))
+
+
+@pytest.mark.parametrize("placement", [*embeddings.PLACEMENTS, MIXED])
+def test_each_placement_through_the_step_gives_the_replicated_trajectory(problem, replicated,
+                                                                        placement):
+  expected, trained = replicated
+  plan = embeddings.plan(ROWS, WIDTH, placement, DEVICES)
+  dp, params = _data_parallel(problem, plan)
+  state, losses = dp.init(params), []
+  for _ in range(20):
+    params, state, metrics = dp.step(params, state, problem[1])
+    losses.append(float(metrics["loss"]))
+    assert int(jnp.sum(metrics["aux"])) == 0  # no overflow
+  assert expected[-1] < expected[0] - 0.05  # it learns: the comparison is not of constants
+  np.testing.assert_allclose(losses, expected, rtol=2e-6, atol=2e-6)
+  for got, want in zip(embeddings.unshard(plan, jax.device_get(params["tables"])),
+                       trained["tables"]):
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+  # The replica check compares the replicated leaves only (the bank differs by design).
+  assert bool(dp.replicas_agree(params))
+
+
+@pytest.mark.parametrize("placement", ["row", "column"])
+def test_the_compiled_step_sends_the_exchange_and_the_dense_all_reduce(problem, placement):
+  plan = embeddings.plan(ROWS, WIDTH, placement, DEVICES)
+  dp, params = _data_parallel(problem, plan)
+  sent = dp.wire_bytes(params, dp.init(params), problem[1])
+  predicted = embeddings.exchange_bytes(plan, BATCH // DEVICES, HOTNESS)
+  exchanged = sum(sent.by_kind.get(kind, 0) for kind in ("all-to-all", "all-gather"))
+  assert exchanged == pytest.approx(predicted["forward"] + predicted["backward"], rel=1e-9)
+  # The dense all-reduce carries the tower (and the replicated tables), not the bank.
+  dense = sum(x.size for x in jax.tree.leaves(problem[2])) * 4 * 2 * (DEVICES - 1) / DEVICES
+  assert sent.by_kind["all-reduce"] == pytest.approx(dense, rel=0.01)
+
+
+def test_a_compressing_chain_serves_the_dense_part(problem):
+  """Top-k with error feedback on the tower while the bank trains by SGD: it learns, and the
+  error-feedback residuals are per worker, the bank's state too."""
+  plan = embeddings.plan(ROWS, WIDTH, "row", DEVICES)
+  dp, params = _data_parallel(problem, plan, compressors.topk(0.25))
+  state = dp.init(params)
+  first = None
+  for _ in range(10):
+    params, state, metrics = dp.step(params, state, problem[1])
+    first = float(metrics["loss"]) if first is None else first
+  assert float(metrics["loss"]) < first - 0.02
+  assert bool(dp.replicas_agree(params))
+
+
+def test_what_the_sharded_step_does_not_run_is_refused_in_one_line(problem):
+  plan = embeddings.plan(ROWS, WIDTH, "row", DEVICES)
+  dp_args = dict(has_aux=True)
+  params = {"tower": problem[2], "tables": embeddings.shard(plan, problem[3])}
+  specs = {"tower": jax.tree.map(lambda _: P(), problem[2]),
+           "tables": embeddings.specs(plan, "data")}
+  sharded = sharded_params.ShardedParams(specs, optax.sgd(0.1))
+  tx = optax.chain(compressors.compress(compressors.dense(), axis_name="data"), optax.sgd(0.1))
+  mesh = Mesh(np.array(jax.devices()[:DEVICES]), ("data",))
+  with pytest.raises(ValueError, match="mesh=None is not allowed with sharded parameters"):
+    compressors.data_parallel(lambda p, b: 0.0, tx, None, params, problem[1], sharded=sharded,
+                              **dp_args)
+  with pytest.raises(ValueError, match="per_worker_params=True is not allowed"):
+    compressors.data_parallel(lambda p, b: 0.0, tx, mesh, params, problem[1], sharded=sharded,
+                              per_worker_params=True, **dp_args)
+  bad = sharded._replace(specs={**specs, "tables": {**specs["tables"], "bank": P(None, "data")}})
+  with pytest.raises(ValueError, match=r"\['tables'\]\['bank'\] of shape .* axis 1 must be a "
+                                       "multiple of 8"):
+    compressors.data_parallel(lambda p, b: 0.0, tx, mesh, params, problem[1], sharded=bad,
+                              **dp_args)
