@@ -867,6 +867,18 @@ def _simulated(config, run: _Run, state: TrainState) -> dict[str, Any]:
           "updates_applied": figures["updates_applied"]}
 
 
+def _placed_initializer(model: placed_dlrm.PlacedDLRM, init_variables, workers, workdir):
+  """``init_variables`` with the tables placed and the overflow counters added; the tables'
+  layout written beside the checkpoints."""
+  if jax.process_index() == 0:
+    checkpoint.write_embedding_layout(workdir, model.plan)
+
+  def placed(seed):
+    params, state = init_variables(seed)
+    return model.place(params), {**state, **model.overflow_state(workers.count)}
+  return placed
+
+
 def _prepare(config, workdir, lock_workdir) -> tuple[_Run, TrainState]:
   """Checks ``config``, loads the data and the model, builds the data-parallel step, takes the
   workdir, and restores its latest readable checkpoint (or initialises the state)."""
@@ -895,11 +907,7 @@ def _prepare(config, workdir, lock_workdir) -> tuple[_Run, TrainState]:
                                           workers.count)
   model = _placed(config, model, workers, learning_rate)
   if isinstance(model, placed_dlrm.PlacedDLRM):
-    natural_init = init_variables
-    init_variables = lambda seed: (lambda p, s: (model.place(p), {
-        **s, **model.overflow_state(workers.count)}))(*natural_init(seed))
-    if jax.process_index() == 0:
-      checkpoint.write_embedding_layout(workdir, model.plan)
+    init_variables = _placed_initializer(model, init_variables, workers, workdir)
   params_shape, model_state_shape = jax.eval_shape(init_variables, config.seed)
   if workers.shard_axis is not None and jax.process_index() == 0:
     checkpoint.write_param_layout(workdir, params_shape, workers.shards)
