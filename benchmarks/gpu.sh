@@ -26,7 +26,7 @@ step() {  # step NAME SECONDS COMMAND...: runs COMMAND with a limit, logs to OUT
   python -c "import sys, jax, jaxlib; print(sys.version.split()[0], jax.__version__, jaxlib.__version__, jax.devices())"
 } > "$OUT/machine.txt" 2>&1
 : > "$OUT/steps.txt"
-step pytest_gpu 80 env JAX_PLATFORMS=cuda,cpu python -m pytest -q -m gpu -p no:cacheprovider \
+step pytest_gpu 80 env JAX_PLATFORMS=cuda,cpu python -m pytest -q -m gpu -n 0 -p no:cacheprovider \
   -k "not quickstart"  # the quickstart runs next, from its command line
 step quickstart 90 python -m experiments.run --config=configs/quickstart.py \
   --workdir="${TMPDIR:-/tmp}/tasc-gpu-quickstart"

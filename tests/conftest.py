@@ -21,7 +21,7 @@ def pytest_collection_modifyitems(config, items):
   import jax  # pylint: disable=import-outside-toplevel  # after the flags above
   if jax.default_backend() == "gpu":
     return
-  skip = pytest.mark.skip(reason="needs a GPU: JAX_PLATFORMS=cuda,cpu pytest -m gpu")
+  skip = pytest.mark.skip(reason="needs a GPU: JAX_PLATFORMS=cuda,cpu pytest -m gpu -n 0")
   for item in items:
     if item.get_closest_marker("gpu"):
       item.add_marker(skip)

@@ -465,8 +465,16 @@ CHECKS = (check_nothing_lost, check_nothing_lost_after_the_optimizer,
           check_islands_with_fsdp_inside)
 
 
-def run_all(name: str, settings=None) -> None:
-  """Every check of this module on the registered method ``name``."""
+# The costliest checks, in the slow suite: pmap's legacy path, islands and simulated workers,
+# each method's most expensive programs (half of the shared test's time, measured).
+SLOW_CHECKS = (check_pmap_equals_shard_map, check_islands_with_fsdp_inside,
+               check_simulated_workers_match_devices)
+
+
+def run_all(name: str, settings=None, slow: bool = True) -> None:
+  """Every check of this module on the registered method ``name`` (without ``slow``: all but
+  :data:`SLOW_CHECKS`)."""
   for check in CHECKS:
-    check(name, settings)
+    if slow or check not in SLOW_CHECKS:
+      check(name, settings)
 

@@ -110,6 +110,7 @@ def test_an_out_that_is_a_file_is_one_line_before_any_benchmark_runs(tmp_path, m
   assert capsys.readouterr().out == ""
 
 
+@pytest.mark.slow  # a variant of the bench's tables
 def test_compression_cli_writes_table_with_goal(tmp_path, capsys):
   size = 65536
   written = bench.main(["compression", "--sizes", str(size), "--methods", "topk", "tasc",
@@ -189,6 +190,7 @@ TINY_MODELS = {"resnet20": {"depth": 8, "width": 8},
     ("bert_tiny", 1),  # the 8 workers simulated on one device, as on one GPU
     # Batch-norm statistics per worker; its convolutions compile for about a minute.
     pytest.param("resnet20", 2, marks=pytest.mark.slow)])
+@pytest.mark.slow  # each variant a minute of timing
 def test_step_overhead_tiny(model, devices):
   rows = bench_step.step_overhead([model], ["tasc"], repeats=1, batch_size=8,
                                   model_overrides=TINY_MODELS, devices=devices,
@@ -246,6 +248,7 @@ def test_gradient_shapes_of_resnet50():
 
 # The rate-limited link (needs network namespaces) is the calibration's: the slow suite's.
 @pytest.mark.parametrize("rate_bits", [None, pytest.param(1e9, marks=pytest.mark.slow)])
+@pytest.mark.slow  # multi-process
 def test_links_two_processes(rate_bits):
   if rate_bits is not None and not calibrate.netns_available()[0]:
     pytest.skip("no permission for network namespaces here")

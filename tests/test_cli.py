@@ -61,6 +61,7 @@ def test_a_sweep_run_naming_a_missing_config_file_is_one_line(tmp_path):
       f"'configs/digitz.py' does not exist (paths are relative to the working directory {ROOT!r})")
 
 
+@pytest.mark.slow  # a minute of sweep runs
 def test_sweep_overrides_set_fields_of_every_run_and_a_diverged_run_is_recorded(tmp_path):
   """``--config.overrides.num_epochs=1`` (with num_steps=0, which the smoke config sets to 2)
   and a nested field reach both runs; the run at learning rate 1e30 diverges, the other is

@@ -47,6 +47,7 @@ def check(solutions_and_bytes) -> None:
     assert compiled == pytest.approx(solution.bytes, rel=0.02), where  # the cost model's
 
 
+@pytest.mark.slow  # every tier compiled; the runner's equal-bytes test covers one
 def test_tiers_at_8_workers_land_within_10_percent_in_the_compiled_hlo():
   mesh = harness.mesh(8)
   feasible = [s for s in solutions(8) if s.feasible]

@@ -5,7 +5,8 @@ token stream cut short, a process of a multi-process job that dies.
 
 In-process runs compile with ``jax_disable_most_optimizations`` (the same programs, compiled
 faster); subprocess runs set it through the environment. The subprocess tests (crashes, dead
-processes) are marked slow: ``python -m pytest -q -m slow tests/test_failures.py``.
+processes) and the in-process runs of a minute or more are marked slow (CI runs them):
+``python -m pytest -q -m slow tests/test_failures.py``.
 """
 
 import csv
@@ -85,6 +86,7 @@ def _poison_one_device(monkeypatch):
   monkeypatch.setattr(data, "load", poisoned_load)
 
 
+@pytest.mark.slow  # a minute or more of training and restarts: CI runs the slow failures
 def test_a_nan_on_one_device_skips_the_step_on_every_device_and_training_goes_on(
     tmp_path, monkeypatch):
   """CIFAR ResNet (batch norm) with TASC: residuals, the curvature average (refreshed from the
@@ -133,6 +135,7 @@ def test_divergence_names_every_reason():
       "(more than config.max_skipped_fraction=0.0)")
 
 
+@pytest.mark.slow  # a minute or more of training and restarts: CI runs the slow failures
 def test_a_diverged_run_exits_non_zero_naming_the_skipped_steps(tmp_path):
   """The quickstart's smoke run at learning rate 1e30: its second step's gradient is not finite
   and is skipped, which is half of its steps."""
@@ -266,6 +269,7 @@ def _three_checkpoints(tmp_path):
   return config, workdir, checkpoint.load_state(workdir), _training_records(workdir)
 
 
+@pytest.mark.slow  # a minute or more of training and restarts: CI runs the slow failures
 def test_an_unreadable_checkpoint_is_moved_aside_and_the_newest_readable_one_restored(tmp_path):
   """Step 3's metadata and a data file of step 2 cut short: the resume restores step 1, moves
   3 and 2 aside (kept), and ends bit-identical to the run before the damage, logs included."""
@@ -283,6 +287,7 @@ def test_an_unreadable_checkpoint_is_moved_aside_and_the_newest_readable_one_res
   assert _training_records(workdir) == records
 
 
+@pytest.mark.slow  # a minute or more of training and restarts: CI runs the slow failures
 def test_a_checkpoint_damaged_in_place_is_moved_aside_and_the_resume_ends_bit_identical(
     tmp_path, caplog):
   """Case 1 of issue 41: 64 bytes flipped inside the newest checkpoint's largest file (same size,
@@ -408,6 +413,7 @@ def _send_sigint(state):
   return state
 
 
+@pytest.mark.slow  # a minute or more of training and restarts: CI runs the slow failures
 def test_a_signal_stops_the_run_at_the_next_step_boundary_after_a_checkpoint(
     tmp_path, monkeypatch):
   """In process: the run stops at step 3 with Interrupted (exit status 130 for SIGINT),

@@ -51,6 +51,7 @@ def runs(tmp_path_factory):
   return root, configs, results
 
 
+@pytest.mark.slow  # a minute; tests/test_islands.py checks the same equality on the step
 def test_dense_across_islands_trains_as_eight_way_data_parallelism(runs):
   root, _, results = runs
   plain, islands = results["plain"], results["dense"]
@@ -111,6 +112,7 @@ def test_a_model_over_one_devices_budget_peaks_at_under_half_the_replicated_step
     train.train_and_evaluate(config, str(tmp_path / "refused"))
 
 
+@pytest.mark.slow  # a variant: the islands layouts' padding is checked by tests/test_islands.py
 def test_a_classifier_with_leaves_fsdp_does_not_divide_trains_and_loads_in_natural_shapes(
     tmp_path):
   """digits' 10-class head: its bias is flattened and padded to 12 on islands; the checkpoint's
@@ -186,6 +188,7 @@ def test_resuming_on_another_layout_is_refused_naming_both(runs, tmp_path):
     train.train_and_evaluate(config, resumed)
 
 
+@pytest.mark.slow  # compiles the islands step twice
 def test_a_run_over_its_memory_budget_is_refused_before_it_allocates(tmp_path):
   """The islands config's budget holds a quarter of the state, not all of it: replicated
   (fsdp=1), the run is refused naming the budget, the bytes and the way out."""
@@ -276,6 +279,7 @@ def test_one_process_per_island_matches_one_process_and_resumes_bit_for_bit(runs
   jax.tree.map(np.testing.assert_array_equal, resumed, state)
 
 
+@pytest.mark.slow  # a variant: the drift check is tested on devices and Streaming DiLoCo
 def test_a_shard_that_drifts_between_islands_stops_the_run_naming_its_copies(tmp_path,
                                                                              monkeypatch):
   """A bit flipped in device 5's shard (island 1, fsdp position 1): the replica check compares

@@ -32,13 +32,10 @@ SHORT = {"diloco": {"compression.diloco.every": 2},
                               "compression.streaming_diloco.fragments": 2}}
 
 
-@pytest.mark.parametrize("method", [
-    "diloco",
-    # The shared checks run each method's steps and kinds, the runner's tests charge a run of
-    # two step kinds, and the LM smoke test trains int8 inside DiLoCo: the rest here in the
-    # slow suite.
-    *(pytest.param(m, marks=pytest.mark.slow)
-      for m in ("demo", "onebit_adam", "sparseloco", "int8", "int4"))])
+# The shared checks run each method's steps and kinds, the runner's tests charge a run of two
+# step kinds and a local-update run's synchronisations: every method here in the slow suite.
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["diloco", "demo", "onebit_adam", "sparseloco", "int8", "int4"])
 def test_every_new_method_trains_the_quickstart(method, tmp_path):
   results, state = train.train(_quickstart(method, **SHORT.get(method, {})), str(tmp_path))
   assert results["step"] == 4 and np.isfinite(results["test_loss"]) and not results["diverged"]

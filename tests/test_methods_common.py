@@ -14,7 +14,12 @@ from tests import method_checks
 pytestmark = pytest.mark.usefixtures("fast_compiles")
 
 
-@pytest.mark.parametrize("check", method_checks.CHECKS, ids=lambda c: c.__name__[len("check_"):])
+# method_checks.SLOW_CHECKS run with `-m slow` (CI runs them on the lowest JAX); simulated
+# workers are checked in every layout by the slow test below, a superset of their check.
+@pytest.mark.parametrize("check", [
+    pytest.param(c, marks=pytest.mark.slow) if c in method_checks.SLOW_CHECKS else c
+    for c in method_checks.CHECKS if c is not method_checks.check_simulated_workers_match_devices],
+    ids=lambda c: c.__name__[len("check_"):])
 @pytest.mark.parametrize("name", registry.names())
 def test_every_method_passes_every_check(name, check):
   check(name)

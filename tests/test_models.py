@@ -201,6 +201,7 @@ def test_gelu_differentiates_a_per_worker_copy_under_shard_map():
                  lambda: (jnp.arange(64).reshape(4, 16) % 300, jnp.ones((4, 16), jnp.int32),
                           jnp.array([[1, 3]] * 4)), marks=pytest.mark.slow),
 ])
+@pytest.mark.slow  # compiles a decoder in two precisions
 def test_mixed_precision_runs_the_matmuls_in_bfloat16_and_keeps_float32_state(name, fields,
                                                                              inputs):
   """``compute_dtype="bfloat16"``: every matrix product with a parameter (projections, MLP,

@@ -82,6 +82,7 @@ def toy():
   registry.unregister("halves")
 
 
+@pytest.mark.slow  # a variant of the runner's smoke runs
 def test_a_registered_toy_trains_through_the_runner(toy, tmp_path):
   del _TRACED_INPUTS[:]
   config = quickstart.get_config("smoke")
@@ -96,7 +97,13 @@ def test_a_registered_toy_trains_through_the_runner(toy, tmp_path):
 
 
 def test_a_registered_toy_passes_every_shared_check(toy):
-  method_checks.run_all("halves")
+  method_checks.run_all("halves", slow=False)
+
+
+@pytest.mark.slow
+def test_a_registered_toy_passes_the_slow_shared_checks(toy):
+  for check in method_checks.SLOW_CHECKS:
+    check("halves")
 
 
 def test_registering_twice_needs_replace_and_unknown_names_list_the_known(toy):

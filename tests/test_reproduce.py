@@ -515,6 +515,7 @@ def test_run_t2_bert_runs_selection_then_the_chosen_rates(tmp_path, monkeypatch)
       for b in bert.batch_sizes[1:]]
 
 
+@pytest.mark.slow  # a minute of training; the sweep's skip and refusal are tested without training
 def test_t2_mnist1d_trains_through_the_runner_skips_finished_runs_and_rejects_changed_ones(
     tmp_path):
   """The sweep ``--target=t2`` runs for MNIST-1D, in its smoke variant: every optimizer trains in

@@ -70,13 +70,13 @@ def _assert_replicas_identical(tree):
 
 @pytest.mark.parametrize("module, data, arg", [
     ("digits", None, "smoke,method=topk"),
-    ("cifar10_resnet20", "cifar10", "smoke,method=dgc"),
+    pytest.param("cifar10_resnet20", "cifar10", "smoke,method=dgc", marks=pytest.mark.slow),
     pytest.param("cifar10_wrn", "cifar10", "smoke", marks=pytest.mark.slow),
-    ("cifar10_vgg19", "cifar10", "smoke"),
+    pytest.param("cifar10_vgg19", "cifar10", "smoke", marks=pytest.mark.slow),
     pytest.param("cifar100_resnet56", "cifar100", "smoke", marks=pytest.mark.slow),
     pytest.param("cifar100_wrn", "cifar100", "smoke", marks=pytest.mark.slow),
     pytest.param("cifar100_vgg19", "cifar100", "smoke", marks=pytest.mark.slow),
-    ("imagenet_resnet50", "imagenet", "smoke"),
+    pytest.param("imagenet_resnet50", "imagenet", "smoke", marks=pytest.mark.slow),
     ("bert", "text", "smoke"),
 ])
 def test_smoke_variants_train_end_to_end(module, data, arg, data_dirs, tmp_path):
@@ -122,6 +122,7 @@ def sweep_dir(tmp_path_factory):
   return workdir, configs, rows
 
 
+@pytest.mark.slow  # half a minute of sweep runs
 def test_sweep_runs_every_method_and_writes_a_summary(sweep_dir):
   workdir, configs, rows = sweep_dir
   assert [r["name"] for r in rows] == ["dense", "topk", "tasc"]
@@ -218,6 +219,7 @@ def test_bad_configs_fail_before_compiling(tmp_path, data_dirs):
     # 2 processes x 2 devices x 2 simulated workers.
     pytest.param(["--config.num_devices=4", "--config.workers_per_device=2"],
                  marks=pytest.mark.slow)], ids=["devices", "simulated"])
+@pytest.mark.slow  # multi-process
 def test_two_processes_match_one_process(sweep_dir, tmp_path, workers):
   """experiments.launch: 2 processes x 4 devices give the parameters of 1 process x 8 devices
   (top-k: per-device error-feedback state split across the processes)."""
@@ -275,6 +277,7 @@ def test_two_process_bert_matches_one_process_and_resumes_bit_for_bit(tmp_path):
 
 @pytest.mark.parametrize("num_devices, per_device", [
     (2, 4), pytest.param(1, 8, marks=pytest.mark.slow)])  # 1 x 8: a variant, in the slow suite
+@pytest.mark.slow  # a variant: tests/test_aggregation.py and tests/test_embeddings.py match simulated workers to devices
 def test_simulated_workers_train_as_the_devices_would(sweep_dir, tmp_path, num_devices,
                                                        per_device):
   """TASC (per-step curvature, per-worker residuals and scores) on 8 workers as 2 devices x 4

@@ -186,6 +186,7 @@ def test_the_smoke_config_trains_and_records_the_corpus(tmp_path, cache):
   assert recorded["tokenizer_sha256"] == results["tokenizer_sha256"]
 
 
+@pytest.mark.slow  # a variant of the smoke config's run
 def test_diloco_with_int8_pseudo_gradients_trains_the_language_model(tmp_path, cache):
   """INTELLECT-1's form: DiLoCo's pseudo-gradient in 8 bits, on the LM's smoke config."""
   config = lm_stdlib.get_config(f"smoke,cache={cache}")

@@ -341,9 +341,9 @@ def _wire(dp, params, workers, kind, dim):
 
 
 @pytest.mark.parametrize("exchange", [
-    "dense", "topk",
-    # The narrower fixed-bytes exchanges scale dense's bytes: variants, in the slow suite.
-    *(pytest.param(e, marks=pytest.mark.slow) for e in ("bf16", "int8", "int4"))])
+    "dense",
+    # topk and the narrower fixed-bytes exchanges: variants, in the slow suite.
+    *(pytest.param(e, marks=pytest.mark.slow) for e in ("topk", "bf16", "int8", "int4"))])
 def test_no_step_moves_more_than_a_third_of_dilocos_synchronisation(exchange):
   """4 fragments of equal size (layer ``p``'s weights and bias in fragment ``p``, as
   ``test_the_fragments_are_of_about_equal_size_and_strided_over_the_depth`` checks): each kind's
@@ -470,6 +470,7 @@ def _quickstart(**fields):
   return config
 
 
+@pytest.mark.slow  # a variant: tests/test_local_updates.py resumes a local-update run mid-round
 def test_the_runner_trains_it_and_resumes_between_synchronisations_bit_for_bit(tmp_path):
   """The quickstart's smoke model, 6 steps, H = 4 over 2 fragments, tau = 1: fragment 1
   synchronises at 1 and lands at 2, fragment 0 at 3 and 4; the run is charged each kind's own
