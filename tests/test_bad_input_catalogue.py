@@ -23,6 +23,7 @@ import compressors
 from configs import cifar10_resnet20
 from configs import common
 from configs import digits
+from configs import dlrm
 from configs import imagenet_resnet50
 from configs import lm_stdlib
 from configs import quickstart
@@ -66,6 +67,12 @@ def _digits(**fields):
 
 def _run(config, tmp_path):
   train.train_and_evaluate(config, str(tmp_path / "run"))
+
+
+def _config(module, **fields):
+  config = module.get_config("smoke")
+  config.update_from_flattened_dict(fields)
+  return config
 
 
 def _with(config, field, value):
@@ -235,6 +242,26 @@ _API = [
      ValueError, r"num_samples must be >= 1; got 0"),
 ]
 _CONFIGS = [
+    ("embedding-placement-unknown",
+     lambda t: _run(_config(dlrm, **{"embedding.placement": "diagonal"}), t), ValueError,
+     r"embedding.placement='diagonal' \(table 0\) is not allowed; allowed: \['replicated', "
+     r"'table', 'row', 'column'\]"),
+    ("embedding-override-of-a-missing-table",
+     lambda t: _run(_config(dlrm, **{"embedding.placement": "row",
+                                     "embedding.overrides": "99:table"}), t), ValueError,
+     r"config.embedding.overrides names table 99; allowed: tables 0 .. 25"),
+    ("workers-speed-spread-negative",
+     lambda t: _run(_config(quickstart, method="diloco", aggregation="quorum",
+                            **{"workers.speed_spread": -1.0}), t), ValueError,
+     r"config.workers.speed_spread=-1.0 is outside \[0, inf\)"),
+    ("workers-dropout-rate-1",
+     lambda t: _run(_config(quickstart, method="diloco", aggregation="quorum",
+                            **{"workers.dropout_rate": 1.0}), t), ValueError,
+     r"config.workers.dropout_rate=1.0 is outside \[0, 1\)"),
+    ("quorum-deadline-0",
+     lambda t: _run(_config(quickstart, method="diloco", aggregation="quorum",
+                            **{"quorum.deadline": 0.0}), t), ValueError,
+     r"config.quorum.deadline=0.0 is outside \(0, inf\)"),
     ("config-arg-unknown-key", lambda t: digits.get_config("methd=topk"), ValueError,
      r"config argument 'methd=topk': unknown key 'methd' \(did you mean 'method'\?\); allowed "
      r"keys: \['method', 'smoke'\]"),
