@@ -14,34 +14,16 @@ from compressors.parallel import hlo_bytes
 from experiments import models
 from experiments.data import criteo
 from experiments.models import dlrm
+from tests import dlrm_problem
+from tests.dlrm_problem import BATCH, DEVICES, HOTNESS, LEARNING_RATE, ROWS, WIDTH
 import optimizers
 
 pytestmark = pytest.mark.usefixtures("fast_compiles")
 
-DEVICES = 8
-ROWS = (37, 5, 100, 11, 64)  # none divides by 8; table 1 has fewer rows than devices
-HOTNESS = (3, 1, 2, 4, 1)
-WIDTH = 6  # the column placement pads it to 8 columns
-BATCH = 32
-LEARNING_RATE = 0.5
-
-
-def _bce(logits, labels):
-  return jnp.mean(jnp.maximum(logits, 0) - logits * labels + jnp.log1p(jnp.exp(-jnp.abs(logits))))
-
 
 @pytest.fixture(scope="module")
 def problem():
-  rng = np.random.default_rng(0)
-  tower = dlrm.DLRMTower(embedding_dim=WIDTH, bottom=(8,), top=(8,))
-  batch = {"dense": rng.normal(size=(BATCH, dlrm.NUM_DENSE)).astype(np.float32),
-           "sparse": [rng.integers(0, r, size=(BATCH, h)).astype(np.int32)
-                      for r, h in zip(ROWS, HOTNESS)],
-           "label": (rng.random(BATCH) < 0.5).astype(np.float32)}
-  tower_params = tower.init(jax.random.PRNGKey(0), batch["dense"],
-                            jnp.zeros((BATCH, len(ROWS), WIDTH)))["params"]
-  tables = [rng.uniform(-0.3, 0.3, size=(r, WIDTH)).astype(np.float32) for r in ROWS]
-  return tower, batch, tower_params, tables
+  return dlrm_problem.problem()
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +37,7 @@ def _replicated_trajectory(tower, batch, params, steps):
   """One device, the whole batch, the tables whole: the losses of ``steps`` SGD steps."""
   def loss(params):
     pooled = dlrm.pooled_lookup(params["tables"], batch["sparse"])
-    return _bce(tower.apply({"params": params["tower"]}, batch["dense"], pooled), batch["label"])
+    return dlrm_problem.bce(tower.apply({"params": params["tower"]}, batch["dense"], pooled), batch["label"])
 
   @jax.jit
   def step(params):
@@ -78,7 +60,7 @@ def _sharded_step(tower, plan, capacity=None):
       pooled, overflow = embeddings.pooled_lookup(plan, params["tables"], batch["sparse"], "data",
                                                   capacity)
       logits = tower.apply({"params": params["tower"]}, batch["dense"], pooled)
-      return _bce(logits, batch["label"]), overflow
+      return dlrm_problem.bce(logits, batch["label"]), overflow
     (value, overflow), grads = jax.value_and_grad(loss, has_aux=True)(params)
     # Every gradient arrives summed over the devices' losses (the replicated parameters' by
     # shard_map's autodiff, the sharded rows' by the all-to-all's transpose): their mean.
@@ -253,7 +235,7 @@ def test_rowwise_adagrad_on_sharded_rows_gives_the_replicated_trajectory(problem
   tx = optimizers.rowwise_adagrad(0.1)
 
   def loss(tower_params, pooled):
-    return _bce(tower.apply({"params": tower_params}, batch["dense"], pooled), batch["label"])
+    return dlrm_problem.bce(tower.apply({"params": tower_params}, batch["dense"], pooled), batch["label"])
 
   @jax.jit
   def replicated_step(tower_params, tables, state):
@@ -271,7 +253,7 @@ def test_rowwise_adagrad_on_sharded_rows_gives_the_replicated_trajectory(problem
     def sharded_loss(tower_params, bank):
       laid_out = {"replicated": (), "bank": bank, "column_bank": jnp.zeros((0, DEVICES))}
       pooled, _ = embeddings.pooled_lookup(plan, laid_out, batch["sparse"], "data")
-      return _bce(tower.apply({"params": tower_params}, batch["dense"], pooled), batch["label"])
+      return dlrm_problem.bce(tower.apply({"params": tower_params}, batch["dense"], pooled), batch["label"])
     value, (tower_grads, bank_grads) = jax.value_and_grad(sharded_loss, argnums=(0, 1))(
         tower_params, bank)
     updates, state = tx.update(bank_grads / DEVICES, state)

@@ -15,34 +15,17 @@ import compressors
 from compressors.parallel import embeddings
 from compressors.parallel import sharded_params
 from experiments.models import dlrm
+from tests import dlrm_problem
+from tests.dlrm_problem import BATCH, DEVICES, HOTNESS, LEARNING_RATE, ROWS, WIDTH
 
 pytestmark = pytest.mark.usefixtures("fast_compiles")
 
-DEVICES = 8
-ROWS = (37, 5, 100, 11, 64)  # none divides by 8; table 1 has fewer rows than devices
-HOTNESS = (3, 1, 2, 4, 1)
-WIDTH = 6
-BATCH = 32
-LEARNING_RATE = 0.5
 MIXED = ("row", "table", "column", "replicated", "table")
-
-
-def _bce(logits, labels):
-  return jnp.mean(jnp.maximum(logits, 0) - logits * labels + jnp.log1p(jnp.exp(-jnp.abs(logits))))
 
 
 @pytest.fixture(scope="module")
 def problem():
-  rng = np.random.default_rng(0)
-  tower = dlrm.DLRMTower(embedding_dim=WIDTH, bottom=(8,), top=(8,))
-  batch = {"dense": rng.normal(size=(BATCH, dlrm.NUM_DENSE)).astype(np.float32),
-           "sparse": [rng.integers(0, r, size=(BATCH, h)).astype(np.int32)
-                      for r, h in zip(ROWS, HOTNESS)],
-           "label": (rng.random(BATCH) < 0.5).astype(np.float32)}
-  tower_params = tower.init(jax.random.PRNGKey(0), batch["dense"],
-                            jnp.zeros((BATCH, len(ROWS), WIDTH)))["params"]
-  tables = [rng.uniform(-0.3, 0.3, size=(r, WIDTH)).astype(np.float32) for r in ROWS]
-  return tower, batch, tower_params, tables
+  return dlrm_problem.problem()
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +35,7 @@ def replicated(problem):
 
   def loss(params):
     pooled = dlrm.pooled_lookup(params["tables"], batch["sparse"])
-    return _bce(tower.apply({"params": params["tower"]}, batch["dense"], pooled), batch["label"])
+    return dlrm_problem.bce(tower.apply({"params": params["tower"]}, batch["dense"], pooled), batch["label"])
 
   @jax.jit
   def step(params):
@@ -72,7 +55,7 @@ def _data_parallel(problem, plan, method=None):
   def loss(params, batch):
     pooled, overflow = embeddings.pooled_lookup(plan, params["tables"], batch["sparse"], "data")
     logits = tower.apply({"params": params["tower"]}, batch["dense"], pooled)
-    return _bce(logits, batch["label"]), overflow
+    return dlrm_problem.bce(logits, batch["label"]), overflow
   params = {"tower": tower_params, "tables": embeddings.shard(plan, tables)}
   specs = {"tower": jax.tree.map(lambda _: P(), tower_params),
            "tables": embeddings.specs(plan, "data")}
