@@ -299,12 +299,10 @@ def exchange(compressor: Compressor, x: jax.Array, state: BufferState, ctx: Cont
     return out._replace(mean=compressor.decode(summed, ctx) / ctx.num_workers)
   if compressor.exchange == "all_gather":
     gathered = jax.tree.map(ctx.all_gather, payload)
-    total = _decode_gathered(compressor, gathered, ctx)
     if compressor.average == "senders":
-      senders = sum_decoded(lambda p: compressor.sent_mask_of(p, ctx).astype(total.dtype),
-                            gathered, ctx.num_workers)
+      total, senders = _sum_with_senders(compressor, gathered, ctx)
       return out._replace(mean=total / jnp.maximum(senders, 1))
-    return out._replace(mean=total / ctx.num_workers)
+    return out._replace(mean=_decode_gathered(compressor, gathered, ctx) / ctx.num_workers)
   raise ValueError(f"compressor {compressor.name!r}: exchange={compressor.exchange!r} is not one "
                    f"of {EXCHANGES}")
 
@@ -315,6 +313,19 @@ def _decode_gathered(compressor: Compressor, gathered: chex.ArrayTree, ctx: Cont
   return sum_decoded(lambda p: compressor.decode(p, ctx), gathered, ctx.num_workers)
 
 
+def _sum_with_senders(compressor: Compressor, gathered: chex.ArrayTree,
+                      ctx: Context) -> tuple[jax.Array, jax.Array]:
+  """Each entry's sum over the workers' payloads and the count of workers that sent it.
+
+  One loop decodes and masks each payload: both read the same unpacked payload, which XLA then
+  computes once per worker (two loops unpacked every payload twice).
+  """
+  def decode_and_count(p):
+    decoded = compressor.decode(p, ctx)
+    return decoded, compressor.sent_mask_of(p, ctx).astype(decoded.dtype)
+  return sum_decoded(decode_and_count, gathered, ctx.num_workers)
+
+
 def sum_decoded(decode_one: Callable[[chex.ArrayTree], jax.Array], payloads: chex.ArrayTree,
                 count: int) -> jax.Array:
   """Sums ``decode_one(payloads[i])`` for ``i = 0 .. count-1`` in that order.
@@ -323,7 +334,7 @@ def sum_decoded(decode_one: Callable[[chex.ArrayTree], jax.Array], payloads: che
   fixes the summation order, so every worker gets the same bits on every backend.
   """
   def body(i, total):
-    return total + decode_one(jax.tree.map(lambda p: p[i], payloads))
+    return jax.tree.map(jnp.add, total, decode_one(jax.tree.map(lambda p: p[i], payloads)))
   first = decode_one(jax.tree.map(lambda p: p[0], payloads))
   return jax.lax.fori_loop(1, count, body, first)
 
