@@ -268,3 +268,23 @@ def test_the_report_path_writes_the_page_and_the_fits_csv(grid_dir, tmp_path):
   demo = next(f for f in fits if f["family"] == "demo")
   assert math.isclose(float(demo["alpha"]), -0.2, abs_tol=0.01)
   assert np.isfinite(float(demo["crossing_params"]))
+
+
+@pytest.mark.parametrize("arg, message", [
+    ("method=topk,tile=128", "tile=128 with method='topk'"), ("width=-1", "width=-1"),
+    ("steps=10,steps_scale=4", "steps=10 with steps_scale=4"),
+    ("per_worker_batch=-8", "per_worker_batch=-8"), ("width=30,heads=4", "width=30 with heads=4")])
+def test_the_run_config_refuses_a_bad_shape(arg, message):
+  with pytest.raises(ValueError, match=message):
+    lm.get_config(arg)
+
+
+def test_the_run_config_sets_the_shape_steps_and_per_worker_batch():
+  config = lm.get_config("width=32,layers=1,heads=2,steps=392,per_worker_batch=32")
+  assert (config.model.hidden, config.model.num_layers, config.model.num_heads) == (32, 1, 2)
+  assert config.num_steps == 392 and config.batch_size == 32 * 8
+  assert config.eval_every == 39 and config.schedule.warmup_steps == 39
+  solo = lm.get_config("solo=true,steps=392,per_worker_batch=32")
+  assert solo.batch_size == 32 and solo.num_devices == 1
+  assert lm.get_config("method=demo,tile=128").compression.demo.chunk == 128
+  assert lm.get_config("").to_dict() == lm.get_config("width=0,steps=0,tile=0").to_dict()

@@ -121,6 +121,39 @@ def _set_shape(c: ml_collections.ConfigDict, args: dict) -> None:
                      f"{c.model.num_heads}; allowed: heads dividing the width")
 
 
+def _check_args(args: dict) -> None:
+  """Every argument's rule (one line naming it and what is allowed), before anything is built;
+  the scaling grid's (:data:`SHAPE_ARGS`) none negative, ``steps`` not with ``steps_scale``,
+  ``tile`` with DeMo alone."""
+  if args["tier"] not in HARDWARE_TIERS:
+    raise ValueError(f"configs/paper/lm.py: tier={args['tier']!r}; allowed: "
+                     f"{sorted(HARDWARE_TIERS)}")
+  if args["method"] not in registry.names():
+    raise ValueError(f"configs/paper/lm.py: method={args['method']!r}; allowed: "
+                     f"{list(registry.names())}")
+  if not args["ratio"] > 1:
+    raise ValueError(f"configs/paper/lm.py: ratio={args['ratio']!r}; allowed: > 1")
+  if not args["lr_scale"] > 0:
+    raise ValueError(f"configs/paper/lm.py: lr_scale={args['lr_scale']!r}; allowed: > 0")
+  if args["workers"] < 2:
+    raise ValueError(f"configs/paper/lm.py: workers={args['workers']}; allowed: >= 2")
+  if args["solo"] and args["method"] != "dense":
+    raise ValueError(f"configs/paper/lm.py: solo=True with method={args['method']!r}; allowed: "
+                     "method=dense (one worker alone communicates nothing)")
+  if args["steps_scale"] not in STEPS_SCALES:
+    raise ValueError(f"configs/paper/lm.py: steps_scale={args['steps_scale']!r}; allowed: one "
+                     f"of {STEPS_SCALES}")
+  if args["tile"] and args["method"] != "demo":
+    raise ValueError(f"configs/paper/lm.py: tile={args['tile']} with method={args['method']!r}; "
+                     "allowed: method=demo (its DCT tile's side)")
+  for key in SHAPE_ARGS:
+    if args[key] < 0:
+      raise ValueError(f"configs/paper/lm.py: {key}={args[key]}; allowed: >= 0 (0: the tier's)")
+  if args["steps"] and args["steps_scale"] != 1:
+    raise ValueError(f"configs/paper/lm.py: steps={args['steps']} with steps_scale="
+                     f"{args['steps_scale']}; allowed: one of them")
+
+
 def _read_old_names(args: dict) -> None:
   """``exchange=`` (the carrier's name before it was ``carrier``) read as ``carrier=``, with a
   notice."""
@@ -139,33 +172,7 @@ def get_config(arg=None):
                            width=0, layers=0, heads=0, steps=0, per_worker_batch=0,
                            tile=0)
   _read_old_names(args)
-  if args["tier"] not in HARDWARE_TIERS:
-    raise ValueError(f"configs/paper/lm.py: tier={args['tier']!r}; allowed: "
-                     f"{sorted(HARDWARE_TIERS)}")
-  if args["method"] not in registry.names():
-    raise ValueError(f"configs/paper/lm.py: method={args['method']!r}; allowed: "
-                     f"{list(registry.names())}")
-  if not args["ratio"] > 1:
-    raise ValueError(f"configs/paper/lm.py: ratio={args['ratio']!r}; allowed: > 1")
-  if not args["lr_scale"] > 0:
-    raise ValueError(f"configs/paper/lm.py: lr_scale={args['lr_scale']!r}; allowed: > 0")
-  if args["workers"] < 2:
-    raise ValueError(f"configs/paper/lm.py: workers={args['workers']}; allowed: >= 2")
-  if args["solo"] and args["method"] != "dense":
-    raise ValueError(f"configs/paper/lm.py: solo=True with method={args['method']!r}; allowed: "
-                     "method=dense (one worker alone communicates nothing)")
-  if args["tile"] and args["method"] != "demo":
-    raise ValueError(f"configs/paper/lm.py: tile={args['tile']} with method={args['method']!r}; "
-                     "allowed: method=demo (its DCT tile's side)")
-  for key in SHAPE_ARGS:
-    if args[key] < 0:
-      raise ValueError(f"configs/paper/lm.py: {key}={args[key]}; allowed: >= 0 (0: the tier's)")
-  if args["steps"] and args["steps_scale"] != 1:
-    raise ValueError(f"configs/paper/lm.py: steps={args['steps']} with steps_scale="
-                     f"{args['steps_scale']}; allowed: one of them")
-  if args["steps_scale"] not in STEPS_SCALES:
-    raise ValueError(f"configs/paper/lm.py: steps_scale={args['steps_scale']!r}; allowed: one "
-                     f"of {STEPS_SCALES}")
+  _check_args(args)
   name, sizes = HARDWARE_TIERS[args["tier"]]
   # Solo: one of the run's workers training alone on its share of each step's batch, the loss a
   # run reaches with no communication at all (retention's zero).
