@@ -6,8 +6,9 @@ loss (and retention), and its modelled time to dense's loss, then a recommendati
 
 Inputs: ``--params`` (N), ``--tokens`` (the run's), ``--workers``, ``--bandwidth_gbit`` (the link
 each worker sends on); optional ``--latency_us`` (per message, default 50), ``--step_seconds``
-(one step's compute on a worker) or ``--device`` (:data:`DEVICES`: the compute from 6 N FLOPs a
-token at :data:`MFU` of the device's peak; ``cpu``: the CPU tier's measured step model), the
+(one step's compute on a worker) or ``--device`` (:data:`DEVICES`, default ``h100``: the compute
+from 6 N FLOPs a token at :data:`MFU` of the device's peak; ``cpu``: the CPU tier's measured
+step model), the
 global ``--batch_tokens`` (default: 2^20, at most a thousandth of the tokens), ``--memory_gb``
 (a worker's memory: families whose state does not fit are not recommended), ``--fits`` (the
 scaling grid's fits, default the S1-LM fits CSV in ``paper_figures``) and ``--write_config``
@@ -352,7 +353,7 @@ def plan_lines(plan: Plan, dense_loss: float, dense_seconds: float) -> list[str]
 def plan(setup: Setup, laws: dict[str, Law], missing: Sequence[str]) -> tuple[list[str], Any]:
   """The printed lines and the recommended :class:`Plan` (None: dense)."""
   law = next(iter(laws.values()), None)
-  dense_law = law.dense if law else PUBLISHED_DENSE
+  dense_law, dense_source = (law.dense, law.source) if law else (PUBLISHED_DENSE, PUBLISHED)
   dense_loss = float(dense_law.predict(setup.params))
   dense_seconds = run_seconds("dense", setup.params, setup)
   steps = max(1, round(setup.tokens / setup.batch_tokens))
@@ -362,7 +363,7 @@ def plan(setup: Setup, laws: dict[str, Law], missing: Sequence[str]) -> tuple[li
            f"{setup.compute:.4g} s a step ({setup.compute_text})",
            f"dense (bf16 all-reduce overlapped with the backward pass): "
            f"{_duration(dense_seconds)} for the run, predicted loss {dense_loss:.4f} "
-           f"(L = {dense_law.A:g} N^{dense_law.alpha:g})", ""]
+           f"(L = {dense_law.A:g} N^{dense_law.alpha:g}, {dense_source})", ""]
   plans = [plan_family(law, setup, dense_loss) for law in laws.values()]
   for p in plans:
     lines += plan_lines(p, dense_loss, dense_seconds)

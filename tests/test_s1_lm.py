@@ -234,6 +234,9 @@ def test_the_report_holds_every_point_with_retention_tokens_batch_and_outer_step
   assert big["per_worker_batch"] == 32 and big["tokens_per_param"] == 80
   assert "retention" in big and big["outer_steps"] < base["outer_steps"]
   assert rows["w32_t80_b8_demo"]["n"] == 0 and "retention" not in rows["w32_t80_b8_demo"]
+  # Planned where not run: the solved config's H over the point's steps.
+  planned = rows["w32_t80_b8_diloco_int8"]
+  assert planned["n"] == 0 and planned["outer_steps"] == 1569 // 26 >= 60
 
 
 def test_the_fits_recover_the_laws_and_predict_the_crossing(grid_dir):

@@ -19,6 +19,7 @@ beside the page, a row per family) are on the 20-tokens points, one per size:
 """
 
 import csv
+import functools
 import os
 from typing import NamedTuple
 
@@ -26,6 +27,7 @@ import ml_collections
 import numpy as np
 
 from compressors import registry
+from configs.paper import lm
 from configs.paper import s1_lm as sweep_config
 from experiments import methods
 from experiments import scaling
@@ -147,6 +149,16 @@ def outer_steps(config: dict, steps: int) -> int:
   return steps // registry.steps_per_exchange(config.method, methods.settings(config))
 
 
+@functools.cache
+def planned_outer_steps(tier: str, label: str) -> int:
+  """The outer steps a label's run will complete, from its config solved as the runner solves
+  it (for the rows that have not run)."""
+  args = {**sweep_config.rows(tier)[label], "workers": sweep_config.WORKERS}
+  config = lm.get_config(",".join(f"{k}={v}" for k, v in args.items()))
+  methods.fill_equal_bytes(config)
+  return outer_steps(config.to_dict(), config.num_steps)
+
+
 def point_row(workdir: str, label: str, tier: str, seeds: int, laws) -> dict:
   """One label's row: its point, rate and how it was chosen, and its runs' losses."""
   point, row = sweep_config.split_label(label)
@@ -163,7 +175,9 @@ def point_row(workdir: str, label: str, tier: str, seeds: int, laws) -> dict:
          "seeds": [r.config.get("seed") for r in runs],
          "val_loss": report_lib.format_mean_std(loss, 1, 3),
          "loss_mean": float(np.mean(loss)) if runs else None}
-  if runs:
+  if not runs:
+    out["outer_steps"] = planned_outer_steps(tier, label)
+  else:
     ratios = [r.results.get("compression_ratio") for r in runs]
     out.update(outer_steps=outer_steps(runs[0].config, runs[0].results["step"]),
                ratio=None if None in ratios else float(np.mean(ratios)),
@@ -345,7 +359,8 @@ def report(workdir: str, *, tier: str, seeds: int = 3, fits_path: str | None = N
           + "; the rule is configs/paper/s1_lm.py's (width doubling, depth with width).",
           "Points: 20 tokens a parameter at every size with 8 sequences a worker; 80 tokens a "
           "parameter with 8 and with 32 at the two smallest. Outer steps: the synchronisations "
-          "a run completed; below 100 where the budget does not allow more (its steps over H).",
+          "a run completed (planned, from its solved config, where it has not run); below 100 "
+          "where the budget does not allow more (its steps over H).",
           "Rates: tuned by the tables' rule at every size but the largest; at the largest, "
           f"each row's scale from a power law of the tuned scales against size: {law_text}.",
           f"Seeds: {sweep_config.SEEDS_AT_SMALLEST} at the two smallest sizes, 1 elsewhere. "
