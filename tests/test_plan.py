@@ -80,7 +80,8 @@ holdout_residual,crossing_params,crossing_low,crossing_high,crossing_tokens,cros
 loss_A_low,loss_A_high,loss_alpha,loss_alpha_low,loss_alpha_high,loss_holdout_residual,note
 dense,dense,37104 1063680,,,,,,,,,,,,,,20,19,21,-0.12,-0.13,-0.11,0.001,
 solo,solo,37104 1063680,,,,,,,,,,,,,,21,20,22,-0.11,-0.12,-0.10,0.001,
-demo,DeMo,37104 1063680,100,0.5,0.4,0.6,-0.2,-0.22,-0.18,0.001,1e5,6e4,1.3e5,2e6,x,20.2,20,20.4,-0.12,-0.125,-0.118,0.001,
+demo,DeMo,37104 1063680,100,0.5,0.4,0.6,-0.2,-0.22,-0.18,0.001,1e5,6e4,1.3e5,2e6,x,20.2,20,\
+20.4,-0.12,-0.125,-0.118,0.001,
 """
 
 

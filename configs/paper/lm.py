@@ -84,9 +84,9 @@ METHOD_SETTINGS = {
 }
 # Run lengths of the horizon (F7-LM): multiples of the tier's steps, tokens a step unchanged.
 STEPS_SCALES = (1, 4, 16)
-ERROR_FEEDBACK = ("topk", "randomk")
+ERROR_FEEDBACK = ("topk", "randomk")  # the "top-k with error feedback"; DGC has its own
 # The model's shape and the run's length and batch (0: the tier's), the scaling grid's knobs.
-SHAPE_ARGS = ("width", "layers", "heads", "steps", "per_worker_batch", "tile")  # the "top-k with error feedback"; DGC has its own
+SHAPE_ARGS = ("width", "layers", "heads", "steps", "per_worker_batch", "tile")
 
 
 def method_block(method: str, **tasc_options) -> dict:

@@ -329,7 +329,8 @@ def budget_section(tier: str) -> tuple[str, str]:
            ("hours", "hours")], rows)))
 
 
-def fits_section(fits: list[dict]) -> tuple[str, str]:  return ("Fitted laws (20 tokens a parameter)", (
+def fits_section(fits: list[dict]) -> tuple[str, str]:
+  return ("Fitted laws (20 tokens a parameter)", (
       "Retention = 1 - A N^alpha and L = A N^alpha, by least squares in log space; intervals "
       "from the bootstrap over seeds (none where a size has one seed); the residual predicts "
       f"the largest size from the others; the crossing is where retention reaches {LEVEL:.0%} "
