@@ -464,3 +464,14 @@ def test_placed_tables_train_in_the_one_data_parallel_step():
            if call in (ROOT / path).read_text()]
   assert not found, "\n".join(found)
   assert (ROOT / "experiments/train.py").read_text().count("compressors.data_parallel(") == 1
+
+
+def test_the_planner_of_runs_imports_the_library_the_fits_and_the_grid_s_config_only():
+  """``experiments/plan.py`` reuses the cost and time models (``compressors``), the fits
+  (``experiments.scaling``) and S1-LM's settings (``configs.paper.s1_lm``), and the command
+  line's errors (``experiments.cli``); no runner module, and nothing imports it."""
+  graph = import_graph()
+  allowed = ("compressors", "configs.paper.s1_lm", "experiments.scaling", "experiments.cli")
+  found = [m for m in graph["experiments.plan"] if not m.startswith(allowed)]
+  assert not found, found
+  assert not [name for name, imported in graph.items() if "experiments.plan" in imported]

@@ -56,7 +56,11 @@ default), ``exchanged`` (gradient/update),
 ``lr_scale`` (the tuning knob, a multiple of the method's own rate: the recipe's AdamW rate, or a
 local-update method's outer rate; 1: as configured), ``seed``, ``cache`` (the tokenizer's cache
 folder; '' for the default), ``solo``, ``steps_scale``, ``corpus_dir`` (the GPU tier's corpus
-cache folder, holding ``archives/``; '' for the default).
+cache folder, holding ``archives/``; '' for the default); the scaling grid's (S1-LM,
+``configs/paper/s1_lm.py``; 0: the tier's): ``width``, ``layers``, ``heads`` (the model's
+shape), ``steps`` (the run's length, in place of ``steps_scale``; evaluations every tenth, a
+checkpoint at half), ``per_worker_batch`` (sequences per worker a step; solo runs one worker's)
+and ``tile`` (DeMo's DCT tile side, where its default's whole coefficients miss the ratio).
 """
 
 import warnings
@@ -81,6 +85,8 @@ METHOD_SETTINGS = {
 # Run lengths of the horizon (F7-LM): multiples of the tier's steps, tokens a step unchanged.
 STEPS_SCALES = (1, 4, 16)
 ERROR_FEEDBACK = ("topk", "randomk")  # the issue's "top-k with error feedback"; DGC has its own
+# The model's shape and the run's length and batch (0: the tier's), the scaling grid's knobs.
+SHAPE_ARGS = ("width", "layers", "heads", "steps", "per_worker_batch", "tile")
 
 
 def method_block(method: str, **tasc_options) -> dict:
@@ -104,22 +110,21 @@ def scale_tuned_rate(c: ml_collections.ConfigDict, scale: float) -> None:
     c.optimizer.learning_rate *= scale
 
 
-def _read_old_names(args: dict) -> None:
-  """``exchange=`` (the carrier's name before it was ``carrier``) read as ``carrier=``, with a
-  notice."""
-  if args["exchange"]:
-    warnings.warn(f"configs/paper/lm.py: exchange={args['exchange']} is now "
-                  f"carrier={args['exchange']}", FutureWarning, stacklevel=3)
-    args["carrier"] = args["carrier"] or args["exchange"]
+def _set_shape(c: ml_collections.ConfigDict, args: dict) -> None:
+  """The model's width, layers and heads where given (0: the tier's), for the scaling grid
+  (``configs/paper/s1_lm.py``)."""
+  for key, field in (("width", "hidden"), ("layers", "num_layers"), ("heads", "num_heads")):
+    if args[key]:
+      c.model[field] = args[key]
+  if c.model.hidden % c.model.num_heads:
+    raise ValueError(f"configs/paper/lm.py: width={c.model.hidden} with heads="
+                     f"{c.model.num_heads}; allowed: heads dividing the width")
 
 
-def get_config(arg=None):
-  args = common.parse_args(arg, tier="cpu", method="dense", ratio=100.0, workers=8,
-                           score="saliency", sensitivity="hutchinson", block=0,
-                           support="global", carrier="", exchange="", every=0,
-                           outer_momentum=-1.0, exchanged="gradient", lr_scale=1.0, seed=0,
-                           cache="", solo=False, steps_scale=1, corpus_dir="")
-  _read_old_names(args)
+def _check_args(args: dict) -> None:
+  """Every argument's rule (one line naming it and what is allowed), before anything is built;
+  the scaling grid's (:data:`SHAPE_ARGS`) none negative, ``steps`` not with ``steps_scale``,
+  ``tile`` with DeMo alone."""
   if args["tier"] not in HARDWARE_TIERS:
     raise ValueError(f"configs/paper/lm.py: tier={args['tier']!r}; allowed: "
                      f"{sorted(HARDWARE_TIERS)}")
@@ -138,23 +143,56 @@ def get_config(arg=None):
   if args["steps_scale"] not in STEPS_SCALES:
     raise ValueError(f"configs/paper/lm.py: steps_scale={args['steps_scale']!r}; allowed: one "
                      f"of {STEPS_SCALES}")
+  if args["tile"] and args["method"] != "demo":
+    raise ValueError(f"configs/paper/lm.py: tile={args['tile']} with method={args['method']!r}; "
+                     "allowed: method=demo (its DCT tile's side)")
+  for key in SHAPE_ARGS:
+    if args[key] < 0:
+      raise ValueError(f"configs/paper/lm.py: {key}={args[key]}; allowed: >= 0 (0: the tier's)")
+  if args["steps"] and args["steps_scale"] != 1:
+    raise ValueError(f"configs/paper/lm.py: steps={args['steps']} with steps_scale="
+                     f"{args['steps_scale']}; allowed: one of them")
+
+
+def _read_old_names(args: dict) -> None:
+  """``exchange=`` (the carrier's name before it was ``carrier``) read as ``carrier=``, with a
+  notice."""
+  if args["exchange"]:
+    warnings.warn(f"configs/paper/lm.py: exchange={args['exchange']} is now "
+                  f"carrier={args['exchange']}", FutureWarning, stacklevel=3)
+    args["carrier"] = args["carrier"] or args["exchange"]
+
+
+def get_config(arg=None):
+  args = common.parse_args(arg, tier="cpu", method="dense", ratio=100.0, workers=8,
+                           score="saliency", sensitivity="hutchinson", block=0,
+                           support="global", carrier="", exchange="", every=0,
+                           outer_momentum=-1.0, exchanged="gradient", lr_scale=1.0, seed=0,
+                           cache="", solo=False, steps_scale=1, corpus_dir="",
+                           width=0, layers=0, heads=0, steps=0, per_worker_batch=0,
+                           tile=0)
+  _read_old_names(args)
+  _check_args(args)
   name, sizes = HARDWARE_TIERS[args["tier"]]
   # Solo: one of the run's workers training alone on its share of each step's batch, the loss a
   # run reaches with no communication at all (retention's zero).
   workers = 1 if args["solo"] else args["workers"]
-  num_steps = sizes["num_steps"] * args["steps_scale"]
+  num_steps = args["steps"] or sizes["num_steps"] * args["steps_scale"]
   c = lm_stdlib.get_config(f"{name},method={args['method']},steps={num_steps},"
                            f"workers={workers},seed={args['seed']},"
                            f"corpus={sizes.get('corpus', 'stdlib')}"
                            + (f",corpus_dir={args['corpus_dir']}" if args["corpus_dir"] else "")
                            + (f",cache={args['cache']}" if args["cache"] else ""))
   c.data.seq_len = sizes["seq_len"]
-  c.batch_size = sizes["batch_size"] // args["workers"] if args["solo"] else sizes["batch_size"]
+  share = args["per_worker_batch"] or sizes["batch_size"] // args["workers"]
+  c.batch_size = share if args["solo"] else share * args["workers"]
+  _set_shape(c, args)
   # A longer run evaluates as often relative to its length; its schedule stretches with it
   # (lm_stdlib's warm-up and decay are fractions of num_steps).
-  c.eval_every = sizes["eval_every"] * args["steps_scale"]
+  c.eval_every = (max(1, num_steps // 10) if args["steps"]
+                  else sizes["eval_every"] * args["steps_scale"])
   # Every 500 steps at any length: a horizon run (16,000 steps) may span sessions.
-  c.checkpoint_every = sizes["num_steps"] // 2
+  c.checkpoint_every = max(1, num_steps // 2) if args["steps"] else sizes["num_steps"] // 2
   tasc_options = dict(score=args["score"], sensitivity=args["sensitivity"],
                       block_size=args["block"], support=args["support"])
   c.compression[args["method"]].update(method_block(args["method"], **tasc_options))
@@ -166,6 +204,8 @@ def get_config(arg=None):
       block.outer_momentum = args["outer_momentum"]
     c.compression[block.carrier].update(method_block(block.carrier, **tasc_options))
   c.compression.exchanged = args["exchanged"]
+  if args["tile"]:
+    c.compression.demo.chunk = args["tile"]
   scale_tuned_rate(c, args["lr_scale"])
   # The request, as data: experiments.methods.fill_equal_bytes solves the method's budget when
   # the run starts (it traces the model, which a config does not).

@@ -1,0 +1,127 @@
+"""``python -m experiments.plan``: the three setups of the README (resting on Charles et al.'s
+published DiLoCo law until S1-LM has run), a plan from S1-LM's fits, and bad input refused in
+one line naming the flag."""
+
+import json
+
+import pytest
+
+from compressors import equal_bytes
+from compressors import step_time
+from compressors.network import topology as topo
+from experiments import cli
+from experiments import plan
+
+SETUPS = {  # the README's three
+    "1.3B": ["--params=1.3e9", "--tokens=26e9", "--workers=8", "--bandwidth_gbit=1"],
+    "cpu tier": ["--params=235264", "--tokens=4096000", "--workers=8", "--bandwidth_gbit=10",
+                 "--device=cpu"],
+    "100M": ["--params=1e8", "--tokens=2e9", "--workers=64", "--bandwidth_gbit=100"],
+}
+
+
+def run(argv, tmp_path, capsys) -> list[str]:
+  # No S1-LM fits: the published law (the committed tree has none until the grid runs).
+  plan.main([*argv, f"--fits={tmp_path / 'none.csv'}"])
+  return capsys.readouterr().out.splitlines()
+
+
+def line(lines, start):
+  return next(text for text in lines if text.strip().startswith(start))
+
+
+def test_a_1_3b_model_on_a_slow_link_gets_diloco_by_the_published_law(tmp_path, capsys):
+  lines = run(SETUPS["1.3B"], tmp_path, capsys)
+  assert "diloco (published law (Charles et al. 2025), not fitted here):" in lines
+  dense, diloco = 18.129 * 1.3e9 ** -0.0953, 21.051 * 1.3e9 ** -0.1018
+  assert f"predicted loss {dense:.4f}" in line(lines, "dense (bf16")
+  assert line(lines, "predicted loss:").startswith(f"  predicted loss: {diloco:.4f} (no interval")
+  # Charles et al.'s own table at 1.3B: 2.460 vs 2.493, +1.3%.
+  assert "(+1.31% over dense's" in line(lines, "predicted loss:")
+  sent = float(line(lines, "bytes a step").split(": ")[1].replace(",", ""))
+  shapes = plan.stand_in_shapes(1.3e9)
+  assert equal_bytes.method_bytes("dense", shapes, 8) / sent == pytest.approx(30, rel=0.01)
+  assert "H=30, exchange=dense" in line(lines, "runs:")
+  assert line(lines, "recommended:").startswith("recommended: diloco (")
+  assert "rests on the published law (Charles et al. 2025)" in line(lines, "recommended:")
+  for family in ("diloco_int8", "streaming_diloco", "sparseloco", "demo", "onebit_adam"):
+    assert line(lines, f"{family}:").startswith(f"{family}: no law yet")
+  assert not [text for text in lines if text.startswith("warning:")]  # inside 35M-2.4B
+
+
+def test_the_cpu_tier_gets_dense_and_a_warning_that_the_law_is_extrapolated(tmp_path, capsys):
+  lines = run(SETUPS["cpu tier"], tmp_path, capsys)
+  assert line(lines, "recommended:").startswith("recommended: dense")
+  assert "149x below its law's fitted sizes" in line(lines, "warning: diloco")
+  assert "more than 10x" in line(lines, "warning: diloco")
+  assert "1,000 steps of 4,096 tokens" in lines[0]
+
+
+def test_a_100m_model_on_64_workers_warns_of_the_replicas(tmp_path, capsys):
+  lines = run(SETUPS["100M"], tmp_path, capsys)
+  assert "published law is at 8 replicas; 64 workers" in line(lines, "warning:")
+  assert line(lines, "recommended:").startswith(("recommended: diloco", "recommended: dense"))
+
+
+def test_dense_is_priced_by_the_time_model_as_bf16_overlapped():
+  setup = plan.make_setup(plan.parse(SETUPS["100M"]))
+  steps = round(2e9 / setup.batch_tokens)
+  times = step_time.kind_times("bf16", plan.stand_in_shapes(1e8),
+                               topo.Topology.flat(64, setup.link), setup.compute)
+  assert plan.run_seconds("dense", 1e8, setup) == pytest.approx(
+      steps * next(iter(times.values())).total)
+  assert setup.compute == pytest.approx(6 * 1e8 * setup.batch_tokens / 64 / (989e12 * 0.4))
+  assert sum(map(lambda s: s[0] * (s[1] if len(s) > 1 else 1),
+                 plan.stand_in_shapes(1234567))) == 1234567
+
+
+FITS = """family,description,sizes,ratio,A,A_low,A_high,alpha,alpha_low,alpha_high,\
+holdout_residual,crossing_params,crossing_low,crossing_high,crossing_tokens,crossing,loss_A,\
+loss_A_low,loss_A_high,loss_alpha,loss_alpha_low,loss_alpha_high,loss_holdout_residual,note
+dense,dense,37104 1063680,,,,,,,,,,,,,,20,19,21,-0.12,-0.13,-0.11,0.001,
+solo,solo,37104 1063680,,,,,,,,,,,,,,21,20,22,-0.11,-0.12,-0.10,0.001,
+demo,DeMo,37104 1063680,100,0.5,0.4,0.6,-0.2,-0.22,-0.18,0.001,1e5,6e4,1.3e5,2e6,x,20.2,20,\
+20.4,-0.12,-0.125,-0.118,0.001,
+"""
+
+
+def test_a_plan_from_the_grid_s_fits_has_intervals_and_writes_a_config(tmp_path, capsys):
+  fits = tmp_path / "s1_lm_fits.csv"
+  fits.write_text(FITS)
+  out = tmp_path / "chosen.json"
+  plan.main(["--params=2e6", "--tokens=4e7", "--workers=8", "--bandwidth_gbit=1",
+             "--device=cpu", f"--fits={fits}", f"--write_config={out}"])
+  lines = capsys.readouterr().out.splitlines()
+  assert "demo (S1-LM fit (s1_lm_fits.csv)):" in lines
+  kept = 1 - 0.5 * 2e6 ** -0.2
+  corners = [1 - a * 2e6 ** b for a in (0.4, 0.6) for b in (-0.22, -0.18)]
+  assert line(lines, "predicted retention:") == (
+      f"  predicted retention: {kept:.3f} [{min(corners):.4g}, {max(corners):.4g}]")
+  assert line(lines, "diloco_int8:").startswith("diloco_int8: no law yet")
+  assert "beyond its law's fitted sizes" in line(lines, "warning: demo")
+  written = json.loads(out.read_text())
+  assert written["method"] in ("demo", "bf16")
+  if written["method"] == "demo":
+    assert written["compression"]["demo"]["topk"] >= 1
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"--params": "-1"}, "--params=-1: allowed a number > 0"),
+    ({"--params": "0"}, "--params=0: allowed a number > 0"),
+    ({"--tokens": "0"}, "--tokens=0: allowed a number > 0"),
+    ({"--workers": "1"}, "--workers=1: allowed an integer >= 2"),
+    ({"--workers": "2.5"}, "--workers=2.5: allowed an integer >= 2"),
+    ({"--bandwidth_gbit": "-10"}, "--bandwidth_gbit=-10: allowed a number > 0"),
+    ({"--latency_us": "-1"}, "--latency_us=-1: allowed a number >= 0"),
+    ({"--step_seconds": "0"}, "--step_seconds=0: allowed a number > 0"),
+    ({"--memory_gb": "nan"}, "--memory_gb=nan: allowed a number > 0"),
+    ({"--params": None}, "the following arguments are required: --params"),
+    ({"--tokens": None}, "the following arguments are required: --tokens"),
+])
+def test_bad_input_is_refused_in_one_line_naming_the_flag(change, message, monkeypatch):
+  monkeypatch.delenv(cli.VERBOSE_ENV, raising=False)
+  args = dict(a.split("=", 1) for a in SETUPS["1.3B"])
+  args.update(change)
+  with pytest.raises(SystemExit) as exited:
+    plan.main([f"{k}={v}" for k, v in args.items() if v is not None])
+  assert exited.value.code == f"experiments.plan: {message}"
