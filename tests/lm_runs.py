@@ -19,6 +19,9 @@ PROV = reproduce_report.Provenance(
     provenance.record(command_line="python -m experiments.reproduce --target=t1_lm"), "quick")
 
 
+CPU_TIER_PARAMS = 235_264  # the CPU tier's decoder, as its runs' results.json report it
+
+
 @functools.cache
 def _solved_dict(arg: str) -> str:
   config = lm.get_config(arg)
@@ -69,7 +72,8 @@ def fake_run(workdir, label, seed, *, scale=1.0, val_losses, train_loss=None, st
        "wire_bytes": mean, "dense_bytes": dense, "compression_ratio": dense / mean if mean else None,
        "bytes_by_kind": by_kind, "python_version": "3.11.7",
        "corpus_sha256": "c0ffee", "corpus_files": 734, "corpus_bytes": 12_000_000,
-       "tokenizer_sha256": "beef", "step": steps[-1]})
+       "tokenizer_sha256": "beef", "step": steps[-1], "num_params": CPU_TIER_PARAMS,
+       "num_workers": config["num_devices"] * config["workers_per_device"]})
 
 
 def tuned_row(workdir, label, *, chosen, val_losses, seeds=1, worse=0.2, **kwargs):

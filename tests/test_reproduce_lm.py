@@ -232,6 +232,17 @@ def test_the_rate_scale_is_chosen_on_training_loss_never_validation(tmp_path):
   assert row["seeds"] == 0 and row["status"] == "tuning: 1 of 3 rate scales finished"
 
 
+def test_rows_state_the_scale_their_retention_holds_at(tmp_path):
+  workdir = str(tmp_path)
+  lm_runs.tuned_row(workdir, "dense", chosen=1.0, val_losses=[5, 4.0])
+  lm_runs.tuned_row(workdir, "solo", chosen=1.0, val_losses=[5, 4.6])
+  dense, solo = t1_lm.rows_for(workdir, ["dense", "solo"], seeds=1)
+  # 20 steps of 64 sequences of 64 tokens over 8 workers; solo trains one worker's 8 sequences.
+  assert dense["tokens_per_param"] == pytest.approx(20 * 64 * 64 / lm_runs.CPU_TIER_PARAMS)
+  assert dense["per_worker_tokens"] == solo["per_worker_tokens"] == 8 * 64
+  assert solo["tokens_per_param"] == pytest.approx(20 * 8 * 64 / lm_runs.CPU_TIER_PARAMS)
+
+
 NAN = float("nan")
 
 

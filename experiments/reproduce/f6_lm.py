@@ -193,6 +193,7 @@ def plot_frontier(rows: list[dict], crossings: list[dict]):
 COLUMNS = [("family", "family"), ("row", "row"), ("asked", "ratio asked"),
            ("ratio", "x fewer total bytes (HLO)"), ("retention", "retention"),
            ("retention_ci95", "retention 95% CI ±"), ("n", "n"),
+           ("tokens_per_param", "tokens/parameter"), ("per_worker_tokens", "tokens/worker/step"),
            ("val_loss", "val loss nats/token (mean ± std)"), ("tuning", "train loss by lr scale"),
            ("settings", "settings"), ("status", "status")]
 

@@ -103,7 +103,8 @@ def horizon_rows(workdir: str) -> list[dict]:
                   "val_loss": report_lib.format_mean_std(loss, 1, 3),
                   "ratio": None if ratio is None else float(ratio),
                   "device": ", ".join(devices),
-                  "run_dirs": " ".join(report_lib.relative(r.path) for r in runs)})
+                  "run_dirs": " ".join(report_lib.relative(r.path) for r in runs),
+                  **t1_lm.scale_fields(runs[0])})
   for length in {r["length"] for r in out}:
     refs = {r["row"]: r for r in out if r["length"] == length and r["row"] in
             f6_config.REFERENCES}
@@ -142,6 +143,7 @@ def plot_horizon(rows: list[dict]):
 
 COLUMNS = [("row", "row"), ("steps", "steps"), ("ratio", "x fewer total bytes (HLO)"),
            ("retention", "retention"), ("retention_ci95", "retention 95% CI ±"), ("n", "n"),
+           ("tokens_per_param", "tokens/parameter"), ("per_worker_tokens", "tokens/worker/step"),
            ("val_loss", "val loss nats/token (mean ± std)"), ("lr_scale", "lr scale"),
            ("device", "device"), ("run_dirs", "run directories")]
 

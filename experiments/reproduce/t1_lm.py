@@ -270,6 +270,7 @@ def rows_for(workdir: str, labels, seeds: int, tier: str = "cpu", *,
       ratios = [r.results["compression_ratio"] for r in runs]  # None: solo sends nothing
       row["compression_ratio"] = None if None in ratios else float(np.mean(ratios))
       row["settings"] = settings_text(first.config)
+      row.update(scale_fields(first))
       row["on_tier"] = within_tier(row)
       row["on_tier_text"] = {True: "yes", False: "no", None: "-"}[row["on_tier"]]
     rows.append(row)
@@ -290,6 +291,16 @@ def tuning_status(tried: dict[float, float]) -> str:
   if done < len(sweep_config.LR_SCALES):
     return f"tuning: {done} of {len(sweep_config.LR_SCALES)} rate scales finished"
   return "tuning: diverged at every rate scale"
+
+
+def scale_fields(run: report_lib.Run) -> dict:
+  """The scale a retention holds at, which the published laws depend on: ``tokens_per_param``
+  (the tokens the run trained on, all its workers together, per parameter) and
+  ``per_worker_tokens`` (each worker's tokens a step)."""
+  config, results = run.config, run.results
+  step_tokens = config["batch_size"] * config["data"]["seq_len"]
+  return {"tokens_per_param": results["step"] * step_tokens / results["num_params"],
+          "per_worker_tokens": step_tokens // results["num_workers"]}
 
 
 def retention_fields(losses, solo_losses, dense_losses) -> dict:
@@ -398,6 +409,7 @@ COLUMNS = [("method", "row"), ("family", "family"), ("val_loss", "val loss nats/
            ("loss_ci95", "95% CI ±"), ("vs_dense", "vs dense"), ("vs_dense_pct", "vs dense %"),
            ("retention_text", "retention (95% CI)"),
            ("compression_ratio", "x fewer total bytes (HLO)"),
+           ("tokens_per_param", "tokens/parameter"), ("per_worker_tokens", "tokens/worker/step"),
            ("total_bytes", "total bytes/worker"), ("on_tier_text", "on tier (±10%)"),
            ("tuning", "train loss by lr scale"), ("settings", "settings"), ("status", "status"),
            ("run_dirs", "run directories")]
