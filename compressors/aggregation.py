@@ -30,12 +30,30 @@ stay those of the compiled program. A synchronisation whose weights are all 0 mo
   ``m`` arrivals is applied as it is, one full outer step (momentum and all) each, on the state
   it finds; each arrival's pseudo-gradient is taken as the round's mean over ``m`` (exact when
   the workers are alike), so the outer optimizer runs ``m`` times a round.
+* ``eager``: Kale et al. 2025 (arXiv 2502.12996), "eager updates": the exchange of round ``t``
+  overlaps the next round's inner steps, so the average ``Delta^t`` arrives one outer step
+  late; in its place worker ``i`` applies, at once, its own fresh pseudo-gradient and the
+  others' delayed ones, ``g_i^t = (Delta_i^t + sum_{j != i} Delta_j^{t-1}) / N = Delta^{t-1} +
+  (Delta_i^t - Delta_i^{t-1}) / N``, through its own copy of the outer optimizer: each worker
+  keeps its own outer parameters (where its next inner phase starts) and outer state, and the
+  workers' parameters never agree. The weights are ``sync``'s (``Delta_i`` is the weighted
+  contribution a worker hands the exchange; a worker that dropped out contributes 0), and the
+  outer step runs every round, also when nothing was merged (the delayed average still lands).
+  The model a run evaluates is the mean of the workers' outer parameters, kept without a
+  collective: with a linear outer optimizer (SGD, Nesterov) it is the outer optimizer run on
+  ``mean_i g_i^t = Delta^t / N + (N - 1) / N Delta^{t-1}``, exact where the carrier is. The own
+  term is the uncompressed pseudo-gradient, as in the paper (uncompressed there): with a lossy
+  carrier it is not what the carrier delivered, and with error feedback the part the residual
+  keeps is sent, and counted, again later. Each contribution reaches its own worker at once and
+  the other ``N - 1`` one outer step late: staleness ``(N - 1) / N`` on average, at most 1.
+  (Kale et al.'s naive one-step-delayed outer step applies ``Delta^{t-1}`` alone.)
 
 Modelled seconds of a round: the compute the aggregator waits for (``sync``: the last arrival;
 ``quorum``: the deadline or the last arrival if sooner; ``async``/``naive_async``: ``m`` arrivals
 at the workers' summed rates, ``m / sum(1 / arrival_i)``) plus one synchronisation's
 communication, ``sync_seconds``, which the caller takes from the alpha-beta link model
-(:func:`compressors.step_time.kind_times`).
+(:func:`compressors.step_time.kind_times`). ``eager`` hides the communication behind the next
+round's inner steps: ``max(sync's wait, sync_seconds)``, not their sum.
 """
 
 import dataclasses
@@ -49,7 +67,7 @@ from compressors import worker_sim
 from compressors.worker_sim import WorkerSim
 from compressors.worker_sim import WorkerSimState
 
-RULES = ("sync", "quorum", "async", "naive_async")
+RULES = ("sync", "quorum", "async", "naive_async", "eager")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,15 +149,21 @@ def merge(agg: Aggregation, state: WorkerSimState) -> tuple[jax.Array, jax.Array
     rates = jnp.where(rnd.arrived, 1 / rnd.arrival, 0.0).sum()
     wait = jnp.where(rates > 0, rnd.arrived.sum() / rates, 0.0)
   m = merged.sum().astype(jnp.int32)
+  communication = jnp.float32(agg.sync_seconds)
   if agg.rule in ("async", "naive_async"):
     weights = merged.astype(jnp.float32)
     stale_sum, stale_max = m * (m - 1) / 2, jnp.maximum(m - 1, 0)
+  elif agg.rule == "eager":  # the exchange overlaps the next round's compute
+    weights = jnp.where(merged, rnd.worked, 0).astype(jnp.float32)
+    n = agg.sim.workers
+    stale_sum, stale_max = m * (n - 1) / n, jnp.where(m > 0, min(n - 1, 1), 0)
+    wait, communication = jnp.maximum(wait, communication), jnp.zeros((), jnp.float32)
   else:
     weights = jnp.where(merged, rnd.worked, 0).astype(jnp.float32)
     stale_sum, stale_max = jnp.zeros(()), jnp.zeros((), jnp.int32)
   t = state.totals
   totals = t._replace(
-      modelled_seconds=t.modelled_seconds + wait + agg.sync_seconds,
+      modelled_seconds=t.modelled_seconds + wait + communication,
       useful_steps=t.useful_steps + jnp.where(merged, rnd.worked, 0).sum(),
       updates_dropped=t.updates_dropped + rnd.dropped + (rnd.arrived & ~merged).sum(),
       updates_applied=t.updates_applied + m,
@@ -152,7 +176,11 @@ def merge(agg: Aggregation, state: WorkerSimState) -> tuple[jax.Array, jax.Array
 def outer_step(agg: Aggregation, outer: optax.GradientTransformation, mean: Any,
                outer_state: Any, anchor: Any, m: jax.Array) -> tuple[Any, Any]:
   """The synchronised parameters and the outer optimizer's state after the round whose merged
-  pseudo-gradient is ``mean`` (``m`` contributions; with none, nothing moves)."""
+  pseudo-gradient is ``mean`` (``m`` contributions; with none, nothing moves). Not ``eager``'s
+  (:func:`compressors.local_updates` keeps its per-worker outer parameters)."""
+  if agg.rule == "eager":
+    raise ValueError("outer_step: rule='eager' keeps an outer state per worker; local_updates "
+                     "runs its outer steps")
   if agg.rule != "naive_async":
     updates, new_state = outer.update(mean, outer_state, anchor)
     moved = optax.apply_updates(anchor, updates)

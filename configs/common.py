@@ -56,7 +56,9 @@ Fields (all overridable on the command line, e.g. ``--config.batch_size=256``):
                                   workers (compressors.aggregation): sync (all of them, as
                                   published), quorum (those within a deadline, token-weighted),
                                   async (Async Local-SGD: Delayed Nesterov, per-worker step
-                                  counts), naive_async (each arrival applied as it is)
+                                  counts), naive_async (each arrival applied as it is), eager
+                                  (Kale et al.: the exchange overlapped, one's own fresh
+                                  pseudo-gradient with the others' one round late)
   quorum.deadline, .deviations    quorum's deadline in modelled seconds after a round began, or
                                   None: adaptive, the median arrival plus ``deviations`` median
                                   absolute deviations

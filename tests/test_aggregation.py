@@ -239,10 +239,12 @@ def test_the_runner_reports_modelled_time_and_quorum_models_less_than_sync_with_
 
 
 @pytest.mark.slow
-def test_a_run_with_spread_and_drop_outs_resumes_bit_for_bit(tmp_path):
+@pytest.mark.parametrize("rule", ["quorum", "eager"])
+def test_a_run_with_spread_and_drop_outs_resumes_bit_for_bit(tmp_path, rule):
   """Killed after step 2 of 4 (the later checkpoints gone), the run ends as the uninterrupted
-  one, the simulator's draws (speeds, drop-outs) and totals included."""
-  config = lambda: _quickstart(aggregation="quorum", **{
+  one, the simulator's draws (speeds, drop-outs) and totals included (eager: the workers' own
+  outer parameters and states too)."""
+  config = lambda: _quickstart(aggregation=rule, **{
       "workers.speed_spread": 0.5, "workers.dropout_rate": 0.3, "workers.rejoin_after": 1})
   finished, resumed = str(tmp_path / "finished"), str(tmp_path / "resumed")
   results = train.train_and_evaluate(config(), finished)
