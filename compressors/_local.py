@@ -279,7 +279,7 @@ def _aggregated(inner, exchange, outer, agg: aggregation_lib.Aggregation,
                                      active=active, workers=sim)
     worker = jax.tree.map(lambda p, q: jnp.where(active, q, p),
                           params, optax.apply_updates(params, updates))
-    weights, merged, sim = aggregation_lib.merge(agg, sim)
+    weights, merged, _, sim = aggregation_lib.merge(agg, sim)
     contribution = _weighted(agg, weights, me, state.anchor, worker)
     mean, exchange_state = exchange.update(contribution, state.exchange, state.anchor,
                                            **extra_args)
@@ -317,7 +317,7 @@ def _eager(inner, exchange, outer, agg: aggregation_lib.Aggregation,
                                      active=active, workers=sim)
     worker = jax.tree.map(lambda p, q: jnp.where(active, q, p),
                           params, optax.apply_updates(params, updates))
-    weights, _, sim = aggregation_lib.merge(agg, sim)
+    weights, _, _, sim = aggregation_lib.merge(agg, sim)
     contribution = _weighted(agg, weights, me, state.own, worker)
     mean, exchange_state = exchange.update(contribution, state.exchange, state.own,
                                            **extra_args)

@@ -48,6 +48,14 @@ stay those of the compiled program. A synchronisation whose weights are all 0 mo
   the other ``N - 1`` one outer step late: staleness ``(N - 1) / N`` on average, at most 1.
   (Kale et al.'s naive one-step-delayed outer step applies ``Delta^{t-1}`` alone.)
 
+Per-step methods (a compressor or transformation that exchanges every step,
+:func:`per_step`): every step is a synchronisation of one inner step (``round_steps = 1``);
+``sync`` merges every worker that is there, ``quorum`` those that arrive within the deadline.
+A gradient that arrives after the deadline is dropped (``stale_weight = 0``) or held by its
+worker and sent with its next step's at weight ``stale_weight`` (one step stale), the mean
+divided by the total weight, fresh and stale. The weighting is the same as the local-update
+methods': each worker scales what it hands the exchange.
+
 Modelled seconds of a round: the compute the aggregator waits for (``sync``: the last arrival;
 ``quorum``: the deadline or the last arrival if sooner; ``async``/``naive_async``: ``m`` arrivals
 at the workers' summed rates, ``m / sum(1 / arrival_i)``) plus one synchronisation's
@@ -57,17 +65,19 @@ round's inner steps: ``max(sync's wait, sync_seconds)``, not their sum.
 """
 
 import dataclasses
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import optax
 
 from compressors import worker_sim
+from compressors.network import axes
 from compressors.worker_sim import WorkerSim
 from compressors.worker_sim import WorkerSimState
 
 RULES = ("sync", "quorum", "async", "naive_async", "eager")
+PER_STEP_RULES = ("sync", "quorum")  # the rules a per-step method takes (:func:`per_step`)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,6 +92,8 @@ class Aggregation:
       adaptive.
     deviations: the adaptive deadline's ``k`` (>= 0).
     sync_seconds: the modelled communication seconds of one synchronisation (>= 0).
+    stale_weight: a per-step method's weight of a gradient that arrived after ``quorum``'s
+      deadline, sent with its worker's next one (in [0, 1]; 0: dropped).
   """
   rule: str
   sim: WorkerSim
@@ -89,6 +101,7 @@ class Aggregation:
   deadline: float | None = None
   deviations: float = 1.0
   sync_seconds: float = 0.0
+  stale_weight: float = 0.0
 
   def __post_init__(self):
     where = "compressors.aggregation.Aggregation"
@@ -101,6 +114,8 @@ class Aggregation:
       raise ValueError(f"{where}: deviations={self.deviations!r}; allowed: >= 0")
     if not self.sync_seconds >= 0:
       raise ValueError(f"{where}: sync_seconds={self.sync_seconds!r}; allowed: >= 0")
+    if not 0 <= self.stale_weight <= 1:
+      raise ValueError(f"{where}: stale_weight={self.stale_weight!r}; allowed: [0, 1]")
 
 
 def active(agg: Aggregation, state: WorkerSimState) -> jax.Array:
@@ -132,11 +147,24 @@ def _deadline(agg: Aggregation, rnd: worker_sim.Round) -> jax.Array:
   return jnp.maximum(median + agg.deviations * spread, first)
 
 
-def merge(agg: Aggregation, state: WorkerSimState) -> tuple[jax.Array, jax.Array,
-                                                            WorkerSimState]:
+class Merged(NamedTuple):
+  """Whom a synchronisation merged (:func:`merge`).
+
+  Attributes:
+    weights: ``float32[workers]``, each worker's weight (0: not merged).
+    count: ``int32[]``, the contributions merged (the outer steps ``naive_async`` takes).
+    late: ``bool[workers]``, the workers that arrived after the deadline.
+    workers: the simulator's next state.
+  """
+  weights: jax.Array
+  count: jax.Array
+  late: jax.Array
+  workers: WorkerSimState
+
+
+def merge(agg: Aggregation, state: WorkerSimState) -> Merged:
   """The synchronisation at the current step (after :func:`compressors.worker_sim.advance` of
-  its inner step): ``(weights float32[workers], m, the simulator's next state)``, ``m`` the
-  contributions merged (the outer steps ``naive_async`` takes)."""
+  its inner step)."""
   rnd, key = worker_sim.arrivals(agg.sim, state)
   last = jnp.where(rnd.arrived, rnd.arrival, 0.0).max()
   merged = rnd.arrived
@@ -170,7 +198,80 @@ def merge(agg: Aggregation, state: WorkerSimState) -> tuple[jax.Array, jax.Array
       staleness_sum=t.staleness_sum + stale_sum.astype(jnp.float32),
       staleness_max=jnp.maximum(t.staleness_max, stale_max))
   left = (state.worked > 0) & ~rnd.arrived
-  return weights, m, worker_sim.close_round(agg.sim, state, key, left, totals)
+  return Merged(weights, m, rnd.arrived & ~merged,
+                worker_sim.close_round(agg.sim, state, key, left, totals))
+
+
+class PerStepState(NamedTuple):
+  """State of :func:`per_step` on one worker.
+
+  Attributes:
+    inner: the wrapped transformation's state.
+    late: what this worker handed in after the latest step's deadline (zeros if it was on
+      time), sent with its next step's at ``stale_weight``; this worker's own (``()`` with
+      ``stale_weight`` 0).
+    late_workers: ``bool[workers]``, the workers late at the latest step, the same on every
+      worker.
+    workers: the simulator's state (:class:`compressors.worker_sim.WorkerSimState`).
+  """
+  inner: Any
+  late: Any
+  late_workers: jax.Array
+  workers: WorkerSimState
+
+
+def _with_stale(totals: worker_sim.RunTotals, late_now: jax.Array,
+                late_before: jax.Array) -> worker_sim.RunTotals:
+  """``totals`` with the late gradients not dropped but sent at the next step: the ones of this
+  step not counted dropped, the ones of the previous step applied, one step stale."""
+  now, before = late_now.sum().astype(jnp.int32), late_before.sum().astype(jnp.int32)
+  return totals._replace(
+      updates_dropped=totals.updates_dropped - now,
+      updates_applied=totals.updates_applied + before,
+      useful_steps=totals.useful_steps + before,
+      staleness_sum=totals.staleness_sum + before.astype(jnp.float32),
+      staleness_max=jnp.maximum(totals.staleness_max, jnp.minimum(before, 1)))
+
+
+def per_step(tx: optax.GradientTransformation, agg: Aggregation,
+             axis_name) -> optax.GradientTransformationExtraArgs:
+  """A per-step method's exchange ``tx`` (a per-worker transformation whose output is the mean
+  over the workers of what it is given, e.g. ``compressors.compress(...)``) among the simulated
+  workers of ``agg`` (``agg.rule`` in :data:`PER_STEP_RULES`, ``agg.round_steps == 1``): each
+  worker hands ``tx`` its input times ``workers * w_i / sum(w)``, plus its late one of the
+  previous step times ``workers * stale_weight / sum(w)``, ``sum(w)`` counting both, so that
+  ``tx``'s mean is the weighted mean of the merged inputs (see the module docstring). A worker
+  that is gone hands in zeros; a step that nobody reached passes zeros on."""
+  if agg.rule not in PER_STEP_RULES or agg.round_steps != 1:
+    raise ValueError(f"compressors.aggregation.per_step: rule={agg.rule!r}, round_steps="
+                     f"{agg.round_steps}; allowed: rule in {PER_STEP_RULES}, round_steps=1")
+  tx = optax.with_extra_args_support(tx)
+  n = agg.sim.workers
+
+  def init(params):  # with stale_weight 0 no late input is ever sent: none is kept
+    late = jax.tree.map(jnp.zeros_like, params) if agg.stale_weight else ()
+    return PerStepState(tx.init(params), late, jnp.zeros((n,), bool), worker_sim.init(agg.sim))
+
+  def update(updates, state, params=None, **extra_args):
+    me = axes.worker_index(axis_name)
+    sim = worker_sim.advance(state.workers, active(agg, state.workers))
+    merged = merge(agg, sim)
+    stale = agg.stale_weight * state.late_workers.astype(jnp.float32)
+    total = merged.weights.sum() + stale.sum()
+    fresh_scale = jnp.where(total > 0, merged.weights[me] * n / total, 0.0)
+    stale_scale = jnp.where(total > 0, stale[me] * n / total, 0.0)
+    handed = jax.tree.map(lambda g: (g * fresh_scale.astype(g.dtype)).astype(g.dtype), updates)
+    if agg.stale_weight:
+      handed = jax.tree.map(lambda h, late: (h + late * stale_scale.astype(h.dtype)).astype(
+          h.dtype), handed, state.late)
+    out, inner_state = tx.update(handed, state.inner, params, **extra_args)
+    sim, late = merged.workers, state.late
+    if agg.stale_weight:
+      sim = sim._replace(totals=_with_stale(sim.totals, merged.late, state.late_workers))
+      late = jax.tree.map(lambda g: jnp.where(merged.late[me], g, jnp.zeros_like(g)), updates)
+    return out, PerStepState(inner_state, late, merged.late, sim)
+
+  return optax.GradientTransformationExtraArgs(init, update)
 
 
 def outer_step(agg: Aggregation, outer: optax.GradientTransformation, mean: Any,

@@ -207,10 +207,16 @@ def test_a_trace_with_the_wrong_worker_count_and_a_method_without_aggregator_are
   assert (f"config.workers.speed_trace={str(trace)!r} has 3 columns; allowed: one per worker, 8"
           in str(raised.value)) and "\n" not in str(raised.value)
   assert len(methods.worker_simulation(config, 3).speed_trace) == 2
-  config.update_from_flattened_dict({"method": "topk", "workers.speed_trace": ""})
+  config.update_from_flattened_dict({"method": "onebit_adam", "workers.speed_trace": ""})
   config.aggregation = "quorum"
-  with pytest.raises(ValueError, match="config.method='topk' does not; allowed: "):
+  with pytest.raises(ValueError, match="config.method='onebit_adam' does not; allowed: "):
     methods.worker_simulation(config, 8)
+  config.update_from_flattened_dict({"method": "topk", "aggregation": "async"})
+  with pytest.raises(ValueError, match=r"config.aggregation='async' with config.method='topk', "
+                     r"a per-step method; allowed: \('sync', 'quorum'\)"):
+    methods.worker_simulation(config, 8)
+  config.aggregation = "quorum"
+  assert methods.worker_simulation(config, 8).workers == 8
   config.method = "diloco"
   assert methods.worker_simulation(config, 8).workers == 8
   config.aggregation = "sync"
