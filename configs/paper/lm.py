@@ -56,7 +56,9 @@ default), ``exchanged`` (gradient/update),
 ``lr_scale`` (the tuning knob, a multiple of the method's own rate: the recipe's AdamW rate, or a
 local-update method's outer rate; 1: as configured), ``seed``, ``cache`` (the tokenizer's cache
 folder; '' for the default), ``solo``, ``steps_scale``, ``corpus_dir`` (the GPU tier's corpus
-cache folder, holding ``archives/``; '' for the default).
+cache folder, holding ``archives/``; '' for the default), and for workers that are slow, late or
+gone (A1-LM): ``aggregation`` (``config.aggregation``; '': sync with no simulator, as
+published), ``speed_spread`` and ``dropout_rate`` (``config.workers``).
 """
 
 import warnings
@@ -113,13 +115,8 @@ def _read_old_names(args: dict) -> None:
     args["carrier"] = args["carrier"] or args["exchange"]
 
 
-def get_config(arg=None):
-  args = common.parse_args(arg, tier="cpu", method="dense", ratio=100.0, workers=8,
-                           score="saliency", sensitivity="hutchinson", block=0,
-                           support="global", carrier="", exchange="", every=0,
-                           outer_momentum=-1.0, exchanged="gradient", lr_scale=1.0, seed=0,
-                           cache="", solo=False, steps_scale=1, corpus_dir="")
-  _read_old_names(args)
+def _check_args(args: dict) -> None:
+  """Refuses an argument outside its range, naming it and what is allowed."""
   if args["tier"] not in HARDWARE_TIERS:
     raise ValueError(f"configs/paper/lm.py: tier={args['tier']!r}; allowed: "
                      f"{sorted(HARDWARE_TIERS)}")
@@ -138,6 +135,17 @@ def get_config(arg=None):
   if args["steps_scale"] not in STEPS_SCALES:
     raise ValueError(f"configs/paper/lm.py: steps_scale={args['steps_scale']!r}; allowed: one "
                      f"of {STEPS_SCALES}")
+
+
+def get_config(arg=None):
+  args = common.parse_args(arg, tier="cpu", method="dense", ratio=100.0, workers=8,
+                           score="saliency", sensitivity="hutchinson", block=0,
+                           support="global", carrier="", exchange="", every=0,
+                           outer_momentum=-1.0, exchanged="gradient", lr_scale=1.0, seed=0,
+                           cache="", solo=False, steps_scale=1, corpus_dir="",
+                           aggregation="", speed_spread=0.0, dropout_rate=0.0)
+  _read_old_names(args)
+  _check_args(args)
   name, sizes = HARDWARE_TIERS[args["tier"]]
   # Solo: one of the run's workers training alone on its share of each step's batch, the loss a
   # run reaches with no communication at all (retention's zero).
@@ -172,4 +180,17 @@ def get_config(arg=None):
   c.equal_bytes = ml_collections.ConfigDict(dict(ratio=args["ratio"], workers=args["workers"]))
   if args["method"] in ERROR_FEEDBACK:
     c.compression.error_feedback = True
+  set_workers(c, args)
   return c
+
+
+def set_workers(c: ml_collections.ConfigDict, args: dict) -> None:
+  """The simulated workers and the aggregator of ``args`` (an argument left at its default sets
+  nothing: the run's config is as before the arguments existed); ``config.check`` checks the
+  values when the run starts."""
+  if args["aggregation"]:
+    c.aggregation = args["aggregation"]
+  if args["speed_spread"]:
+    c.workers.speed_spread = args["speed_spread"]
+  if args["dropout_rate"]:
+    c.workers.dropout_rate = args["dropout_rate"]
