@@ -186,6 +186,7 @@ def test_drop_outs_change_the_result_and_a_rejoining_worker_holds_the_global_sta
     ("workers.dropout_rate", 1.0, "config.workers.dropout_rate=1.0 is outside [0, 1)"),
     ("workers.dropout_rate", -0.5, "config.workers.dropout_rate=-0.5 is outside [0, 1)"),
     ("quorum.deadline", 0.0, "config.quorum.deadline=0.0 is outside (0, inf)"),
+    ("quorum.stale_weight", 1.5, "config.quorum.stale_weight=1.5 is outside [0, 1]"),
     ("aggregation", "gossip", "config.aggregation='gossip' is unknown; allowed: "),
 ])
 def test_bad_settings_are_refused_in_one_line_naming_field_value_and_range(field, value, words):

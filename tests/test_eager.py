@@ -33,13 +33,16 @@ def _agg(rule, sync_seconds=0.0, **sim):
                                  sync_seconds=sync_seconds)
 
 
-def _local(agg):
-  exchange = compressors.compress(compressors.dense(), axis_name="data")
+def _local(agg, per_device=1):
+  axis = "data" if per_device == 1 else ("data", "worker")
+  exchange = compressors.compress(compressors.dense(), axis_name=axis)
   tx = compressors.local_updates(optax.sgd(INNER_LR), exchange,
                                  compressors.nesterov_outer(OUTER_LR, MOMENTUM),
-                                 aggregation=agg, axis_name="data")
-  return compressors.data_parallel(harness.regression_loss, tx, harness.mesh(N), PARAMS,
-                                   _batch(), kinds=compressors.local_update_kinds(EVERY),
+                                 aggregation=agg, axis_name=axis)
+  return compressors.data_parallel(harness.regression_loss, tx, harness.mesh(N // per_device),
+                                   PARAMS, _batch(), axis_name=axis,
+                                   workers_per_device=per_device,
+                                   kinds=compressors.local_update_kinds(EVERY),
                                    per_worker_params=True)
 
 
@@ -127,6 +130,15 @@ def test_eager_resumes_from_its_state_bit_for_bit_with_spread_and_drop_outs():
   for a, b in zip(jax.tree.leaves(resumed), jax.tree.leaves(finished)):
     assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
   assert aggregation.totals(resumed[1])["updates_dropped"] > 0
+
+
+def test_eager_workers_simulated_on_one_device_meet_the_same_as_one_per_device():
+  agg = _agg("eager", speed_spread=0.5, dropout_rate=0.3, rejoin_after=1)
+  (one, one_state), (two, two_state) = (_run(_local(agg, per_device), 2 * EVERY)
+                                        for per_device in (1, 2))
+  for k in PARAMS:
+    np.testing.assert_allclose(two[k], one[k], rtol=1e-6, atol=1e-7)
+  assert aggregation.totals(one_state) == aggregation.totals(two_state)
 
 
 def test_eager_hides_the_communication_behind_the_next_rounds_compute():
