@@ -21,6 +21,7 @@ from compressors.network import topology as topo
 from configs.paper import a1_lm as sweep_config
 from experiments.reproduce import common
 from experiments.reproduce import f5
+from experiments.reproduce import plots
 from experiments.reproduce import report as report_lib
 from experiments.reproduce import t1_lm
 from experiments.reproduce.report import Claim
@@ -200,6 +201,33 @@ def claims(rows: list[dict]) -> list[Claim]:
             "Decoupled DiLoCo", dec_ours, dec_yes, dec_why)]
 
 
+def plot_grid(rows: list[dict]):
+  """DiLoCo int8's validation loss by aggregator, one group of bars per condition, with dense's
+  and solo's losses as lines."""
+  def plot(fig):
+    ax = fig.add_axes([0.08, 0.12, 0.62, 0.8])
+    width = 0.8 / len(sweep_config.RULES)
+    for i, rule in enumerate(sweep_config.RULES):
+      points = [(k, c["loss_mean"]) for k, cond in enumerate(sweep_config.conditions())
+                if (c := _cell(rows, "diloco_int8", rule, *cond)) is not None]
+      if points:
+        ax.bar([k + (i - 2) * width for k, _ in points], [v for _, v in points], width,
+               label=rule)
+    for name, style in (("dense", "-"), ("solo", "--")):
+      losses = next((r.get("losses") for r in rows if r["row"] == name and r.get("losses")),
+                    None)
+      if losses:
+        ax.axhline(float(np.mean(losses)), color="black", ls=style, lw=0.8, label=name)
+    ax.set_xticks(range(len(sweep_config.conditions())),
+                  [f"spread {s:g}\ndrop-outs {d:g}" for s, d in sweep_config.conditions()])
+    ax.set_ylim(bottom=min([r["loss_mean"] for r in rows if r.get("loss_mean")] or [0]) * 0.98)
+    plots.decorate(ax, ylabel="validation loss, nats/token",
+                   title="A1-LM: DiLoCo int8 at 100x, each aggregator (CPU tier's model)",
+                   title_size=11, grid="y")
+    plots.legend_beside(ax)
+  return plot
+
+
 COLUMNS = [("row", "row"), ("aggregation", "aggregation"), ("spread", "speed spread"),
            ("dropout", "drop-out rate"), ("status", "status"),
            ("val_loss", "val loss nats/token (mean ± std)"), ("retention_text", "retention"),
@@ -231,4 +259,5 @@ def report(workdir: str) -> Report:
              "run's modelled seconds on 1 Gbit/s).",
              "Published figures are at 150M-500M parameters and thousands of steps; ours at "
              "0.24M and 1,000: each verdict is a direction, not a number.",
-             *t1_lm.provenance_notes(workdir, "cpu")])
+             *t1_lm.provenance_notes(workdir, "cpu")],
+      plot=plot_grid(rows))
