@@ -118,6 +118,50 @@ class AggregatedLocalState(NamedTuple):
     return self.anchor
 
 
+class EagerLocalState(NamedTuple):
+  """State of :func:`local_updates` with ``aggregation.rule == "eager"`` on one worker (Kale et
+  al.'s eager outer step, :mod:`compressors.aggregation`): :class:`AggregatedLocalState`'s
+  fields, where :attr:`anchor` is the mean of the workers' outer parameters (the model a run
+  evaluates, the same on every worker) and :attr:`outer` its outer state, and
+
+  Attributes:
+    own: this worker's outer parameters, where its inner phase starts (its own: the workers'
+      differ).
+    own_outer: the outer optimizer's state of :attr:`own`, this worker's own.
+    sent: this worker's pseudo-gradient of the latest synchronisation, as it handed it to the
+      exchange (weighted), this worker's own.
+    pending: the exchanged mean of the latest synchronisation, still "in flight" (it lands at
+      the next one), the same on every worker.
+  """
+  synchronised: jax.Array
+  anchor: chex.ArrayTree
+  inner: Any
+  outer: Any
+  exchange: Any
+  active: jax.Array
+  workers: worker_sim.WorkerSimState
+  own: chex.ArrayTree
+  own_outer: Any
+  sent: chex.ArrayTree
+  pending: chex.ArrayTree
+
+  def land(self, params: chex.ArrayTree, applied: chex.ArrayTree) -> chex.ArrayTree:
+    """``applied`` where this worker ran, ``params`` where it did not, and after a
+    synchronising step :attr:`own` itself, bit for bit."""
+    return jax.tree.map(
+        lambda o, p, q: jnp.where(self.synchronised, o, jnp.where(self.active, q, p)).astype(
+            q.dtype), self.own, params, applied)
+
+  def landed(self, params: chex.ArrayTree) -> chex.ArrayTree:
+    """:attr:`anchor`: no part of the workers' parameters is shared (each applied its own
+    fresh pseudo-gradient); what every worker holds alike is the mean they evaluate."""
+    return jax.tree.map(lambda a, p: a.astype(p.dtype), self.anchor, params)
+
+  def model_params(self) -> chex.ArrayTree:
+    """The mean of the workers' outer parameters (the model a run evaluates)."""
+    return self.anchor
+
+
 def nesterov_outer(learning_rate: float = 0.7,
                    momentum: float = 0.9) -> optax.GradientTransformation:
   """DiLoCo's outer optimizer: SGD with Nesterov momentum on the pseudo-gradient."""
@@ -140,7 +184,8 @@ def local_updates(inner: optax.GradientTransformation,
       its gradient (default :func:`nesterov_outer`: lr 0.7, Nesterov momentum 0.9).
     aggregation: an aggregator and its simulated workers (:mod:`compressors.aggregation`), or
       None: every worker is always there and every synchronisation takes the plain mean
-      (DiLoCo as published; the state is then a :class:`LocalUpdatesState`).
+      (DiLoCo as published; the state is then a :class:`LocalUpdatesState`). With ``eager``
+      the state is an :class:`EagerLocalState`.
     axis_name: the workers' axis (the exchange's), needed with ``aggregation``: each worker
       finds its own row of the simulated workers by its index along it.
 
@@ -155,6 +200,8 @@ def local_updates(inner: optax.GradientTransformation,
   """
   outer = nesterov_outer() if outer is None else outer
   exchange = optax.with_extra_args_support(exchange)
+  if aggregation is not None and aggregation.rule == "eager":
+    return _eager(inner, exchange, outer, aggregation, axis_name)
   if aggregation is not None:
     return _aggregated(inner, exchange, outer, aggregation, axis_name)
 
@@ -188,6 +235,30 @@ def _check_update(params, synchronise) -> None:
                     "static argument: local and synchronising steps are two programs)")
 
 
+def _simulated_inner_step(inner, agg: aggregation_lib.Aggregation, axis_name, grads, state,
+                          params):
+  """The inner step of one of the simulated workers: ``(updates, inner state, this worker ran,
+  the simulator after the step, this worker's index)``. A worker that did not run (gone, or
+  done with its round's steps) keeps its inner state; its updates are masked where it lands."""
+  me = axes.worker_index(axis_name)
+  running = aggregation_lib.active(agg, state.workers)
+  active = running[me]
+  updates, inner_state = inner.update(grads, state.inner, params)
+  inner_state = jax.tree.map(lambda new, old: jnp.where(active, new, old), inner_state,
+                             state.inner)
+  return updates, inner_state, active, worker_sim.advance(state.workers, running), me
+
+
+def _weighted(agg: aggregation_lib.Aggregation, weights: jax.Array, me: jax.Array, start,
+              worker):
+  """This worker's pseudo-gradient ``start - worker`` times ``workers * w_me / sum(w)`` (0 when
+  nothing was merged): what it hands the exchange, whose mean is then the weighted mean."""
+  total = weights.sum()
+  scale = jnp.where(total > 0, weights[me] * agg.sim.workers / total, 0.0)
+  return jax.tree.map(lambda a, w: ((a - w) * scale.astype(a.dtype)).astype(a.dtype), start,
+                      worker)
+
+
 def _aggregated(inner, exchange, outer, agg: aggregation_lib.Aggregation,
                 axis_name) -> optax.GradientTransformationExtraArgs:
   """:func:`local_updates` with ``aggregation``: each worker runs an inner step only where the
@@ -201,23 +272,15 @@ def _aggregated(inner, exchange, outer, agg: aggregation_lib.Aggregation,
 
   def update(grads, state, params=None, *, synchronise: bool = False, **extra_args):
     _check_update(params, synchronise)
-    me = axes.worker_index(axis_name)
-    running = aggregation_lib.active(agg, state.workers)
-    active = running[me]
-    updates, inner_state = inner.update(grads, state.inner, params)
-    inner_state = jax.tree.map(lambda new, old: jnp.where(active, new, old), inner_state,
-                               state.inner)
-    sim = worker_sim.advance(state.workers, running)
+    updates, inner_state, active, sim, me = _simulated_inner_step(inner, agg, axis_name, grads,
+                                                                  state, params)
     if not synchronise:
       return updates, state._replace(synchronised=jnp.zeros((), bool), inner=inner_state,
                                      active=active, workers=sim)
     worker = jax.tree.map(lambda p, q: jnp.where(active, q, p),
                           params, optax.apply_updates(params, updates))
-    weights, merged, sim = aggregation_lib.merge(agg, sim)
-    total = weights.sum()
-    scale = jnp.where(total > 0, weights[me] * agg.sim.workers / total, 0.0)
-    contribution = jax.tree.map(lambda a, w: ((a - w) * scale.astype(a.dtype)).astype(a.dtype),
-                                state.anchor, worker)
+    weights, merged, _, sim = aggregation_lib.merge(agg, sim)
+    contribution = _weighted(agg, weights, me, state.anchor, worker)
     mean, exchange_state = exchange.update(contribution, state.exchange, state.anchor,
                                            **extra_args)
     anchor, outer_state = aggregation_lib.outer_step(agg, outer, mean, state.outer,
@@ -225,6 +288,49 @@ def _aggregated(inner, exchange, outer, agg: aggregation_lib.Aggregation,
     return (jax.tree.map(lambda a, p: a - p, anchor, params),
             AggregatedLocalState(jnp.ones((), bool), anchor, inner_state, outer_state,
                                  exchange_state, active, sim))
+
+  return optax.GradientTransformationExtraArgs(init, update)
+
+
+def _eager(inner, exchange, outer, agg: aggregation_lib.Aggregation,
+           axis_name) -> optax.GradientTransformationExtraArgs:
+  """:func:`local_updates` with Kale et al.'s eager outer step (``aggregation.rule ==
+  "eager"``; the recursion in :mod:`compressors.aggregation`): worker ``i`` moves its own outer
+  parameters by ``g_i = pending + (Delta_i - sent_i) / N``, and the evaluated mean by
+  ``pending + (mean - pending) / N``; the round's exchanged ``mean`` is then pending."""
+  n = agg.sim.workers
+
+  def init(params):
+    params = jax.tree.map(jnp.asarray, params)
+    zeros = jax.tree.map(jnp.zeros_like, params)
+    return EagerLocalState(
+        jnp.zeros((), bool), params, inner.init(params), outer.init(params),
+        exchange.init(params), jnp.ones((), bool), worker_sim.init(agg.sim), params,
+        outer.init(params), zeros, zeros)
+
+  def update(grads, state, params=None, *, synchronise: bool = False, **extra_args):
+    _check_update(params, synchronise)
+    updates, inner_state, active, sim, me = _simulated_inner_step(inner, agg, axis_name, grads,
+                                                                  state, params)
+    if not synchronise:
+      return updates, state._replace(synchronised=jnp.zeros((), bool), inner=inner_state,
+                                     active=active, workers=sim)
+    worker = jax.tree.map(lambda p, q: jnp.where(active, q, p),
+                          params, optax.apply_updates(params, updates))
+    weights, _, _, sim = aggregation_lib.merge(agg, sim)
+    contribution = _weighted(agg, weights, me, state.own, worker)
+    mean, exchange_state = exchange.update(contribution, state.exchange, state.own,
+                                           **extra_args)
+    late = lambda pending, fresh, stale: pending + (fresh - stale) / n
+    own_updates, own_outer = outer.update(
+        jax.tree.map(late, state.pending, contribution, state.sent), state.own_outer, state.own)
+    own = optax.apply_updates(state.own, own_updates)
+    anchor_updates, outer_state = outer.update(
+        jax.tree.map(late, state.pending, mean, state.pending), state.outer, state.anchor)
+    anchor = optax.apply_updates(state.anchor, anchor_updates)
+    return (jax.tree.map(lambda o, p: o - p, own, params),
+            EagerLocalState(jnp.ones((), bool), anchor, inner_state, outer_state,
+                            exchange_state, active, sim, own, own_outer, contribution, mean))
 
   return optax.GradientTransformationExtraArgs(init, update)
 

@@ -22,6 +22,7 @@ from typing import Any
 import optax
 
 from compressors import _chunked_topk
+from compressors import aggregation as aggregation_lib
 from compressors import wrapper
 from compressors import _dense
 from compressors import _demo
@@ -204,7 +205,9 @@ def training(name: str, settings: Any = None, *, optimizer: optax.GradientTransf
     common: the settings every method shares.
     exchange_settings: the settings of a local-update method's carrier (default: its defaults).
     aggregation: a local-update method's aggregator and simulated workers
-      (``compressors.aggregation.Aggregation``), or None: every synchronisation the plain mean.
+      (``compressors.aggregation.Aggregation``), or a per-step method's (one of
+      ``aggregation.PER_STEP_RULES``, every step a synchronisation: ``aggregation.per_step``),
+      or None: every synchronisation the plain mean.
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` to run per worker.
@@ -216,6 +219,8 @@ def training(name: str, settings: Any = None, *, optimizer: optax.GradientTransf
   settings = method.settings() if settings is None else settings
   if method.per_step:
     per_step = transformation(name, settings, axis_name=axis_name, common=common)
+    if aggregation is not None:
+      per_step = aggregation_lib.per_step(per_step, aggregation, axis_name)
     if common.exchanged == "update":
       return optax.chain(optimizer, per_step)
     return optax.chain(per_step, optimizer)

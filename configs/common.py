@@ -56,10 +56,15 @@ Fields (all overridable on the command line, e.g. ``--config.batch_size=256``):
                                   workers (compressors.aggregation): sync (all of them, as
                                   published), quorum (those within a deadline, token-weighted),
                                   async (Async Local-SGD: Delayed Nesterov, per-worker step
-                                  counts), naive_async (each arrival applied as it is)
+                                  counts), naive_async (each arrival applied as it is), eager
+                                  (Kale et al.: the exchange overlapped, one's own fresh
+                                  pseudo-gradient with the others' one round late)
   quorum.deadline, .deviations    quorum's deadline in modelled seconds after a round began, or
                                   None: adaptive, the median arrival plus ``deviations`` median
-                                  absolute deviations
+                                  absolute deviations; for per-step methods (sync or quorum,
+                                  every step a synchronisation), quorum.stale_weight: the
+                                  weight of a gradient late for the deadline, sent with its
+                                  worker's next one (0: dropped)
   workers.*                       simulated workers that differ (compressors.worker_sim), for
                                   the local-update methods: speed_spread (log-normal sigma of
                                   each worker's seconds per step), speed_trace (a file of
@@ -159,6 +164,7 @@ RULES = {
     "aggregation": _R(str, choices=AGGREGATIONS),
     "quorum.deadline": _R(float, low=0, low_open=True, optional=True),
     "quorum.deviations": _R(float, low=0),
+    "quorum.stale_weight": _R(float, low=0, high=1),
     "workers.speed_spread": _R(float, low=0), "workers.speed_trace": _R(str),
     "workers.dropout_rate": _R(float, low=0, high=1, high_open=True),
     "workers.rejoin_after": _R(int, low=0),
@@ -257,7 +263,8 @@ def base() -> ml_collections.ConfigDict:
   c.resume_on_other_data = False
   c.aggregation = "sync"
   c.quorum = ml_collections.ConfigDict(dict(
-      deadline=ml_collections.FieldReference(None, field_type=float), deviations=1.0))
+      deadline=ml_collections.FieldReference(None, field_type=float), deviations=1.0,
+      stale_weight=0.0))
   c.workers = ml_collections.ConfigDict(dict(
       speed_spread=0.0, speed_trace="", dropout_rate=0.0, rejoin_after=0, step_seconds=1.0,
       link_gbit=1.0))

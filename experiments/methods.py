@@ -371,19 +371,26 @@ def worker_simulation(config, num_workers: int) -> worker_sim.WorkerSim | None:
   (the published algorithm, with no simulator at all).
 
   Raises:
-    ValueError: a method that takes no aggregator, or a trace file that cannot be read or has
-      not one column per worker, naming the field.
+    ValueError: a method that takes no aggregator (a method that is its own optimizer,
+      Streaming DiLoCo), a per-step method with an aggregator other than
+      ``aggregation.PER_STEP_RULES``, or a trace file that cannot be read or has not one column
+      per worker, naming the field.
   """
   w = config.workers
   if config.aggregation == "sync" and not (w.speed_spread or w.speed_trace or w.dropout_rate):
     return None
   method = check_method(config.method)
-  if not method.aggregates:
+  per_step_rules = aggregation_lib.PER_STEP_RULES
+  if method.per_step and config.aggregation not in per_step_rules:
+    raise ValueError(f"config.aggregation={config.aggregation!r} with config.method="
+                     f"{config.method!r}, a per-step method; allowed: {per_step_rules}")
+  if not (method.aggregates or method.per_step):
     takes = [n for n in registry.names("local") if registry.get(n).aggregates]
     raise ValueError(f"config.aggregation={config.aggregation!r} with config.workers="
-                     f"{w.to_dict()} needs a local-update method that takes an aggregator; "
-                     f"config.method={config.method!r} does not; allowed: {takes} (others: "
-                     "aggregation='sync' and workers alike)")
+                     f"{w.to_dict()} needs a method that takes an aggregator; "
+                     f"config.method={config.method!r} does not; allowed: {takes} or a per-step "
+                     f"method with aggregation in {per_step_rules} (others: aggregation='sync' "
+                     "and workers alike)")
   trace = worker_sim.read_trace(w.speed_trace, num_workers) if w.speed_trace else None
   return worker_sim.WorkerSim(num_workers, w.step_seconds, w.speed_spread, trace,
                               w.dropout_rate, w.rejoin_after, config.seed)
@@ -405,10 +412,11 @@ def aggregation(config, sim: worker_sim.WorkerSim | None,
                                topology_lib.Topology.flat(sim.workers, link), sim.step_seconds,
                                own, exchange_settings=exchange_settings(config),
                                kinds=step_kinds(config))
+  method = registry.get(config.method)
+  every = 1 if method.per_step else method.sends_every(own)  # a per-step method: every step
   return aggregation_lib.Aggregation(
-      config.aggregation, sim, registry.get(config.method).sends_every(own),
-      config.quorum.deadline, config.quorum.deviations,
-      max(t.exposed for t in times.values()))
+      config.aggregation, sim, every, config.quorum.deadline, config.quorum.deviations,
+      max(t.exposed for t in times.values()), config.quorum.stale_weight)
 
 
 def make_chain(config, learning_rate: optax.ScalarOrSchedule, axis_name: str = AXIS_NAME,

@@ -186,6 +186,7 @@ def test_drop_outs_change_the_result_and_a_rejoining_worker_holds_the_global_sta
     ("workers.dropout_rate", 1.0, "config.workers.dropout_rate=1.0 is outside [0, 1)"),
     ("workers.dropout_rate", -0.5, "config.workers.dropout_rate=-0.5 is outside [0, 1)"),
     ("quorum.deadline", 0.0, "config.quorum.deadline=0.0 is outside (0, inf)"),
+    ("quorum.stale_weight", 1.5, "config.quorum.stale_weight=1.5 is outside [0, 1]"),
     ("aggregation", "gossip", "config.aggregation='gossip' is unknown; allowed: "),
 ])
 def test_bad_settings_are_refused_in_one_line_naming_field_value_and_range(field, value, words):
@@ -207,10 +208,16 @@ def test_a_trace_with_the_wrong_worker_count_and_a_method_without_aggregator_are
   assert (f"config.workers.speed_trace={str(trace)!r} has 3 columns; allowed: one per worker, 8"
           in str(raised.value)) and "\n" not in str(raised.value)
   assert len(methods.worker_simulation(config, 3).speed_trace) == 2
-  config.update_from_flattened_dict({"method": "topk", "workers.speed_trace": ""})
+  config.update_from_flattened_dict({"method": "onebit_adam", "workers.speed_trace": ""})
   config.aggregation = "quorum"
-  with pytest.raises(ValueError, match="config.method='topk' does not; allowed: "):
+  with pytest.raises(ValueError, match="config.method='onebit_adam' does not; allowed: "):
     methods.worker_simulation(config, 8)
+  config.update_from_flattened_dict({"method": "topk", "aggregation": "async"})
+  with pytest.raises(ValueError, match=r"config.aggregation='async' with config.method='topk', "
+                     r"a per-step method; allowed: \('sync', 'quorum'\)"):
+    methods.worker_simulation(config, 8)
+  config.aggregation = "quorum"
+  assert methods.worker_simulation(config, 8).workers == 8
   config.method = "diloco"
   assert methods.worker_simulation(config, 8).workers == 8
   config.aggregation = "sync"
@@ -239,10 +246,12 @@ def test_the_runner_reports_modelled_time_and_quorum_models_less_than_sync_with_
 
 
 @pytest.mark.slow
-def test_a_run_with_spread_and_drop_outs_resumes_bit_for_bit(tmp_path):
+@pytest.mark.parametrize("rule", ["quorum", "eager"])
+def test_a_run_with_spread_and_drop_outs_resumes_bit_for_bit(tmp_path, rule):
   """Killed after step 2 of 4 (the later checkpoints gone), the run ends as the uninterrupted
-  one, the simulator's draws (speeds, drop-outs) and totals included."""
-  config = lambda: _quickstart(aggregation="quorum", **{
+  one, the simulator's draws (speeds, drop-outs) and totals included (eager: the workers' own
+  outer parameters and states too)."""
+  config = lambda: _quickstart(aggregation=rule, **{
       "workers.speed_spread": 0.5, "workers.dropout_rate": 0.3, "workers.rejoin_after": 1})
   finished, resumed = str(tmp_path / "finished"), str(tmp_path / "resumed")
   results = train.train_and_evaluate(config(), finished)

@@ -60,7 +60,9 @@ cache folder, holding ``archives/``; '' for the default); the scaling grid's (S1
 ``configs/paper/s1_lm.py``; 0: the tier's): ``width``, ``layers``, ``heads`` (the model's
 shape), ``steps`` (the run's length, in place of ``steps_scale``; evaluations every tenth, a
 checkpoint at half), ``per_worker_batch`` (sequences per worker a step; solo runs one worker's)
-and ``tile`` (DeMo's DCT tile side, where its default's whole coefficients miss the ratio).
+and ``tile`` (DeMo's DCT tile side, where its default's whole coefficients miss the ratio);
+for workers that are slow, late or gone (A1-LM): ``aggregation`` (``config.aggregation``; '':
+sync with no simulator, as published), ``speed_spread`` and ``dropout_rate`` (``config.workers``).
 """
 
 import warnings
@@ -170,7 +172,7 @@ def get_config(arg=None):
                            outer_momentum=-1.0, exchanged="gradient", lr_scale=1.0, seed=0,
                            cache="", solo=False, steps_scale=1, corpus_dir="",
                            width=0, layers=0, heads=0, steps=0, per_worker_batch=0,
-                           tile=0)
+                           tile=0, aggregation="", speed_spread=0.0, dropout_rate=0.0)
   _read_old_names(args)
   _check_args(args)
   name, sizes = HARDWARE_TIERS[args["tier"]]
@@ -212,4 +214,17 @@ def get_config(arg=None):
   c.equal_bytes = ml_collections.ConfigDict(dict(ratio=args["ratio"], workers=args["workers"]))
   if args["method"] in ERROR_FEEDBACK:
     c.compression.error_feedback = True
+  set_workers(c, args)
   return c
+
+
+def set_workers(c: ml_collections.ConfigDict, args: dict) -> None:
+  """The simulated workers and the aggregator of ``args`` (an argument left at its default sets
+  nothing: the run's config is as before the arguments existed); ``config.check`` checks the
+  values when the run starts."""
+  if args["aggregation"]:
+    c.aggregation = args["aggregation"]
+  if args["speed_spread"]:
+    c.workers.speed_spread = args["speed_spread"]
+  if args["dropout_rate"]:
+    c.workers.dropout_rate = args["dropout_rate"]

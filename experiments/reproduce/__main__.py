@@ -22,6 +22,10 @@ Targets (``--target=NAME``, several comma-separated, or ``all``):
   block sizes and supports at 1000x, beside top-k (same runs folder as ``t1_lm``);
 * ``f5``: time to dense's loss: T1-LM's validation loss against measured compute plus modelled
   communication time on 1 and 10 Gbit/s clusters of 8 and 32 workers;
+* ``f6_lm``, ``f7_lm``: the frontier and the horizon of the CPU tier (retention from 2x to
+  1000x, and at longer runs);
+* ``a1_lm``: workers that are slow, late or gone: each aggregator (sync, quorum, async, naive
+  async, eager) for DiLoCo int8 and Streaming DiLoCo at 100x under speed spreads and drop-outs.
 * ``s1_lm``: the scaling grid: retention at 100x fewer bytes against model size, token budget
   and per-worker batch, with the laws fitted to it (``s1_lm_fits.csv``), ``--tier=cpu|gpu``.
 
@@ -60,6 +64,7 @@ from experiments import cli
 from experiments import distributed
 from experiments import provenance
 from experiments.bench import common as bench_common
+from experiments.reproduce import a1_lm
 from experiments.reproduce import common
 from experiments.reproduce import f1
 from experiments.reproduce import f2
@@ -108,7 +113,7 @@ TARGETS = {t.name: t for t in (
     Target(name, module.TITLE, module.produce, module.run_folders) for name, module in (
         ("f2", f2), ("t1", t1), ("f4", f4), ("t1_cifar10", t1_cifar10), ("t2", t2), ("f1", f1),
         ("f3", f3), ("t1_lm", t1_lm), ("f4_lm", f4_lm), ("f5", f5), ("f6_lm", f6_lm),
-        ("f7_lm", f7_lm), ("s1_lm", s1_lm)))}
+        ("f7_lm", f7_lm), ("s1_lm", s1_lm), ("a1_lm", a1_lm)))}
 
 
 # The folder of paper_figures that keeps the GPU tier's run directories (their config.json,
@@ -119,7 +124,7 @@ CPU_RUNS = "cpu_runs"
 # The targets whose size --tier sets.
 LM_TARGETS = ("t1_lm", "f4_lm", "f5", "s1_lm")
 # The language-model targets of the CPU tier's model alone (their grids do not fit a GPU's loan).
-CPU_TIER_TARGETS = ("f6_lm", "f7_lm")
+CPU_TIER_TARGETS = ("f6_lm", "f7_lm", "a1_lm")
 # The published claims each target answers, for the index (its page has the claims in full).
 ANSWERS = {
     "f2": "TASC: 11x (2 x 8 GPUs) and 2.6x (1 x 8) communication speed-up over a dense ring",
@@ -138,6 +143,9 @@ ANSWERS = {
              "parallel shrinks from +3.9% at 35M to +1.1% at 2.4B)",
     "f7_lm": "local-update methods need long runs (Charles et al. 2025: DiLoCo within 4% of "
              "data parallel at 20 tokens per parameter)",
+    "a1_lm": "Async Local-SGD's Delayed Nesterov near sync, naive async worse (Liu et al. 2024); "
+             "eager updates near no overlap (Kale et al. 2025); a quorum keeps more useful "
+             "throughput under failures (Decoupled DiLoCo)",
 }
 
 

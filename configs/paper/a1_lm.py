@@ -1,0 +1,128 @@
+"""A1-LM, workers that are slow, late or gone: each aggregator of ``config.aggregation`` for
+DiLoCo (int8 pseudo-gradient) and Streaming DiLoCo at 100x fewer total bytes, under simulated
+worker speed spreads and drop-outs; runs of ``configs/paper/lm.py`` in T1-LM's folder.
+
+  python -m experiments.reproduce --target=a1_lm
+
+The CPU tier's model, steps and recipe (``configs/paper/lm.py``: 0.24M parameters, 1,000 steps of
+64 sequences of 64 tokens, 8 workers), so that dense, solo and the rows' runs with every worker
+alike and ``sync`` are F6-LM's own (the same arguments, the same run directories: nothing runs
+twice). The rows run at the rate scale F6-LM's tuning chose for them (:data:`ROWS`; dense's and
+solo's as well): the grid holds no tuning budget of its own, which the page says. A cell is a
+row, an aggregator and a condition (:data:`SPREADS` x :data:`DROPOUTS`); a run is
+``a1_<row>_<rule>_sp<spread>_do<dropout>_lr<scale>_s<seed>``, and the cell of ``sync`` with the
+workers alike is F6-LM's ``<row>_100x``. Streaming DiLoCo takes no aggregator (the runner
+refuses any other than ``sync`` with the workers alike, in one line): its other cells are listed
+as refused and not run (:func:`refusal`).
+
+The grid at one seed, 19 runs besides F6-LM's 4, about 2 to 3 minutes each on 2 cores with 2 jobs:
+about an hour.
+
+Arguments: ``seeds`` (1), ``rows`` and ``rules`` (joined by ``+``; '': all), ``steps`` (0: the
+tier's; a smaller number makes every run that short, a smoke test of the grid in a folder of its
+own: its runs are not the tier's and must not share the tier's folder).
+"""
+
+import ml_collections
+
+from configs import common
+from configs.paper import f6_lm
+from configs.paper import t1_lm
+
+CONFIG = f6_lm.CONFIG
+RATIO = 100.0
+# Row -> (configs/paper/lm.py arguments, F6-LM's label of the row at 100x, the rate scale its
+# tuning chose on F6-LM's page: DiLoCo int8 0.5 of its outer rate 0.7, Streaming DiLoCo 1).
+ROWS = {
+    "diloco_int8": (dict(method="diloco", carrier="int8", ratio=RATIO), "diloco_int8_100x", 0.5),
+    "streaming_diloco": (dict(method="streaming_diloco", ratio=RATIO), "streaming_diloco_100x",
+                         1.0),
+}
+RULES = ("sync", "quorum", "async", "naive_async", "eager")
+SPREADS = (0.0, 0.5)  # log-normal sigma of the workers' seconds per step
+DROPOUTS = (0.0, 0.1)  # the chance a worker misses a synchronisation
+# Retention's references at the scales F6-LM's tuning chose (dense 4, solo 1).
+REFERENCES = {"dense": 4.0, "solo": 1.0}
+# Methods that take an aggregator (compressors.registry's ``aggregates``); the others only sync
+# with the workers alike (configs import no runner code: tests/test_reproduce_a1_lm.py checks
+# this against the runner's refusal).
+AGGREGATING = ("diloco", "sparseloco")
+
+
+def conditions() -> list[tuple[float, float]]:
+  """``(speed spread, drop-out rate)`` of every condition, the workers alike first."""
+  return [(spread, dropout) for spread in SPREADS for dropout in DROPOUTS]
+
+
+def label(row: str, rule: str, spread: float, dropout: float) -> str:
+  """A cell's label; the cell of ``sync`` with the workers alike is F6-LM's row itself."""
+  if rule == "sync" and not spread and not dropout:
+    return ROWS[row][1]
+  return f"a1_{row}_{rule}_sp{spread:g}_do{dropout:g}"
+
+
+def refusal(row: str, rule: str, spread: float, dropout: float) -> str | None:
+  """Why a cell does not run (the runner refuses it), or None."""
+  method = ROWS[row][0]["method"]
+  if method in AGGREGATING or (rule == "sync" and not spread and not dropout):
+    return None
+  return (f"refused: config.method={method!r} takes no aggregator (config.aggregation="
+          f"{rule!r}, workers.speed_spread={spread:g}, workers.dropout_rate={dropout:g}); "
+          "allowed for it: aggregation='sync' with the workers alike")
+
+
+def cells() -> dict[str, tuple[str, str, float, float]]:
+  """Label -> ``(row, rule, spread, dropout)`` of every cell, refused ones included."""
+  return {label(row, rule, *c): (row, rule, *c) for row in ROWS for rule in RULES
+          for c in conditions()}
+
+
+def config_arg(cell_label: str, seed: int) -> str:
+  """The ``configs/paper/lm.py`` argument of a run of a cell or a reference."""
+  if cell_label in REFERENCES:
+    return f6_lm.config_arg(cell_label, REFERENCES[cell_label], seed)
+  row, rule, spread, dropout = cells()[cell_label]
+  args, f6_label, scale = ROWS[row]
+  if cell_label == f6_label:
+    return f6_lm.config_arg(f6_label, scale, seed)
+  settings = {**args, "tier": "cpu", "lr_scale": scale, "seed": seed, "workers": 8,
+              "aggregation": rule, "speed_spread": spread, "dropout_rate": dropout}
+  return ",".join(f"{k}={v}" for k, v in settings.items())
+
+
+def scale_of(cell_label: str) -> float:
+  """The rate scale a cell's or a reference's runs train at."""
+  if cell_label in REFERENCES:
+    return REFERENCES[cell_label]
+  return ROWS[cells()[cell_label][0]][2]
+
+
+def _chosen(text: str, allowed, field: str) -> tuple[str, ...]:
+  names = tuple(filter(None, str(text).split("+"))) or tuple(allowed)
+  for name in names:
+    if name not in allowed:
+      raise ValueError(f"configs/paper/a1_lm.py: {field}={text!r}: {name!r}; allowed: "
+                       f"{list(allowed)} joined by '+'")
+  return names
+
+
+def get_config(arg=None):
+  args = common.parse_args(arg, seeds=1, rows="", rules="", steps=0)
+  rows, rules = _chosen(args["rows"], ROWS, "rows"), _chosen(args["rules"], RULES, "rules")
+  if args["seeds"] < 1:
+    raise ValueError(f"configs/paper/a1_lm.py: seeds={args['seeds']}; allowed: >= 1")
+  if args["steps"] < 0:
+    raise ValueError(f"configs/paper/a1_lm.py: steps={args['steps']}; allowed: 0 (the tier's) "
+                     "or a number of steps > 0")
+  wanted = [*REFERENCES] + [name for name, (row, rule, *c) in cells().items()
+                            if row in rows and rule in rules and refusal(row, rule, *c) is None]
+  c = ml_collections.ConfigDict()
+  c.runs = [{"name": t1_lm.run_name(name, scale_of(name), seed),
+             "config": f"{CONFIG}:{config_arg(name, seed)}"}
+            for seed in range(args["seeds"]) for name in wanted]
+  c.overrides = {}
+  if args["steps"]:
+    c.overrides = {"num_steps": args["steps"], "eval_every": max(1, args["steps"] // 2),
+                   "checkpoint_every": args["steps"], "log_every": 1,
+                   "schedule": {"warmup_steps": max(1, args["steps"] // 10)}}
+  return c

@@ -1,0 +1,263 @@
+"""A1-LM, workers that are slow, late or gone: validation loss, retention, modelled time to
+dense's loss on 1 and 10 Gbit/s links and useful throughput of each aggregator
+(``config.aggregation``) for DiLoCo int8 and Streaming DiLoCo at 100x fewer total bytes, with
+worker speed spreads 0 and 0.5 and drop-out rates 0 and 0.1 (``configs/paper/a1_lm.py``), beside
+the published figures, each marked reproduced or not as a direction (our scale is not theirs).
+
+The time model (:func:`seconds_at`): a cell's compute is the simulator's (``results.json``'s
+``modelled_seconds``, in steps of a speed-1 worker, less the communication the run priced),
+times the measured seconds of a step of the row's run with the workers alike; its
+communication is the alpha-beta model's (:func:`experiments.reproduce.f5.kind_times`) on the
+link, per step kind. ``eager`` hides a round's communication behind the next round's compute:
+``max(compute, communication)`` over the run (a lower bound of its rounds' sum of maxima).
+"""
+
+import math
+import os
+
+import numpy as np
+
+from compressors.network import topology as topo
+from configs.paper import a1_lm as sweep_config
+from experiments.reproduce import common
+from experiments.reproduce import f5
+from experiments.reproduce import plots
+from experiments.reproduce import report as report_lib
+from experiments.reproduce import t1_lm
+from experiments.reproduce.report import Claim
+from experiments.reproduce.report import Report
+
+TITLE = "A1-LM: slow, late or gone workers: each aggregator under speed spread and drop-outs"
+run_folders = t1_lm.run_folders  # A1-LM's runs are in T1-LM's folder (F6-LM's shared)
+LINKS = f5.LINKS
+WORKERS = 8
+
+
+def produce(options: common.Options) -> Report:
+  """Runs A1-LM's grid at one seed (unless ``report_only``), then its report."""
+  workdir = t1_lm.runs_dir(options)
+  if not options.report_only:
+    run(workdir, "", options.jobs)
+  return report(workdir)
+
+
+def run(workdir: str, arg: str, jobs: int) -> None:
+  """Runs ``configs/paper/a1_lm.py:arg``'s unfinished runs under ``workdir``."""
+  sweep = sweep_config.get_config(arg)
+  overrides = dict(sweep.overrides)
+  overrides["data"] = {"cache_dir": os.path.abspath(os.path.join(workdir, "tokenizers"))}
+  sweep.overrides = overrides
+  common.run_sweep_config(sweep, workdir, jobs=jobs)
+
+
+def runs_of(workdir: str, cell_label: str) -> list[report_lib.Run]:
+  """The finished runs of a cell or a reference at its scale (seeds 0, 1, 2)."""
+  return t1_lm.label_runs(workdir, cell_label, sweep_config.scale_of(cell_label), 3)
+
+
+def seconds_at(run: report_lib.Run, link: topo.Link, compute: float) -> float:
+  """The modelled seconds of ``run``'s steps on ``link``, with ``compute`` seconds a step of a
+  speed-1 worker (see the module docstring)."""
+  config = run.config
+  steps = int(run.results["step"])
+  counts = t1_lm.kind_counts(config, steps)
+  exposed = lambda l, c: sum(t.exposed * counts[k] for k, t in
+                             f5.kind_times(config, l, WORKERS, c).items())
+  communication = exposed(link, compute)
+  modelled = run.results.get("modelled_seconds")
+  if modelled is None:  # no simulator: the workers alike, every step computed
+    return steps * compute + communication
+  unit = config["workers"]["step_seconds"]
+  if config["aggregation"] == "eager":
+    return max(modelled / unit * compute, communication)
+  priced = exposed(topo.ETHERNET_1G, unit)  # what the run charged on config.workers' link
+  return (modelled - priced) / unit * compute + communication
+
+
+def useful_steps(run: report_lib.Run) -> float:
+  """Worker-steps whose work reached the model (every one without a simulator)."""
+  steps = int(run.results["step"])
+  if run.results.get("modelled_seconds") is None:
+    return steps * WORKERS
+  config = run.config
+  per_step = config["batch_size"] / WORKERS * config["data"]["seq_len"]
+  return run.results["useful_throughput"] * run.results["modelled_seconds"] / per_step
+
+
+def measured_compute(workdir: str, row: str | None) -> float | None:
+  """Measured seconds of a step of the row's run with the workers alike (F6-LM's; dense's for
+  the references), the compute every cell of the row is priced with."""
+  source = "dense" if row is None else sweep_config.ROWS[row][1]
+  runs = runs_of(workdir, source)
+  return float(np.median([f5.step_seconds(r) for r in runs])) if runs else None
+
+
+def timing(runs, compute: float, target: float | None) -> dict:
+  """A cell's modelled seconds to ``target`` (dense's final loss) on each link, and its useful
+  throughput on 1 Gbit/s (the share of the workers' ideal compute that reached the model)."""
+  out = {}
+  steps, loss = runs[0].series("test_loss")
+  for name, link in LINKS.items():
+    total = float(np.mean([seconds_at(r, link, compute) for r in runs]))
+    key = name.split()[0]
+    out[f"seconds_{key}g"] = total
+    reached = (math.nan if target is None or not len(steps) else
+               f5.time_to(steps, loss, total / runs[0].results["step"], target))
+    out[f"to_dense_{key}g"] = "not reached" if math.isnan(reached) else f"{reached:.3g}"
+  useful = float(np.mean([useful_steps(r) for r in runs]))
+  out["useful_pct"] = (100 * useful * compute / (WORKERS * out["seconds_1g"])
+                       if out["seconds_1g"] else None)
+  return out
+
+
+def cell_row(workdir: str, cell_label: str, references: dict) -> dict:
+  """One cell of the grid (or a reference): its status, loss, retention and time columns."""
+  if cell_label in sweep_config.REFERENCES:
+    row, rule, spread, dropout = None, "-", 0.0, 0.0
+  else:
+    row, rule, spread, dropout = sweep_config.cells()[cell_label]
+  out = {"row": row or cell_label, "aggregation": rule, "spread": spread, "dropout": dropout,
+         "label": cell_label, "lr_scale": sweep_config.scale_of(cell_label)}
+  refused = None if row is None else sweep_config.refusal(row, rule, spread, dropout)
+  runs = [] if refused else runs_of(workdir, cell_label)
+  if refused or not runs:
+    out["status"] = refused or "not run yet"
+    return out
+  losses = [r.results["test_loss"] for r in runs]
+  out.update(status=f"{len(runs)} seed(s)", losses=losses,
+             loss_mean=float(np.mean(losses)),
+             val_loss=report_lib.format_mean_std(losses, 1, 3),
+             run_dirs=" ".join(report_lib.relative(r.path) for r in runs))
+  staleness = [r.results.get("staleness") for r in runs]
+  out["staleness"] = ("-" if None in staleness else
+                      f"{np.mean([s['mean'] for s in staleness]):.2f} / "
+                      f"{max(s['max'] for s in staleness)}")
+  out["dropped"] = float(np.mean([r.results.get("updates_dropped", 0) for r in runs]))
+  if set(references) == set(sweep_config.REFERENCES):
+    out.update(t1_lm.retention_fields(losses, references["solo"], references["dense"]))
+  compute = measured_compute(workdir, row)
+  if compute is not None and cell_label != "solo":  # one worker alone: no cluster to time
+    target = float(np.mean(references["dense"])) if "dense" in references else None
+    out.update(timing(runs, compute, target))
+  return out
+
+
+def grid_rows(workdir: str) -> list[dict]:
+  """The references, then every cell (refused ones marked), row by row, rule by rule."""
+  references = {name: [r.results["test_loss"] for r in runs]
+                for name in sweep_config.REFERENCES if (runs := runs_of(workdir, name))}
+  labels = [*sweep_config.REFERENCES, *sweep_config.cells()]
+  return [cell_row(workdir, label, references) for label in labels]
+
+
+def _cell(rows: list[dict], row: str, rule: str, spread: float, dropout: float) -> dict | None:
+  found = [r for r in rows if (r["row"], r["aggregation"], r["spread"], r["dropout"])
+           == (row, rule, spread, dropout) and r.get("losses")]
+  return found[0] if found else None
+
+
+def _verdict(cells: list, test, ours: str, why_yes: str, why_no: str) -> tuple:
+  """``(ours, reproduced, why)``: None where a cell the claim needs has no run."""
+  if any(c is None for c in cells):
+    return "its cells have not all run yet", None, "not run yet"
+  yes = bool(test(*cells))
+  return ours.format(*cells), yes, why_yes if yes else why_no
+
+
+def claims(rows: list[dict]) -> list[Claim]:
+  """The published figures beside ours, each a direction at our scale (DiLoCo int8 at 100x)."""
+  cell = lambda rule, spread, dropout: _cell(rows, "diloco_int8", rule, spread, dropout)
+  liu = [cell(rule, 0.5, 0.0) for rule in ("sync", "async", "naive_async")]
+  liu_text = ("perplexity at speed spread 0.5: sync {0[loss_mean]:.4g} nats ("
+              "{0[ppl]:.4g}), async {1[loss_mean]:.4g} ({1[ppl]:.4g}), naive async "
+              "{2[loss_mean]:.4g} ({2[ppl]:.4g})")
+  for c in liu:
+    if c is not None:
+      c["ppl"] = math.exp(c["loss_mean"])
+  liu_ours, liu_yes, liu_why = _verdict(
+      liu, lambda s, a, n: n["loss_mean"] > max(s["loss_mean"], a["loss_mean"]) and abs(
+          a["loss_mean"] - s["loss_mean"]) < n["loss_mean"] - s["loss_mean"], liu_text,
+      "naive async is the worst and Delayed Nesterov stays nearer sync than it",
+      "not in that order at our scale")
+  kale = [cell(rule, 0.0, 0.0) for rule in ("sync", "eager")]
+  kale_ours, kale_yes, kale_why = _verdict(
+      kale, lambda s, e: e["loss_mean"] <= 1.01 * s["loss_mean"],
+      "loss with the workers alike: sync (no overlap) {0[loss_mean]:.4g}, eager "
+      "{1[loss_mean]:.4g}", "eager within 1% of no overlap (theirs +0.7%); the naive delayed "
+      "step is not a row here", "eager more than 1% above no overlap")
+  decoupled = [cell(rule, 0.5, 0.1) for rule in ("quorum", "sync")]
+  dec_ours, dec_yes, dec_why = _verdict(
+      decoupled, lambda q, s: q.get("useful_pct", 0) > s.get("useful_pct", 0),
+      "useful throughput at spread 0.5 and drop-outs 0.1 on 1 Gbit/s: quorum "
+      "{0[useful_pct]:.3g}%, sync {1[useful_pct]:.3g}%", "quorum keeps more of the workers' "
+      "compute than sync", "quorum keeps less than sync")
+  return [
+      Claim("sync DiLoCo 17.23, naive async 18.08, async with Delayed Nesterov and per-worker "
+            "step counts 17.26 perplexity", "Liu et al. 2024 (Async Local-SGD), 150M model",
+            liu_ours, liu_yes, liu_why),
+      Claim("no overlap 2.67, naive one-step delayed outer step 3.01, eager 2.69 loss",
+            "Kale et al. 2025 (eager updates), 500M model", kale_ours, kale_yes, kale_why),
+      Claim("useful throughput under failures 88% with a quorum against 27% synchronous",
+            "Decoupled DiLoCo", dec_ours, dec_yes, dec_why)]
+
+
+def plot_grid(rows: list[dict]):
+  """DiLoCo int8's validation loss by aggregator, one group of bars per condition, with dense's
+  and solo's losses as lines."""
+  def plot(fig):
+    ax = fig.add_axes([0.08, 0.12, 0.62, 0.8])
+    width = 0.8 / len(sweep_config.RULES)
+    for i, rule in enumerate(sweep_config.RULES):
+      points = [(k, c["loss_mean"]) for k, cond in enumerate(sweep_config.conditions())
+                if (c := _cell(rows, "diloco_int8", rule, *cond)) is not None]
+      if points:
+        ax.bar([k + (i - 2) * width for k, _ in points], [v for _, v in points], width,
+               label=rule)
+    for name, style in (("dense", "-"), ("solo", "--")):
+      losses = next((r.get("losses") for r in rows if r["row"] == name and r.get("losses")),
+                    None)
+      if losses:
+        ax.axhline(float(np.mean(losses)), color="black", ls=style, lw=0.8, label=name)
+    ax.set_xticks(range(len(sweep_config.conditions())),
+                  [f"spread {s:g}\ndrop-outs {d:g}" for s, d in sweep_config.conditions()])
+    ax.set_ylim(bottom=min([r["loss_mean"] for r in rows if r.get("loss_mean")] or [0]) * 0.98)
+    plots.decorate(ax, ylabel="validation loss, nats/token",
+                   title="A1-LM: DiLoCo int8 at 100x, each aggregator (CPU tier's model)",
+                   title_size=11, grid="y")
+    plots.legend_beside(ax)
+  return plot
+
+
+COLUMNS = [("row", "row"), ("aggregation", "aggregation"), ("spread", "speed spread"),
+           ("dropout", "drop-out rate"), ("status", "status"),
+           ("val_loss", "val loss nats/token (mean ± std)"), ("retention_text", "retention"),
+           ("to_dense_1g", "modelled s to dense's loss, 1 Gbit/s"),
+           ("to_dense_10g", "modelled s to dense's loss, 10 Gbit/s"),
+           ("seconds_1g", "modelled s of the run, 1 Gbit/s"),
+           ("useful_pct", "useful throughput % (1 Gbit/s)"),
+           ("staleness", "staleness mean / max"), ("dropped", "updates dropped"),
+           ("lr_scale", "lr scale"), ("run_dirs", "run directories")]
+
+
+def report(workdir: str) -> Report:
+  rows = grid_rows(workdir)
+  table = [{k: v for k, v in r.items() if k != "losses"} for r in rows]
+  return Report(
+      name="a1_lm", title=TITLE, columns=COLUMNS, rows=table, claims=claims(rows),
+      configs=["configs/paper/a1_lm.py", "configs/paper/lm.py"],
+      notes=["The CPU tier's model and recipe (configs/paper/lm.py: 0.24M parameters), "
+             "1,000 steps, 8 simulated workers, one seed a cell. Rates: each row at the scale "
+             "F6-LM's tuning chose for it (DiLoCo int8 at 100x 0.5, Streaming DiLoCo 1; dense "
+             "4, solo 1): this grid holds no tuning budget of its own, and an aggregator might "
+             "prefer another rate. The cells of sync with the workers alike, dense and solo "
+             "are F6-LM's own runs.",
+             "Streaming DiLoCo takes no aggregator: every cell but sync with the workers alike "
+             "is refused by the runner in one line and marked so, not run.",
+             " ".join(p.replace("\n", " ").strip() for p in __doc__.split("\n\n")[1:2]),
+             "Useful throughput: the worker-steps whose work reached the model times the "
+             "measured compute of a step, over the workers' ideal (8 workers busy for the "
+             "run's modelled seconds on 1 Gbit/s).",
+             "Published figures are at 150M-500M parameters and thousands of steps; ours at "
+             "0.24M and 1,000: each verdict is a direction, not a number.",
+             *t1_lm.provenance_notes(workdir, "cpu")],
+      plot=plot_grid(rows))
