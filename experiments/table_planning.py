@@ -92,6 +92,11 @@ def choose(block, model, devices: int, batch_per_device: int, dataset, dense_par
   choice = embedding_planner.choose(
       workload, topology_lib.Topology.flat(devices, link), block.budget_bytes,
       block.compute_seconds, placements, counts, block.row_reduction)
+  if hot not in (0, "auto") and not choice.hot.total:
+    raise ValueError(f"config.embedding.hot_rows={block.hot_rows!r} but no table is row- or "
+                     f"table-placed with row_reduction 'all_to_all' (placements "
+                     f"{sorted(set(choice.plan.placements))}, row_reduction "
+                     f"{block.row_reduction!r}); allowed: hot_rows '0' there")
   logging.warning("%s", choice.report())
   return choice
 

@@ -278,3 +278,14 @@ def test_the_runner_plans_the_tables_and_reports_the_hot_row_all_reduce(tmp_path
                        ("hot_rows_all_reduce", "hot_rows_all_reduce"),
                        ("dense_exchange", "dense_all_reduce")):
     assert sent[ours] == pytest.approx(predicted[theirs], rel=0.05)
+
+
+def test_hot_rows_where_no_table_is_fetched_are_refused_in_one_line(tmp_path):
+  from experiments import train  # pylint: disable=import-outside-toplevel
+  config = __import__("configs.dlrm", fromlist=["get_config"]).get_config("smoke")
+  config.data.update(dict(max_rows=50, num_train=512, num_eval=256, cache_dir=str(tmp_path)))
+  config.update_from_flattened_dict({"embedding.placement": "column",
+                                     "embedding.hot_rows": "8"})
+  with pytest.raises(ValueError, match=r"^config.embedding.hot_rows='8' but no table is row- or "
+                                       r"table-placed .* allowed: hot_rows '0' there$"):
+    train.train_and_evaluate(config, str(tmp_path / "run"))
