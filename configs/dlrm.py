@@ -17,13 +17,23 @@ the teacher's rows are what the embeddings learn). Runtime: about 25 seconds on 
 the first run also generating the logs (a second, cached).
 
 Tables placed across the devices (compressors/parallel/embeddings.py): ``config.embedding``:
-``placement`` (``replicated``, ``table``, ``row`` or ``column``, for every table), ``overrides``
-(``"3:row,7:table"``: some tables placed otherwise), ``row_reduction`` (``all_to_all`` or
+``placement`` (``replicated``, ``table``, ``row`` or ``column``, for every table, or ``auto``:
+the planner's, compressors/embedding_planner.py), ``overrides`` (``"3:row,7:table"``: some
+tables placed otherwise; not with ``auto``), ``row_reduction`` (``all_to_all`` or
 ``reduce_scatter``, row-placed tables' bags), ``optimizer`` (the placed tables': ``same``, the
 run's, or ``rowwise_adagrad`` at ``learning_rate``), ``capacity`` (keys per bucket of a
-training step's all-to-all; 0: every lookup of a device, nothing can overflow; an overflow is
-refused in one line). Without compression each placement gives the
-replicated tables' losses to float rounding (tests/test_dlrm_runner.py).
+training step's all-to-all; 0: every lookup of a device, nothing can overflow; -1: from the
+skew of the training IDs, the planner's; an overflow is refused in one line), ``hot_rows``
+(a string: rows of each row- or table-placed table replicated on every device,
+compressors/parallel/hot_rows.py: ``"0"`` none, a count such as ``"64"``, a fraction of each
+table's rows such as ``"0.01"``, or ``"auto"``, the planner's), and the planner's inputs
+(``auto``, ``hot_rows`` other than ``"0"`` or ``capacity=-1`` run it; it logs what it chose and
+why, and results.json's ``embedding_planner`` has its predicted bytes and seconds per
+collective): ``budget_bytes`` (a device's bytes for the tables, the hot rows included; 0:
+none), ``link_gbit`` (the link between devices) and ``compute_seconds`` (a step's compute,
+behind whose backward pass the all-reduces hide). Without compression each placement, with or
+without hot rows, gives the replicated tables' losses to float rounding
+(tests/test_dlrm_runner.py, tests/test_hot_rows.py).
 
 Arguments: ``smoke`` (2 steps on fewer rows, for tests), ``frozen=true``.
 """
@@ -40,7 +50,8 @@ def get_config(arg=None):
   c.model = dict(name="dlrm", embedding_dim=8, bottom=(16,), top=(16,), interaction="dot",
                  frozen_embeddings=args["frozen"])
   c.embedding = dict(placement="replicated", overrides="", row_reduction="all_to_all",
-                     optimizer="same", learning_rate=0.01, capacity=0)
+                     optimizer="same", learning_rate=0.01, capacity=0, hot_rows="0",
+                     budget_bytes=262144, link_gbit=10.0, compute_seconds=0.05)
   c.method = "dense"
   c.optimizer.update(dict(name="adam", learning_rate=0.01, b1=0.9, b2=0.999, eps=1e-8))
   c.batch_size = 512

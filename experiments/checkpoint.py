@@ -485,11 +485,14 @@ def write_param_layout(workdir: str, params: Any, shards: int) -> None:
   logs.write_json(os.path.join(workdir, PARAM_LAYOUT_FILE), {"fsdp": shards, "shapes": shapes})
 
 
-def write_embedding_layout(workdir: str, plan: Any) -> None:
+def write_embedding_layout(workdir: str, plan: Any, hot_ids: Any = ()) -> None:
   """Records where the embedding tables' rows live in the checkpoints' ``params["tables"]``
-  (a :class:`compressors.parallel.embeddings.Plan`: its placements, owners and offsets), so
-  that ``embeddings.unshard`` can give back each table."""
-  logs.write_json(os.path.join(workdir, EMBEDDING_LAYOUT_FILE), dataclasses.asdict(plan))
+  (a :class:`compressors.parallel.embeddings.Plan`: its placements, owners and offsets, and
+  ``hot_ids``, each table's hot rows, where any: ``compressors.parallel.hot_rows``), so that
+  ``embeddings.unshard`` (``hot_rows.unshard``) can give back each table."""
+  hot = {"hot_ids": [list(i) for i in hot_ids]} if any(hot_ids) else {}
+  logs.write_json(os.path.join(workdir, EMBEDDING_LAYOUT_FILE),
+                  {**dataclasses.asdict(plan), **hot})
 
 
 def load_params(workdir: str, step: int | None = None) -> Any:

@@ -107,6 +107,7 @@ from experiments import logs
 from experiments import methods
 from experiments import models
 from experiments import provenance
+from experiments import table_planning
 from experiments import tasks
 from experiments import validation
 from experiments import watchdog
@@ -263,24 +264,37 @@ def _evaluation_sums(model, task):
   return sums
 
 
-def _placed(config, model, workers, learning_rate):
+def _placed(config, model, workers, learning_rate, dataset, init_variables):
   """``model`` with its tables placed across the devices as ``config.embedding`` says
-  (:class:`experiments.models.placed_dlrm.PlacedDLRM`), or ``model`` itself when every table is
+  (:class:`experiments.models.placed_dlrm.PlacedDLRM`; the planner's choice where the settings
+  ask it, :mod:`experiments.table_planning`), or ``model`` itself when every table is
   replicated (or the config has no ``embedding`` block).
 
   Raises:
-    ValueError: a placement, an override or a table optimizer that is not allowed, or tables
-      placed for a model that has none, in one line naming the field.
+    ValueError: a placement, an override, a planner setting or a table optimizer that is not
+      allowed, or tables placed for a model that has none, in one line naming the field.
   """
   block = config.get("embedding")
   if block is None:
     return model
   if not isinstance(model, models.DLRM):
-    if block.placement != "replicated" or block.overrides:
+    if (block.placement != "replicated" or block.overrides
+        or str(block.get("hot_rows", "0")) != "0"):
       raise ValueError(f"config.embedding.placement={block.placement!r} for model "
                        f"{config.model.name!r}; allowed: embedding tables placed for dlrm only")
     return model
-  chosen = placed_dlrm.placements(model.cardinalities, block.placement, block.overrides)
+  table_planning.check(block)
+  chosen = (None if block.placement == "auto" else
+            placed_dlrm.placements(model.cardinalities, block.placement, block.overrides))
+  hot, capacity, predicted = None, block.capacity or None, None
+  if table_planning.needs_planner(block):
+    params = jax.eval_shape(init_variables, config.seed)[0]
+    tables = sum(r * model.embedding_dim for r in model.cardinalities)
+    choice = table_planning.choose(
+        block, model, workers.count, config.batch_size // workers.count, dataset,
+        sum(x.size for x in jax.tree.leaves(params)) - tables, chosen)
+    chosen, hot, predicted = choice.plan.placements, choice.hot, table_planning.summary(choice)
+    capacity = choice.capacity if block.capacity == -1 else capacity
   plan = compressors.parallel.embeddings.plan(model.cardinalities, model.embedding_dim, chosen,
                                               workers.count, block.row_reduction)
   if all(p == "replicated" for p in chosen):
@@ -294,12 +308,9 @@ def _placed(config, model, workers, learning_rate):
       raise ValueError(f"config.embedding places tables across devices ({block.placement!r}, "
                        f"overrides {block.overrides!r}) with {field}; allowed: one worker per "
                        "device, no islands, a per-step method (or every table replicated)")
-  if block.capacity < 0:
-    raise ValueError(f"config.embedding.capacity={block.capacity} is not allowed; allowed: 0 "
-                     "(every lookup of a device fits) or keys per bucket >= 1")
   return placed_dlrm.PlacedDLRM(model, plan, workers.axis_name,
                                 _table_optimizer(config, block, chosen, learning_rate),
-                                block.capacity or None)
+                                capacity, hot, predicted)
 
 
 def _table_optimizer(config, block, chosen, learning_rate) -> optax.GradientTransformation:
@@ -544,8 +555,29 @@ def _bytes_by_collective(model, task, dp, state: TrainState, batch, step_sent,
                                                      state.model_state, batch)
     return sum(sent.by_kind.get(kind, 0.0) for kind in _EXCHANGE_KINDS)
   forward, both = exchanged(loss_sum), exchanged(jax.grad(loss_sum))
+  hot = _hot_rows_all_reduce(model, dp, state, batch, loss_sum)
   return {"embedding_forward": forward, "embedding_backward": both - forward,
-          "dense_exchange": step_sent.total - in_step_guard - both}
+          **({"hot_rows_all_reduce": hot} if hot is not None else {}),
+          "dense_exchange": step_sent.total - in_step_guard - both - (hot or 0.0)}
+
+
+def _hot_rows_all_reduce(model, dp, state: TrainState, batch, loss_sum) -> float | None:
+  """Placed tables with hot rows: the bytes per device per step of the hot rows' gradient
+  all-reduce, from compiled programs: the all-reduces of the loss's gradient with respect to
+  the hot bank alone less those of the loss (the model state's mean and the sum of the
+  result, in both); None without hot rows."""
+  if not isinstance(model, placed_dlrm.PlacedDLRM) or not model.hot_or_none.total:
+    return None
+  def hot_gradient(params, model_state, batch):
+    def of_hot(hot):
+      tables = {**params["tables"], "hot": hot}
+      return loss_sum({**params, "tables": tables}, model_state, batch)
+    return jax.grad(of_hot)(params["tables"]["hot"]).sum()
+  def all_reduced(fn):
+    sent = compressors.parallel.hlo_bytes.wire_bytes(dp.reduce(fn), state.params,
+                                                     state.model_state, batch)
+    return sent.by_kind.get("all-reduce", 0.0)
+  return all_reduced(hot_gradient) - all_reduced(loss_sum)
 
 
 def _peak_bytes(dp, state: TrainState, batch, steps: int) -> dict[str, Any]:
@@ -871,7 +903,7 @@ def _placed_initializer(model: placed_dlrm.PlacedDLRM, init_variables, workers, 
   """``init_variables`` with the tables placed and the overflow counters added; the tables'
   layout written beside the checkpoints."""
   if jax.process_index() == 0:
-    checkpoint.write_embedding_layout(workdir, model.plan)
+    checkpoint.write_embedding_layout(workdir, model.plan, model.hot_or_none.ids)
 
   def placed(seed):
     params, state = init_variables(seed)
@@ -905,7 +937,7 @@ def _prepare(config, workdir, lock_workdir) -> tuple[_Run, TrainState]:
 
   init_variables = _variables_initializer(model, task, {k: v[0] for k, v in first_batch.items()},
                                           workers.count)
-  model = _placed(config, model, workers, learning_rate)
+  model = _placed(config, model, workers, learning_rate, dataset, init_variables)
   if isinstance(model, placed_dlrm.PlacedDLRM):
     init_variables = _placed_initializer(model, init_variables, workers, workdir)
   params_shape, model_state_shape = jax.eval_shape(init_variables, config.seed)
@@ -933,6 +965,8 @@ def _prepare(config, workdir, lock_workdir) -> tuple[_Run, TrainState]:
   communication = {**_communication(config, model, task, learning_rate, dp, state, batch_shape,
                                    steps), "state_bytes_per_device": held,
                    **_peak_bytes(dp, state, batch_shape, steps)}
+  if getattr(model, "planned", None) is not None:  # the embedding planner's choice
+    communication["embedding_planner"] = model.planned
   return _Run(config, workdir, workers, dataset, steps, learning_rate, dp,
               dp.reduce(_evaluation_sums(model, task)), communication, checkpointer,
               sum(x.size for x in jax.tree.leaves(dp.model_params(state))),

@@ -308,9 +308,12 @@ def exchange_bytes(p: Plan, batch: int, hotness: Sequence[int], capacity: int | 
   forward = backward = 0.0
   if n == 1:
     return {"forward": forward, "backward": backward}
-  for tables, width in ((p.fetched, p.width), (p.tables("column"), p.column_width)):
+  # The column exchange sends at most its keys (a capacity beyond them is not padded).
+  for tables, width, padded in ((p.fetched, p.width, True),
+                                (p.tables("column"), p.column_width, False)):
     if tables:
-      slots = n * (capacity or batch * sum(hotness[t] for t in tables))
+      lookups = batch * sum(hotness[t] for t in tables)
+      slots = n * ((capacity or lookups) if padded else min(capacity or lookups, lookups))
       forward += share * slots * (4 + width * itemsize)  # int32 keys, then the rows
       backward += share * slots * width * itemsize
   if p.reduce_scattered:
@@ -394,7 +397,8 @@ def pooled_lookup(p: Plan, params: dict, sparse: Sequence[jax.Array], axis,
   Args:
     p: the plan.
     params: this device's part of :func:`shard`'s layout.
-    sparse: this device's IDs, one ``[batch, hotness]`` array per table.
+    sparse: this device's IDs, one ``[batch, hotness]`` array per table (-1 in a table of
+      :attr:`Plan.fetched`: no lookup, a zero row).
     axis: the mesh axis the tables are sharded over.
     capacity: keys per bucket of the all-to-all (per owner for the bank, per device for the
       column bank); None: every lookup of the device (no overflow possible).
@@ -409,8 +413,11 @@ def pooled_lookup(p: Plan, params: dict, sparse: Sequence[jax.Array], axis,
       pooled[t] = bags[:, i]
   bank_tables = p.fetched
   if bank_tables:
-    keys = _concatenated_keys(p, sparse, bank_tables, lambda t, ids: (
-        lambda owner, local: owner * p.bank_rows + local)(*_bank_address(p, t, ids)))
+    # An ID of -1 is no lookup (a hot row, served by compressors.parallel.hot_rows): the key
+    # past the bank, the de-duplication's padding, which sends nothing and gives a zero row.
+    keys = _concatenated_keys(p, sparse, bank_tables, lambda t, ids: jnp.where(
+        ids < 0, p.devices * p.bank_rows,
+        (lambda owner, local: owner * p.bank_rows + local)(*_bank_address(p, t, ids))))
     rows, lost = _bank_rows(p, params["bank"], keys, axis, capacity or keys.shape[0])
     _split_bags(p, rows, sparse, bank_tables, pooled)
     overflow += lost

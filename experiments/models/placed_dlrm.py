@@ -4,8 +4,9 @@
 :class:`PlacedDLRM` has a flax module's ``apply`` (so the runner's loss and evaluation call it as
 they call any model), run inside ``shard_map`` over ``axis``: the tables' pooled lookup goes
 through the embedding exchange, then :class:`experiments.models.dlrm.DLRMTower`. Its parameters
-are ``{"tower": ..., "tables": embeddings.shard(...)}`` (:meth:`PlacedDLRM.place` lays out the
-model's ``embedding_<t>`` tables so); the bank and the column bank are sharded over ``axis``
+are ``{"tower": ..., "tables": hot_rows.shard(...)}`` (:meth:`PlacedDLRM.place` lays out the
+model's ``embedding_<t>`` tables so); the bank, the column bank and the hot bank (the hot rows,
+:mod:`compressors.parallel.hot_rows`, a copy per device) are sharded over ``axis``
 (:meth:`PlacedDLRM.sharded_params`), updated by their own optimizer, the rest replicated and
 updated by the run's chain.
 """
@@ -20,6 +21,7 @@ import optax
 from jax.sharding import PartitionSpec as P
 
 from compressors.parallel import embeddings
+from compressors.parallel import hot_rows
 from compressors.parallel import sharded_params
 from experiments.models import dlrm
 
@@ -56,6 +58,13 @@ class PlacedDLRM(NamedTuple):
   axis: str
   tx: optax.GradientTransformation
   capacity: int | None = None  # keys per bucket of a training step's exchange (None: all fit)
+  hot: hot_rows.HotRows | None = None  # rows every device holds (None: none)
+  planned: dict | None = None  # the embedding planner's choice for results.json, where it chose
+
+  @property
+  def hot_or_none(self) -> hot_rows.HotRows:
+    """The hot rows (:mod:`compressors.parallel.hot_rows`), none when not given."""
+    return self.hot or hot_rows.none(self.plan)
 
   @property
   def sharded(self) -> bool:
@@ -66,25 +75,28 @@ class PlacedDLRM(NamedTuple):
     """The model's parameters (``embedding_<t>`` and ``tower``) laid out by the plan
     (traceable)."""
     tables = [params[f"embedding_{t}"] for t in range(len(self.plan.rows))]
-    return {"tower": params["tower"], "tables": self._held(embeddings.shard(self.plan, tables))}
+    return {"tower": params["tower"],
+            "tables": self._held(hot_rows.shard(self.plan, self.hot_or_none, tables))}
 
   def _held(self, laid_out: dict) -> dict:
     """``laid_out`` without a bank that holds no rows (no table placed there): an empty leaf
     would be a parameter of no size, whose optimizer state a trace cannot tell sharded."""
-    empty = {"bank": self.plan.bank_rows == 0, "column_bank": self.plan.column_rows == 0}
+    empty = {"bank": self.plan.bank_rows == 0, "column_bank": self.plan.column_rows == 0,
+             "hot": self.hot_or_none.total == 0}
     return {k: v for k, v in laid_out.items() if not empty.get(k, False)}
 
   def natural(self, params: dict) -> dict:
     """:meth:`place` undone (numpy): the model's parameters."""
     held = jax.device_get(params["tables"])
-    tables = embeddings.unshard(self.plan, {"bank": np.zeros((0, self.plan.width)),
-                                            "column_bank": np.zeros((0, 0)), **held})
+    tables = hot_rows.unshard(self.plan, self.hot_or_none,
+                              {"bank": np.zeros((0, self.plan.width)),
+                               "column_bank": np.zeros((0, 0)), **held})
     return {"tower": params["tower"], **{f"embedding_{t}": x for t, x in enumerate(tables)}}
 
   def sharded_params(self, placed_params: Any) -> sharded_params.ShardedParams:
     """Which leaves of :meth:`place`'s layout are sharded, and their optimizer."""
     specs = {"tower": jax.tree.map(lambda _: P(), placed_params["tower"]),
-             "tables": self._held(embeddings.specs(self.plan, self.axis))}
+             "tables": self._held(hot_rows.specs(self.plan, self.axis))}
     return sharded_params.ShardedParams(specs, self.tx)
 
   def split(self, sparse) -> list:
@@ -120,8 +132,9 @@ class PlacedDLRM(NamedTuple):
     tables = params["tables"]
     if self.model.frozen_embeddings:
       tables = jax.lax.stop_gradient(tables)
-    pooled, overflow = embeddings.pooled_lookup(self.plan, tables, self.split(sparse), self.axis,
-                                                self.capacity if train else None)
+    pooled, overflow = hot_rows.pooled_lookup(self.plan, self.hot_or_none, tables,
+                                              self.split(sparse), self.axis,
+                                              self.capacity if train else None)
     logits = self.model.tower(parent=None).apply({"params": params["tower"]}, dense, pooled)
     if not mutable:
       return logits

@@ -1,0 +1,109 @@
+"""``config.embedding``'s planner settings, checked, and the planner run on a run's data
+(:mod:`compressors.embedding_planner`): ``placement="auto"``, ``hot_rows`` and
+``capacity=-1``.
+
+The planner's inputs come from the run: the tables' rows, width and hotness from the model,
+each table's access probabilities from a sample of the training IDs (the first
+:data:`SAMPLE_STEPS` batches, :func:`compressors.embedding_planner.probabilities_from_sample`),
+a device's batch, the dense parameters' count, and from ``config.embedding``: ``budget_bytes``
+(a device's bytes for the tables, 0: none), ``link_gbit`` (the link between devices, priced at
+the 10 Gbit/s cloud preset's latency) and ``compute_seconds`` (a step's compute).
+"""
+
+import dataclasses
+import math
+import re
+
+from absl import logging
+import numpy as np
+
+from compressors import embedding_planner
+from compressors.network import topology as topology_lib
+
+SAMPLE_STEPS = 8  # training batches whose IDs estimate the access probabilities
+_COUNT, _FRACTION = re.compile(r"^\d+$"), re.compile(r"^0?\.\d+$")
+
+
+def hot_setting(value) -> str | int | float:
+  """``config.embedding.hot_rows`` parsed: ``"auto"``, a count of rows per table (int) or a
+  fraction of each table's rows (float in (0, 1)).
+
+  Raises:
+    ValueError: anything else, in one line.
+  """
+  text = str(value).strip()
+  if text == "auto":
+    return text
+  if _COUNT.match(text):
+    return int(text)
+  if _FRACTION.match(text) and 0 < float(text) < 1:
+    return float(text)
+  raise ValueError(f"config.embedding.hot_rows={value!r} is not allowed; allowed: 'auto' (the "
+                   "planner's), a count of rows per table such as '64', or a fraction of each "
+                   "table's rows in (0, 1) such as '0.01'")
+
+
+def check(block) -> None:
+  """Refuses, in one line naming the field, a value of the planner's settings that is not
+  allowed (before anything compiles)."""
+  hot_setting(block.get("hot_rows", "0"))
+  capacity = block.get("capacity", 0)
+  if not isinstance(capacity, int) or capacity < -1:
+    raise ValueError(f"config.embedding.capacity={capacity!r} is not allowed; allowed: -1 (from "
+                     "the skew), 0 (every lookup of a device fits) or keys per bucket >= 1")
+  for field, low in (("budget_bytes", 0), ("link_gbit", None), ("compute_seconds", None)):
+    value = block.get(field, 1)
+    if not isinstance(value, (int, float)) or not math.isfinite(value) or (
+        value < 0 if low == 0 else value <= 0):
+      raise ValueError(f"config.embedding.{field}={value!r} is not allowed; allowed: "
+                       + ("bytes >= 0 (0: no budget)" if low == 0 else "a number > 0"))
+  if block.placement == "auto" and block.overrides:
+    raise ValueError(f"config.embedding.overrides={block.overrides!r} with placement='auto' is "
+                     "not allowed; allowed: overrides '' (the planner places every table)")
+
+
+def needs_planner(block) -> bool:
+  """Whether the settings ask the planner: placements, hot rows or the capacity from it."""
+  return (block.placement == "auto" or hot_setting(block.get("hot_rows", "0")) != 0
+          or block.get("capacity", 0) == -1)
+
+
+def _probabilities(model, dataset) -> tuple[np.ndarray, ...]:
+  steps = min(SAMPLE_STEPS, dataset.steps_per_epoch)
+  ids = np.concatenate([np.asarray(dataset.train_batch(s)["sparse"]).reshape(
+      -1, sum(model.hotness)) for s in range(steps)])
+  bounds = np.cumsum(model.hotness)[:-1]
+  return tuple(embedding_planner.probabilities_from_sample(table_ids, rows) for table_ids, rows
+               in zip(np.split(ids, bounds, axis=1), model.cardinalities))
+
+
+def choose(block, model, devices: int, batch_per_device: int, dataset, dense_params: int,
+           placements) -> embedding_planner.Choice:
+  """The planner's choice for the run (``placements`` None: chosen too), logged with its
+  report."""
+  workload = embedding_planner.Workload(
+      tuple(model.cardinalities), model.embedding_dim, tuple(model.hotness), batch_per_device,
+      _probabilities(model, dataset), dense_params)
+  link = dataclasses.replace(topology_lib.CLOUD_10G, bandwidth=block.link_gbit * 1e9 / 8,
+                             name=f"{block.link_gbit:g} Gbit/s")
+  hot = hot_setting(block.hot_rows)
+  counts = (None if hot == "auto" else
+            [hot if isinstance(hot, int) else math.ceil(hot * r) for r in model.cardinalities])
+  choice = embedding_planner.choose(
+      workload, topology_lib.Topology.flat(devices, link), block.budget_bytes,
+      block.compute_seconds, placements, counts, block.row_reduction)
+  if hot not in (0, "auto") and not choice.hot.total:
+    raise ValueError(f"config.embedding.hot_rows={block.hot_rows!r} but no table is row- or "
+                     f"table-placed with row_reduction 'all_to_all' (placements "
+                     f"{sorted(set(choice.plan.placements))}, row_reduction "
+                     f"{block.row_reduction!r}); allowed: hot_rows '0' there")
+  logging.warning("%s", choice.report())
+  return choice
+
+
+def summary(choice: embedding_planner.Choice) -> dict:
+  """The choice for results.json: the placements, the hot rows' count, the capacity, why, and
+  the predicted bytes and seconds per collective per step, the step and the memory."""
+  return {"placements": list(choice.plan.placements), "hot_rows": choice.hot.total,
+          "capacity": choice.capacity, "why": choice.why,
+          **dataclasses.asdict(choice.prediction)}
