@@ -299,7 +299,22 @@ def _placed(config, model, workers, learning_rate):
                      "(every lookup of a device fits) or keys per bucket >= 1")
   return placed_dlrm.PlacedDLRM(model, plan, workers.axis_name,
                                 _table_optimizer(config, block, chosen, learning_rate),
-                                block.capacity or None)
+                                block.capacity or None, _exchange_codecs(block))
+
+
+def _exchange_codecs(block) -> compressors.embedding_codecs.Codecs:
+  """The rows' all-to-alls' codecs of ``config.embedding`` (``exchange``,
+  ``gradient_exchange``, ``error_feedback``, ``topk_fraction``, ``threshold``; a block without
+  them exchanges float32), checked against the row reduction."""
+  codec_lib = compressors.embedding_codecs
+  defaults = codec_lib.Codecs()
+  made = codec_lib.codecs(block.get("exchange", defaults.forward),
+                          block.get("gradient_exchange", defaults.backward),
+                          block.get("error_feedback", defaults.error_feedback),
+                          block.get("topk_fraction", defaults.topk_fraction),
+                          block.get("threshold", defaults.threshold))
+  codec_lib.check_plan(made, block.row_reduction)
+  return made
 
 
 def _table_optimizer(config, block, chosen, learning_rate) -> optax.GradientTransformation:
@@ -935,10 +950,18 @@ def _prepare(config, workdir, lock_workdir) -> tuple[_Run, TrainState]:
                    **_peak_bytes(dp, state, batch_shape, steps)}
   return _Run(config, workdir, workers, dataset, steps, learning_rate, dp,
               dp.reduce(_evaluation_sums(model, task)), communication, checkpointer,
-              sum(x.size for x in jax.tree.leaves(dp.model_params(state))),
+              sum(x.size for x in jax.tree.leaves(_model_only(dp.model_params(state)))),
               _scorer(model, task, dp),
               *((model.check_batch, model.check_step) if isinstance(model, placed_dlrm.PlacedDLRM)
                 else ())), state
+
+
+def _model_only(params):
+  """``params`` without the embedding exchange's error-feedback residuals (training state
+  carried with the parameters, no part of the model: not counted in ``num_params``)."""
+  if isinstance(params, dict) and compressors.embedding_codecs.RESIDUAL in params:
+    return {k: v for k, v in params.items() if k != compressors.embedding_codecs.RESIDUAL}
+  return params
 
 
 def _loop(run: _Run, state: TrainState, start: int, writer, stop: interrupt.StopRequest):
