@@ -42,8 +42,12 @@ The residual is training state, not a closure: a sharded leaf of the parameters
 (``params["exchange"]``, spec ``P(axis)``, one block per device, checkpointed with them) that
 the loss reads and whose *gradient* is its change: the backward pass defines the cotangent of
 the residual rows it read as ``e' - e``, and :func:`with_residual_updates` applies that change
-(undoing the sharded step's division of sharded gradients by the worker count). A step skipped
-for a non-finite gradient keeps the old residual.
+(undoing the sharded step's division of sharded gradients by the worker count). It is a
+parameter leaf, not optimizer state, because the loss must read it and the step hands the loss
+only the parameters; ``num_params`` leaves it out. Storing ``e + (e' - e)`` rounds once more in
+float32 (and the division and product by a worker count that is not a power of two once each):
+within an ulp of ``e'``, as ``tests/test_embedding_codecs.py`` checks against float64. A step
+skipped for a non-finite gradient keeps the old residual.
 """
 
 from typing import NamedTuple
