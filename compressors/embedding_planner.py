@@ -43,7 +43,7 @@ collective per step.
 import dataclasses
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -71,6 +71,9 @@ class Workload:
     probabilities: per table, each ID's probability of a lookup (summing to 1).
     dense_params: parameters all-reduced besides the tables (the tower's).
     itemsize: bytes of a table's element.
+    payload_bytes: ``(direction, rows, width) -> bytes`` of one bucket of the rows' all-to-alls
+      as their codecs encode them (:func:`compressors.embedding_codecs.payload_bytes`); None:
+      ``itemsize`` an element.
   """
   rows: tuple[int, ...]
   width: int
@@ -79,6 +82,7 @@ class Workload:
   probabilities: tuple[np.ndarray, ...]
   dense_params: int = 0
   itemsize: int = 4
+  payload_bytes: Callable[[str, int, int], int] | None = None
 
   @functools.cached_property
   def presence(self) -> tuple[np.ndarray, ...]:
@@ -153,7 +157,7 @@ def predict(w: Workload, topology: topo.Topology, p: embeddings.Plan, hot: hot_r
             capacity_: int | None, compute_seconds: float) -> Prediction:
   """The bytes and seconds of each collective and the modelled step (module docstring)."""
   n, size = p.devices, w.itemsize
-  exchange = embeddings.exchange_bytes(p, w.batch, w.hotness, capacity_, size)
+  exchange = embeddings.exchange_bytes(p, w.batch, w.hotness, capacity_, size, w.payload_bytes)
   replicated = sum(p.rows[t] for t in p.tables("replicated")) * p.width
   sent = {"embedding_forward": exchange["forward"], "embedding_backward": exchange["backward"],
           "hot_rows_all_reduce": hot.all_reduce_bytes(p, size),

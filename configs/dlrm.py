@@ -35,6 +35,17 @@ behind whose backward pass the all-reduces hide). Without compression each place
 without hot rows, gives the replicated tables' losses to float rounding
 (tests/test_dlrm_runner.py, tests/test_hot_rows.py).
 
+Compression of the rows' all-to-alls (compressors/embedding_codecs.py; placed tables, row
+reduction ``all_to_all``), each codec named as the registered per-step method whose transport it
+reuses: ``exchange``, the forward rows (``dense``, ``bf16``, ``fp16``: sent bit-cast as 16-bit
+integers, ``int8``, ``int4``: a float32 scale per row, int4 two codes a byte);
+``gradient_exchange``, the rows' gradients (the same, or ``topk``: the ``topk_fraction`` of each
+bucket's rows of largest norm, values and int32 indices, or ``threshold``: the rows whose L2
+norm reaches ``threshold``, at most as many); ``error_feedback`` (true: what a device's
+gradient codec did not send is added to the same row's next gradient it sends; its residual is
+a whole bank per device, in the parameters' ``exchange`` leaves, checkpointed). Bad values are
+refused in one line before anything compiles.
+
 Arguments: ``smoke`` (2 steps on fewer rows, for tests), ``frozen=true``.
 """
 
@@ -51,7 +62,9 @@ def get_config(arg=None):
                  frozen_embeddings=args["frozen"])
   c.embedding = dict(placement="replicated", overrides="", row_reduction="all_to_all",
                      optimizer="same", learning_rate=0.01, capacity=0, hot_rows="0",
-                     budget_bytes=262144, link_gbit=10.0, compute_seconds=0.05)
+                     budget_bytes=262144, link_gbit=10.0, compute_seconds=0.05,
+                     exchange="dense", gradient_exchange="dense", error_feedback=True,
+                     topk_fraction=0.25, threshold=1e-3)
   c.method = "dense"
   c.optimizer.update(dict(name="adam", learning_rate=0.01, b1=0.9, b2=0.999, eps=1e-8))
   c.batch_size = 512

@@ -11,12 +11,14 @@ the 10 Gbit/s cloud preset's latency) and ``compute_seconds`` (a step's compute)
 """
 
 import dataclasses
+import functools
 import math
 import re
 
 from absl import logging
 import numpy as np
 
+from compressors import embedding_codecs
 from compressors import embedding_planner
 from compressors.network import topology as topology_lib
 
@@ -77,13 +79,28 @@ def _probabilities(model, dataset) -> tuple[np.ndarray, ...]:
                in zip(np.split(ids, bounds, axis=1), model.cardinalities))
 
 
+def codecs(block) -> embedding_codecs.Codecs:
+  """The rows' all-to-alls' codecs of ``config.embedding`` (``exchange``,
+  ``gradient_exchange``, ``error_feedback``, ``topk_fraction``, ``threshold``; a block without
+  them exchanges float32), checked against the row reduction."""
+  defaults = embedding_codecs.Codecs()
+  made = embedding_codecs.codecs(block.get("exchange", defaults.forward),
+                                 block.get("gradient_exchange", defaults.backward),
+                                 block.get("error_feedback", defaults.error_feedback),
+                                 block.get("topk_fraction", defaults.topk_fraction),
+                                 block.get("threshold", defaults.threshold))
+  embedding_codecs.check_plan(made, block.row_reduction)
+  return made
+
+
 def choose(block, model, devices: int, batch_per_device: int, dataset, dense_params: int,
-           placements) -> embedding_planner.Choice:
-  """The planner's choice for the run (``placements`` None: chosen too), logged with its
-  report."""
+           placements, codecs_: embedding_codecs.Codecs) -> embedding_planner.Choice:
+  """The planner's choice for the run (``placements`` None: chosen too; the rows' payloads
+  priced as ``codecs_`` encodes them), logged with its report."""
   workload = embedding_planner.Workload(
       tuple(model.cardinalities), model.embedding_dim, tuple(model.hotness), batch_per_device,
-      _probabilities(model, dataset), dense_params)
+      _probabilities(model, dataset), dense_params,
+      payload_bytes=functools.partial(embedding_codecs.payload_bytes, codecs_))
   link = dataclasses.replace(topology_lib.CLOUD_10G, bandwidth=block.link_gbit * 1e9 / 8,
                              name=f"{block.link_gbit:g} Gbit/s")
   hot = hot_setting(block.hot_rows)

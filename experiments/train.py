@@ -287,12 +287,13 @@ def _placed(config, model, workers, learning_rate, dataset, init_variables):
   chosen = (None if block.placement == "auto" else
             placed_dlrm.placements(model.cardinalities, block.placement, block.overrides))
   hot, capacity, predicted = None, block.capacity or None, None
+  codecs = table_planning.codecs(block)
   if table_planning.needs_planner(block):
     params = jax.eval_shape(init_variables, config.seed)[0]
     tables = sum(r * model.embedding_dim for r in model.cardinalities)
     choice = table_planning.choose(
         block, model, workers.count, config.batch_size // workers.count, dataset,
-        sum(x.size for x in jax.tree.leaves(params)) - tables, chosen)
+        sum(x.size for x in jax.tree.leaves(params)) - tables, chosen, codecs)
     chosen, hot, predicted = choice.plan.placements, choice.hot, table_planning.summary(choice)
     capacity = choice.capacity if block.capacity == -1 else capacity
   plan = compressors.parallel.embeddings.plan(model.cardinalities, model.embedding_dim, chosen,
@@ -310,7 +311,7 @@ def _placed(config, model, workers, learning_rate, dataset, init_variables):
                        "device, no islands, a per-step method (or every table replicated)")
   return placed_dlrm.PlacedDLRM(model, plan, workers.axis_name,
                                 _table_optimizer(config, block, chosen, learning_rate),
-                                capacity, hot, predicted)
+                                capacity, hot, predicted, codecs)
 
 
 def _table_optimizer(config, block, chosen, learning_rate) -> optax.GradientTransformation:
@@ -969,10 +970,18 @@ def _prepare(config, workdir, lock_workdir) -> tuple[_Run, TrainState]:
     communication["embedding_planner"] = model.planned
   return _Run(config, workdir, workers, dataset, steps, learning_rate, dp,
               dp.reduce(_evaluation_sums(model, task)), communication, checkpointer,
-              sum(x.size for x in jax.tree.leaves(dp.model_params(state))),
+              sum(x.size for x in jax.tree.leaves(_model_only(dp.model_params(state)))),
               _scorer(model, task, dp),
               *((model.check_batch, model.check_step) if isinstance(model, placed_dlrm.PlacedDLRM)
                 else ())), state
+
+
+def _model_only(params):
+  """``params`` without the embedding exchange's error-feedback residuals (training state
+  carried with the parameters, no part of the model: not counted in ``num_params``)."""
+  if isinstance(params, dict) and compressors.embedding_codecs.RESIDUAL in params:
+    return {k: v for k, v in params.items() if k != compressors.embedding_codecs.RESIDUAL}
+  return params
 
 
 def _loop(run: _Run, state: TrainState, start: int, writer, stop: interrupt.StopRequest):

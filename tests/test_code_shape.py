@@ -453,6 +453,19 @@ def test_layers_import_only_downward():
   assert not found, "\n".join(found)
 
 
+def test_the_embedding_codecs_reuse_the_methods_transports():
+  """Issue 53: the embedding exchange's codecs (``compressors/embedding_codecs.py``) are the
+  registered methods' transports (the 16-bit casts, the int8/int4 quantiser and its packing),
+  not new ones; the placement and exchange (``compressors/parallel/embeddings.py``) know no
+  codec, and the codecs live outside ``compressors/parallel``, which knows no method."""
+  graph = import_graph()
+  assert {"compressors._dense", "compressors._intq"} <= set(graph["compressors.embedding_codecs"])
+  assert "compressors.embedding_codecs" not in graph["compressors.parallel.embeddings"]
+  code = _code(ROOT / "compressors" / "embedding_codecs.py")
+  found = [call for call in ("bitcast_convert_type", "def pack", "<< ") if call in code]
+  assert not found, f"compressors/embedding_codecs.py packs payloads itself: {found}"
+
+
 def test_placed_tables_train_in_the_one_data_parallel_step():
   """Issue 53: tables placed across devices extend the data-parallel step
   (``compressors.data_parallel(sharded=...)``), they do not bring a step of their own: the

@@ -30,7 +30,9 @@ tables may instead be pooled where their rows live, below):
 4. each device sums its bags from the rows it received.
 
 The backward pass is JAX's transpose of the same program: the rows' gradients return to their
-owners by one ``all_to_all`` and are summed there (scatter-add).
+owners by one ``all_to_all`` and are summed there (scatter-add). Both row all-to-alls may be
+compressed, with error feedback on the gradients (``pooled_lookup(..., rows_exchange=...)``,
+:mod:`compressors.embedding_codecs`; ``exchange_bytes(..., payload_bytes=...)`` counts them).
 
 With ``plan(..., row_reduction="reduce_scatter")`` row-placed tables are pooled as TorchRec's
 row-wise sharding pools them: every device's IDs of those tables are all-gathered, each device
@@ -178,12 +180,14 @@ def plan(rows: Sequence[int], width: int, placements: str | Sequence[str], devic
   return made
 
 
-def check_budget(p: Plan, budget_bytes: int, itemsize: int = 4) -> None:
-  """Refuses a plan whose tables need more than ``budget_bytes`` of one device.
+def check_budget(p: Plan, budget_bytes: int, itemsize: int = 4, residual_bytes: int = 0) -> None:
+  """Refuses a plan whose tables need more than ``budget_bytes`` of one device, with
+  ``residual_bytes`` more per device (the exchange's error-feedback residual,
+  :func:`compressors.embedding_codecs.residual_bytes_per_device`).
 
   Raises:
     ValueError: one line naming the table that alone does not fit as placed (its bytes on the
-      device that holds most of it), or else the bytes all the tables need.
+      device that holds most of it), or else the bytes all the tables (and the residual) need.
   """
   for t, placement in enumerate(p.placements):
     held = itemsize * {"replicated": p.rows[t] * p.width, "table": p.rows[t] * p.width,
@@ -193,9 +197,11 @@ def check_budget(p: Plan, budget_bytes: int, itemsize: int = 4) -> None:
       raise ValueError(f"table {t} ({p.rows[t]:,} rows, placement {placement!r}) needs "
                        f"{held:,} bytes of one device; allowed: at most the budget of "
                        f"{budget_bytes:,} (place it by rows or columns, or on more devices)")
-  if p.bytes_per_device(itemsize) > budget_bytes:
-    raise ValueError(f"the embedding tables need {p.bytes_per_device(itemsize):,} bytes of one "
-                     f"device as placed; allowed: at most the budget of {budget_bytes:,}")
+  if p.bytes_per_device(itemsize) + residual_bytes > budget_bytes:
+    residual = f" ({residual_bytes:,} of them the residual)" if residual_bytes else ""
+    raise ValueError(f"the embedding tables need {p.bytes_per_device(itemsize) + residual_bytes:,}"
+                     f" bytes of one device as placed{residual}; allowed: at most the budget of "
+                     f"{budget_bytes:,}")
 
 
 def _bank_address(p: Plan, t: int, ids):
@@ -291,7 +297,7 @@ def capacity_from_skew(unique_per_device: float, devices: int, margin: float = 1
 
 
 def exchange_bytes(p: Plan, batch: int, hotness: Sequence[int], capacity: int | None = None,
-                   itemsize: int = 4) -> dict[str, float]:
+                   itemsize: int = 4, payload_bytes=None) -> dict[str, float]:
   """Bytes one device sends per step in the exchange of :func:`pooled_lookup`, as
   :mod:`compressors.parallel.hlo_bytes` charges them (an all-to-all, all-gather or
   reduce-scatter of ``S`` bytes: ``(n - 1) / n * S``): ``forward`` (IDs, rows, bags) and
@@ -303,8 +309,12 @@ def exchange_bytes(p: Plan, batch: int, hotness: Sequence[int], capacity: int | 
     hotness: IDs per table of a row.
     capacity: as :func:`pooled_lookup`'s.
     itemsize: bytes of a table's element.
+    payload_bytes: ``(direction, rows, width) -> bytes`` of one bucket of rows as the forward
+      or backward all-to-all encodes it
+      (:func:`compressors.embedding_codecs.payload_bytes`); None: ``itemsize`` each.
   """
   n, share = p.devices, (p.devices - 1) / p.devices
+  payload_bytes = payload_bytes or (lambda direction, rows, width: rows * width * itemsize)
   forward = backward = 0.0
   if n == 1:
     return {"forward": forward, "backward": backward}
@@ -313,9 +323,9 @@ def exchange_bytes(p: Plan, batch: int, hotness: Sequence[int], capacity: int | 
                                 (p.tables("column"), p.column_width, False)):
     if tables:
       lookups = batch * sum(hotness[t] for t in tables)
-      slots = n * ((capacity or lookups) if padded else min(capacity or lookups, lookups))
-      forward += share * slots * (4 + width * itemsize)  # int32 keys, then the rows
-      backward += share * slots * width * itemsize
+      rows = (capacity or lookups) if padded else min(capacity or lookups, lookups)  # per bucket
+      forward += share * n * (4 * rows + payload_bytes("forward", rows, width))  # int32 keys
+      backward += share * n * payload_bytes("backward", rows, width)
   if p.reduce_scattered:
     bags = n * batch * len(p.reduce_scattered) * p.width * itemsize
     forward += share * (n * batch * sum(hotness[t] for t in p.reduce_scattered) * 4 + bags)
@@ -329,7 +339,12 @@ def _dedup(keys, fill):
   return unique, inverse.reshape(-1), jnp.sum(unique != fill)
 
 
-def _bank_rows(p: Plan, bank, keys, axis, capacity):
+def _all_to_all_rows(axis):
+  """The rows' exchange uncompressed: one all-to-all (its transpose returns the gradients)."""
+  return lambda bank, found, slot_keys: jax.lax.all_to_all(found, axis, 0, 0, tiled=True)
+
+
+def _bank_rows(p: Plan, bank, keys, axis, capacity, rows_exchange):
   """Each key's row of the bank, fetched from its owner: ``(rows [keys, width], overflow)``."""
   n, rows_each = p.devices, p.bank_rows
   unique, inverse, _ = _dedup(keys, n * rows_each)
@@ -338,25 +353,26 @@ def _bank_rows(p: Plan, bank, keys, axis, capacity):
   slot = jnp.arange(unique.shape[0]) - jnp.searchsorted(unique, owner * rows_each)
   valid = (owner < n) & (slot < capacity)
   overflow = jnp.sum((owner < n) & (slot >= capacity))
-  requests = jnp.full((n, capacity), -1, jnp.int32).at[
-      jnp.where(valid, owner, n), jnp.where(valid, slot, 0)].set(
-          (unique % rows_each).astype(jnp.int32), mode="drop")
+  slot_keys = jnp.full((n, capacity), n * rows_each, jnp.int32).at[
+      jnp.where(valid, owner, n), jnp.where(valid, slot, 0)].set(unique, mode="drop")
+  requests = jnp.where(slot_keys < n * rows_each, slot_keys % rows_each, -1)
   received = jax.lax.all_to_all(requests, axis, 0, 0, tiled=True)
   found = jnp.where((received >= 0)[..., None], bank[jnp.maximum(received, 0)], 0)
-  returned = jax.lax.all_to_all(found, axis, 0, 0, tiled=True)
+  returned = rows_exchange("bank", found, slot_keys)
   rows = jnp.where(valid[:, None], returned[jnp.minimum(owner, n - 1),
                                             jnp.minimum(slot, capacity - 1)], 0)
   return rows[inverse], overflow
 
 
-def _column_rows(p: Plan, columns, keys, axis, capacity):
+def _column_rows(p: Plan, columns, keys, axis, capacity, rows_exchange):
   """Each key's row of the column bank, its columns from every device: ``(rows, overflow)``."""
   unique, inverse, count = _dedup(keys, p.column_rows)
   kept = unique[:capacity]
   everyone = axes.all_gather(kept, axis)  # [n, capacity]
   found = jnp.where((everyone < p.column_rows)[..., None],
                     columns[jnp.minimum(everyone, p.column_rows - 1)], 0)
-  returned = jax.lax.all_to_all(found, axis, 0, 0, tiled=True)  # [n (column block), cap, cols]
+  # [n (column block), cap, cols]
+  returned = rows_exchange("column_bank", found, jnp.broadcast_to(kept, everyone.shape))
   rows = returned.transpose(1, 0, 2).reshape(kept.shape[0], -1)[:, :p.width]
   rows = jnp.where((inverse < capacity)[:, None], rows[jnp.minimum(inverse, capacity - 1)], 0)
   return rows, jnp.maximum(count - capacity, 0)
@@ -390,7 +406,8 @@ def _split_bags(p: Plan, rows, sparse, tables, pooled):
 
 
 def pooled_lookup(p: Plan, params: dict, sparse: Sequence[jax.Array], axis,
-                  capacity: int | None = None) -> tuple[jax.Array, jax.Array]:
+                  capacity: int | None = None,
+                  rows_exchange=None) -> tuple[jax.Array, jax.Array]:
   """Inside ``shard_map`` over ``axis``: this device's bags summed, ``[batch, tables, width]``,
   and the count of keys that overflowed the capacity (0 when none did).
 
@@ -402,7 +419,12 @@ def pooled_lookup(p: Plan, params: dict, sparse: Sequence[jax.Array], axis,
     axis: the mesh axis the tables are sharded over.
     capacity: keys per bucket of the all-to-all (per owner for the bank, per device for the
       column bank); None: every lookup of the device (no overflow possible).
+    rows_exchange: ``(bank, found, slot_keys) -> received``, the all-to-all of the rows
+      ``found`` (``[n, capacity, width]``) of ``"bank"`` or ``"column_bank"``, each slot's key
+      in ``slot_keys`` (the bank's size: empty); None: uncompressed
+      (:func:`compressors.embedding_codecs.rows_exchange` compresses it).
   """
+  rows_exchange = rows_exchange or _all_to_all_rows(axis)
   pooled = [None] * len(p.rows)
   for t, table in zip(p.tables("replicated"), params["replicated"]):
     pooled[t] = jnp.take(table, sparse[t], axis=0).sum(axis=1)
@@ -418,13 +440,15 @@ def pooled_lookup(p: Plan, params: dict, sparse: Sequence[jax.Array], axis,
     keys = _concatenated_keys(p, sparse, bank_tables, lambda t, ids: jnp.where(
         ids < 0, p.devices * p.bank_rows,
         (lambda owner, local: owner * p.bank_rows + local)(*_bank_address(p, t, ids))))
-    rows, lost = _bank_rows(p, params["bank"], keys, axis, capacity or keys.shape[0])
+    rows, lost = _bank_rows(p, params["bank"], keys, axis, capacity or keys.shape[0],
+                            rows_exchange)
     _split_bags(p, rows, sparse, bank_tables, pooled)
     overflow += lost
   column_tables = p.tables("column")
   if column_tables:
     keys = _concatenated_keys(p, sparse, column_tables, lambda t, ids: p.offsets[t] + ids)
-    rows, lost = _column_rows(p, params["column_bank"], keys, axis, capacity or keys.shape[0])
+    rows, lost = _column_rows(p, params["column_bank"], keys, axis, capacity or keys.shape[0],
+                              rows_exchange)
     _split_bags(p, rows, sparse, column_tables, pooled)
     overflow += lost
   return jnp.stack(pooled, axis=1), overflow

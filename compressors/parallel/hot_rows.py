@@ -161,12 +161,14 @@ _gradient_all_reduced.defvjp(_forward, _backward)
 
 
 def pooled_lookup(p: embeddings.Plan, hot: HotRows, params: dict, sparse: Sequence[jax.Array],
-                  axis, capacity: int | None = None) -> tuple[jax.Array, jax.Array]:
+                  axis, capacity: int | None = None,
+                  rows_exchange=None) -> tuple[jax.Array, jax.Array]:
   """:func:`embeddings.pooled_lookup` with the hot rows served from this device's hot bank:
   ``(bags [batch, tables, width], overflow)``; the hot bank's gradient is all-reduced over
-  ``axis`` in the backward pass. ``capacity`` counts cold keys only."""
+  ``axis`` in the backward pass. ``capacity`` counts cold keys only; ``rows_exchange`` encodes
+  the cold rows' all-to-alls, as :func:`embeddings.pooled_lookup`'s."""
   if not hot.total:
-    return embeddings.pooled_lookup(p, params, sparse, axis, capacity)
+    return embeddings.pooled_lookup(p, params, sparse, axis, capacity, rows_exchange)
   bank = _gradient_all_reduced(params["hot"], axis)
   cold, hot_bags = list(sparse), {}
   for t, (ids, offset) in enumerate(zip(hot.ids, hot.offsets)):
@@ -177,7 +179,7 @@ def pooled_lookup(p: embeddings.Plan, hot: HotRows, params: dict, sparse: Sequen
     is_hot = table_ids[slot] == sparse[t]
     cold[t] = jnp.where(is_hot, -1, sparse[t])
     hot_bags[t] = jnp.where(is_hot[..., None], bank[offset + slot], 0).sum(axis=1)
-  pooled, overflow = embeddings.pooled_lookup(p, params, cold, axis, capacity)
+  pooled, overflow = embeddings.pooled_lookup(p, params, cold, axis, capacity, rows_exchange)
   for t, bag in hot_bags.items():
     pooled = pooled.at[:, t].add(bag)
   return pooled, overflow

@@ -20,6 +20,7 @@ import numpy as np
 import optax
 from jax.sharding import PartitionSpec as P
 
+from compressors import embedding_codecs
 from compressors.parallel import embeddings
 from compressors.parallel import hot_rows
 from compressors.parallel import sharded_params
@@ -52,7 +53,9 @@ class PlacedDLRM(NamedTuple):
   """``model``'s tables placed by ``plan`` over the mesh axis ``axis``; ``tx`` updates the
   sharded ones (the bank and the column bank). With ``capacity``, a training step's exchange
   counts the keys beyond it in the model state (:meth:`overflow_state`, one count per worker),
-  which :meth:`check_step` refuses; evaluation batches fetch every lookup (no capacity)."""
+  which :meth:`check_step` refuses; evaluation batches fetch every lookup (no capacity).
+  ``codecs`` encode the rows' all-to-alls (:mod:`compressors.embedding_codecs`); with
+  error feedback its residuals are the sharded parameters ``params["exchange"]``."""
   model: dlrm.DLRM
   plan: embeddings.Plan
   axis: str
@@ -60,6 +63,7 @@ class PlacedDLRM(NamedTuple):
   capacity: int | None = None  # keys per bucket of a training step's exchange (None: all fit)
   hot: hot_rows.HotRows | None = None  # rows every device holds (None: none)
   planned: dict | None = None  # the embedding planner's choice for results.json, where it chose
+  codecs: embedding_codecs.Codecs = embedding_codecs.Codecs()
 
   @property
   def hot_or_none(self) -> hot_rows.HotRows:
@@ -73,10 +77,12 @@ class PlacedDLRM(NamedTuple):
 
   def place(self, params: dict) -> dict:
     """The model's parameters (``embedding_<t>`` and ``tower``) laid out by the plan
-    (traceable)."""
+    (traceable), and the exchange's error-feedback residuals at zero (if any)."""
     tables = [params[f"embedding_{t}"] for t in range(len(self.plan.rows))]
+    residual = embedding_codecs.init_residual(self.plan, self.codecs)
     return {"tower": params["tower"],
-            "tables": self._held(hot_rows.shard(self.plan, self.hot_or_none, tables))}
+            "tables": self._held(hot_rows.shard(self.plan, self.hot_or_none, tables)),
+            **({embedding_codecs.RESIDUAL: residual} if residual else {})}
 
   def _held(self, laid_out: dict) -> dict:
     """``laid_out`` without a bank that holds no rows (no table placed there): an empty leaf
@@ -94,10 +100,16 @@ class PlacedDLRM(NamedTuple):
     return {"tower": params["tower"], **{f"embedding_{t}": x for t, x in enumerate(tables)}}
 
   def sharded_params(self, placed_params: Any) -> sharded_params.ShardedParams:
-    """Which leaves of :meth:`place`'s layout are sharded, and their optimizer."""
+    """Which leaves of :meth:`place`'s layout are sharded, and their optimizer (the residuals
+    take their change, :func:`embedding_codecs.with_residual_updates`)."""
     specs = {"tower": jax.tree.map(lambda _: P(), placed_params["tower"]),
              "tables": self._held(hot_rows.specs(self.plan, self.axis))}
-    return sharded_params.ShardedParams(specs, self.tx)
+    if embedding_codecs.RESIDUAL not in placed_params:
+      return sharded_params.ShardedParams(specs, self.tx)
+    specs[embedding_codecs.RESIDUAL] = {k: P(self.axis)
+                                        for k in placed_params[embedding_codecs.RESIDUAL]}
+    return sharded_params.ShardedParams(
+        specs, embedding_codecs.with_residual_updates(self.tx, self.plan.devices))
 
   def split(self, sparse) -> list:
     """Every table's IDs in turn along the last axis -> one array per table (the model's
@@ -129,12 +141,15 @@ class PlacedDLRM(NamedTuple):
     ``mutable``, and the step's overflow count)."""
     del rngs
     params = variables["params"]
-    tables = params["tables"]
+    tables, residual = params["tables"], params.get(embedding_codecs.RESIDUAL)
     if self.model.frozen_embeddings:
-      tables = jax.lax.stop_gradient(tables)
+      tables, residual = jax.lax.stop_gradient((tables, residual))
+    # Evaluation sends nothing back: the forward codec alone, no residual.
+    exchange = (embedding_codecs.rows_exchange(self.codecs, residual if train else None,
+                                               self.axis) if self.codecs.compressed else None)
     pooled, overflow = hot_rows.pooled_lookup(self.plan, self.hot_or_none, tables,
                                               self.split(sparse), self.axis,
-                                              self.capacity if train else None)
+                                              self.capacity if train else None, exchange)
     logits = self.model.tower(parent=None).apply({"params": params["tower"]}, dense, pooled)
     if not mutable:
       return logits
