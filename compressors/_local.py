@@ -271,14 +271,10 @@ def _aggregated(inner, exchange, outer, agg: aggregation_lib.Aggregation,
         outer.init(params), exchange.init(params), jnp.ones((), bool), worker_sim.init(agg.sim))
 
   def update(grads, state, params=None, *, synchronise: bool = False, **extra_args):
-    _check_update(params, synchronise)
-    updates, inner_state, active, sim, me = _simulated_inner_step(inner, agg, axis_name, grads,
-                                                                  state, params)
-    if not synchronise:
-      return updates, state._replace(synchronised=jnp.zeros((), bool), inner=inner_state,
-                                     active=active, workers=sim)
-    worker = jax.tree.map(lambda p, q: jnp.where(active, q, p),
-                          params, optax.apply_updates(params, updates))
+    early, worker, inner_state, active, sim, me = _inner_round(inner, agg, axis_name, grads,
+                                                               state, params, synchronise)
+    if early is not None:
+      return early
     weights, merged, _, sim = aggregation_lib.merge(agg, sim)
     contribution = _weighted(agg, weights, me, state.anchor, worker)
     mean, exchange_state = exchange.update(contribution, state.exchange, state.anchor,
@@ -290,6 +286,23 @@ def _aggregated(inner, exchange, outer, agg: aggregation_lib.Aggregation,
                                  exchange_state, active, sim))
 
   return optax.GradientTransformationExtraArgs(init, update)
+
+
+def _inner_round(inner, agg: aggregation_lib.Aggregation, axis_name, grads, state, params,
+                 synchronise: bool):
+  """The aggregated forms' inner step of a simulated worker: ``(early, worker, inner_state,
+  active, workers, me)``. ``early`` is the ``(updates, state)`` to return off a synchronisation
+  (None on one); ``worker`` the worker's parameters after its step (its own where it sat out)."""
+  _check_update(params, synchronise)
+  updates, inner_state, active, sim, me = _simulated_inner_step(inner, agg, axis_name, grads,
+                                                                state, params)
+  if not synchronise:
+    return ((updates, state._replace(synchronised=jnp.zeros((), bool), inner=inner_state,
+                                     active=active, workers=sim)),
+            None, inner_state, active, sim, me)
+  worker = jax.tree.map(lambda p, q: jnp.where(active, q, p),
+                        params, optax.apply_updates(params, updates))
+  return None, worker, inner_state, active, sim, me
 
 
 def _eager(inner, exchange, outer, agg: aggregation_lib.Aggregation,
@@ -309,14 +322,10 @@ def _eager(inner, exchange, outer, agg: aggregation_lib.Aggregation,
         outer.init(params), zeros, zeros)
 
   def update(grads, state, params=None, *, synchronise: bool = False, **extra_args):
-    _check_update(params, synchronise)
-    updates, inner_state, active, sim, me = _simulated_inner_step(inner, agg, axis_name, grads,
-                                                                  state, params)
-    if not synchronise:
-      return updates, state._replace(synchronised=jnp.zeros((), bool), inner=inner_state,
-                                     active=active, workers=sim)
-    worker = jax.tree.map(lambda p, q: jnp.where(active, q, p),
-                          params, optax.apply_updates(params, updates))
+    early, worker, inner_state, active, sim, me = _inner_round(inner, agg, axis_name, grads,
+                                                               state, params, synchronise)
+    if early is not None:
+      return early
     weights, _, _, sim = aggregation_lib.merge(agg, sim)
     contribution = _weighted(agg, weights, me, state.own, worker)
     mean, exchange_state = exchange.update(contribution, state.exchange, state.own,

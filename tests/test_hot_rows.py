@@ -3,6 +3,9 @@ chooses them and the placements (compressors/embedding_planner.py): the math of 
 tables whole, the compiled program's bytes as predicted, the all-to-all's bytes cut on the
 synthetic skew."""
 
+import dataclasses
+import functools
+
 import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh
@@ -11,6 +14,7 @@ import ml_collections
 import numpy as np
 import pytest
 
+from compressors import embedding_codecs
 from compressors import embedding_planner
 from compressors.network import topology
 from compressors.parallel import embeddings
@@ -39,15 +43,16 @@ def replicated(problem):
   return _replicated_trajectory(tower, batch, {"tower": tower_params, "tables": tables}, 20)
 
 
-def _step(tower, plan, hot, capacity=None):
-  """The data-parallel SGD step with the tables placed by ``plan`` and ``hot``: ``(params,
-  batch) -> (params, mean loss, overflow)``."""
+def _step(tower, plan, hot, capacity=None, rows_exchange=None):
+  """The data-parallel SGD step with the tables placed by ``plan`` and ``hot`` (the rows'
+  all-to-alls encoded by ``rows_exchange``): ``(params, batch) -> (params, mean loss,
+  overflow)``."""
   mesh = Mesh(np.array(jax.devices()[:DEVICES]), ("data",))
 
   def body(params, batch):
     def loss(params):
       pooled, overflow = hot_rows.pooled_lookup(plan, hot, params["tables"], batch["sparse"],
-                                                "data", capacity)
+                                                "data", capacity, rows_exchange)
       logits = tower.apply({"params": params["tower"]}, batch["dense"], pooled)
       return dlrm_problem.bce(logits, batch["label"]), overflow
     (value, overflow), grads = jax.value_and_grad(loss, has_aux=True)(params)
@@ -133,6 +138,31 @@ def test_the_planner_predicts_the_compiled_programs_bytes_per_collective(problem
   assert sent["all-reduce"] == pytest.approx(all_reduced, rel=0.05)  # and the step's 2 scalars
   if hot:  # a prediction without the hot rows' all-reduce would be off by more than 5%
     assert predicted["hot_rows_all_reduce"] > 0.1 * all_reduced
+
+
+@pytest.mark.parametrize("forward,backward", [
+    ("int8", "int4"),
+    pytest.param("bf16", "topk", marks=pytest.mark.slow)])  # about 20 s on 2 cores
+def test_the_planner_prices_the_rows_as_their_codecs_encode_them(problem, forward, backward):
+  """Hot rows and compressed all-to-alls together: the planner's exchange bytes, the codecs'
+  payloads included, within 5% of the compiled step's."""
+  tower, batch, tower_params, tables = problem
+  codecs = embedding_codecs.codecs(forward, backward, error_feedback=False)
+  workload = dataclasses.replace(
+      _workload(ROWS, batch, tower_params),
+      payload_bytes=functools.partial(embedding_codecs.payload_bytes, codecs))
+  choice = embedding_planner.choose(workload, topology.Topology.flat(DEVICES, topology.CLOUD_10G),
+                                    0, 0.01, ("row",) * 5, (4,) * 5)
+  assert choice.hot.total > 0
+  params = {"tower": tower_params, "tables": hot_rows.shard(choice.plan, choice.hot, tables)}
+  step = _step(tower, choice.plan, choice.hot, choice.capacity,
+               embedding_codecs.rows_exchange(codecs, None, "data"))
+  sent = hlo_bytes.wire_bytes(step, params, batch).by_kind
+  predicted = choice.prediction.bytes
+  dense = embeddings.exchange_bytes(choice.plan, BATCH // DEVICES, HOTNESS, choice.capacity)
+  exchanged = predicted["embedding_forward"] + predicted["embedding_backward"]
+  assert exchanged < 0.6 * (dense["forward"] + dense["backward"])  # the codecs are priced
+  assert sent["all-to-all"] == pytest.approx(exchanged, rel=0.05)
 
 
 SYNTHETIC_ROWS = dlrm.capped(dlrm.MLPERF_DCNV2_ROWS, 2000)

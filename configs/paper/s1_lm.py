@@ -35,7 +35,6 @@ whether the tuning phase's runs are listed), ``chosen`` (``<point>_<row>@<scale>
 rate law's scales, any scale > 0).
 """
 
-import math
 from typing import NamedTuple
 
 import ml_collections
@@ -182,24 +181,6 @@ def run_name(label_: str, scale: float, seed: int) -> str:
   return t1_lm.run_name(label_, scale, seed)
 
 
-def parse_chosen(text: str, labels: dict) -> dict[str, float]:
-  """``label@scale+...`` -> {label: scale}; any scale > 0 (the rate law's are not the ladder's)."""
-  chosen = {}
-  for item in filter(None, text.split("+")):
-    name, _, scale = item.partition("@")
-    if name not in labels:
-      raise ValueError(f"configs/paper/s1_lm.py: chosen={text!r}: {name!r} is not a label")
-    try:
-      value = float(scale)
-    except ValueError:
-      value = math.nan
-    if not (math.isfinite(value) and value > 0):
-      raise ValueError(f"configs/paper/s1_lm.py: chosen={text!r}: scale {scale!r} of {name!r}; "
-                       "allowed: a number > 0")
-    chosen[name] = value
-  return chosen
-
-
 def grid(tier: str, chosen: str = "", tuning: bool = True) -> list[tuple[str, float, int]]:
   """``(label, rate scale, seeds)`` in order: the tuning phase (every point's rows but the
   largest size's, at each of the tables' rate scales, one seed), then the chosen ones."""
@@ -208,7 +189,8 @@ def grid(tier: str, chosen: str = "", tuning: bool = True) -> list[tuple[str, fl
   if tuning:
     out += [(name, scale, 1) for name in table if split_label(name)[0].size != largest(tier)
             for scale in t1_lm.LR_SCALES]
-  for name, scale in parse_chosen(chosen, table).items():
+  for name, scale in t1_lm.parse_chosen(chosen, table, where="configs/paper/s1_lm.py",
+                                        noun="a label", ladder=False).items():
     out.append((name, scale, seeds_of(tier, split_label(name)[0])))
   return out
 

@@ -47,6 +47,8 @@ the headline rows and their chosen scales, whose other seeds run, or with ``seed
 scales past the grid; '': the tuning phase only).
 """
 
+import math
+
 import ml_collections
 
 from compressors import equal_bytes
@@ -196,10 +198,10 @@ def f4_grid(tier: str) -> dict[str, int]:
 
 
 def parse_chosen(text: str, labels=None, *, where: str = "configs/paper/t1_lm.py",
-                 noun: str = "a row") -> dict[str, float]:
+                 noun: str = "a row", ladder: bool = True) -> dict[str, float]:
   """``row@scale+row@scale`` -> {row: scale}, each row one of ``labels`` (T1-LM's rows by
-  default) and each scale one of :data:`LR_LADDER`; ``where`` and ``noun`` name the config and
-  what a row is in its refusals."""
+  default) and each scale one of :data:`LR_LADDER` (``ladder=False``: any finite scale > 0, as a
+  rate law gives); ``where`` and ``noun`` name the config and what a row is in its refusals."""
   labels = rows() if labels is None else labels
   chosen = {}
   for item in filter(None, text.split("+")):
@@ -209,10 +211,13 @@ def parse_chosen(text: str, labels=None, *, where: str = "configs/paper/t1_lm.py
     try:
       value = float(scale)
     except ValueError:
-      value = None
-    if value not in LR_LADDER:
+      value = math.nan
+    if ladder and value not in LR_LADDER:
       raise ValueError(f"{where}: chosen={text!r}: scale {scale!r} of {label!r}; "
                        f"allowed: one of {LR_LADDER}")
+    if not (math.isfinite(value) and value > 0):
+      raise ValueError(f"{where}: chosen={text!r}: scale {scale!r} of {label!r}; "
+                       "allowed: a number > 0")
     chosen[label] = value
   return chosen
 
