@@ -132,6 +132,7 @@ def test_eager_resumes_from_its_state_bit_for_bit_with_spread_and_drop_outs():
   assert aggregation.totals(resumed[1])["updates_dropped"] > 0
 
 
+@pytest.mark.slow  # about 20 s on 2 cores
 def test_eager_workers_simulated_on_one_device_meet_the_same_as_one_per_device():
   agg = _agg("eager", speed_spread=0.5, dropout_rate=0.3, rejoin_after=1)
   (one, one_state), (two, two_state) = (_run(_local(agg, per_device), 2 * EVERY)
@@ -141,6 +142,7 @@ def test_eager_workers_simulated_on_one_device_meet_the_same_as_one_per_device()
   assert aggregation.totals(one_state) == aggregation.totals(two_state)
 
 
+@pytest.mark.slow  # about 25 s on 2 cores
 def test_eager_hides_the_communication_behind_the_next_rounds_compute():
   """Per round ``max(compute, communication)``, sync's sum; each contribution reaches the
   other worker one outer step late."""

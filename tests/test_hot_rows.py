@@ -71,8 +71,9 @@ def _hot(plan, batch, count):
 
 
 @pytest.mark.parametrize("placement,count,capacity", [
-    ("row", 4, 8), (MIXED, 5, None),
+    (MIXED, 5, None),
     # about 20 s each on 2 cores
+    pytest.param("row", 4, 8, marks=pytest.mark.slow),
     pytest.param("table", 3, None, marks=pytest.mark.slow),
     pytest.param("row", 200, 1, marks=pytest.mark.slow)])
 def test_hot_rows_give_the_replicated_trajectory_over_20_steps(problem, replicated, placement,

@@ -95,6 +95,7 @@ def test_per_step_quorum_matches_a_float64_reference_with_stragglers(stale_weigh
     assert (figures["updates_dropped"], figures["updates_applied"]) == (4 * 2, 4 * 6)
 
 
+@pytest.mark.slow  # about 10 s on 2 cores; the stragglers' reference drops late workers too
 def test_per_step_drop_outs_change_the_result():
   alike, _ = _run(_agg())
   params, state = _run(_agg(dropout_rate=0.3, rejoin_after=1))
