@@ -21,6 +21,7 @@ import numpy as np
 from compressors import embedding_codecs
 from compressors import embedding_planner
 from compressors.network import topology as topology_lib
+from compressors.parallel import embeddings
 
 SAMPLE_STEPS = 8  # training batches whose IDs estimate the access probabilities
 _COUNT, _FRACTION = re.compile(r"^\d+$"), re.compile(r"^0?\.\d+$")
@@ -49,6 +50,10 @@ def check(block) -> None:
   """Refuses, in one line naming the field, a value of the planner's settings that is not
   allowed (before anything compiles)."""
   hot_setting(block.get("hot_rows", "0"))
+  allowed = (*embeddings.PLACEMENTS, "auto")
+  if block.placement not in allowed:
+    raise ValueError(f"config.embedding.placement={block.placement!r} is not allowed; allowed: "
+                     f"{list(allowed)}")
   capacity = block.get("capacity", 0)
   if not isinstance(capacity, int) or capacity < -1:
     raise ValueError(f"config.embedding.capacity={capacity!r} is not allowed; allowed: -1 (from "

@@ -970,18 +970,20 @@ def _prepare(config, workdir, lock_workdir) -> tuple[_Run, TrainState]:
     communication["embedding_planner"] = model.planned
   return _Run(config, workdir, workers, dataset, steps, learning_rate, dp,
               dp.reduce(_evaluation_sums(model, task)), communication, checkpointer,
-              sum(x.size for x in jax.tree.leaves(_model_only(dp.model_params(state)))),
+              _num_params(model, dp.model_params(state)),
               _scorer(model, task, dp),
               *((model.check_batch, model.check_step) if isinstance(model, placed_dlrm.PlacedDLRM)
                 else ())), state
 
 
-def _model_only(params):
-  """``params`` without the embedding exchange's error-feedback residuals (training state
-  carried with the parameters, no part of the model: not counted in ``num_params``)."""
-  if isinstance(params, dict) and compressors.embedding_codecs.RESIDUAL in params:
-    return {k: v for k, v in params.items() if k != compressors.embedding_codecs.RESIDUAL}
-  return params
+def _num_params(model, params) -> int:
+  """The model's parameters. A placed model's tables count their own rows once: not the banks'
+  padding, the hot rows' copies or the exchange's error-feedback residuals (training state
+  carried with the parameters), so that a placement does not change the count."""
+  if isinstance(model, placed_dlrm.PlacedDLRM):
+    return (sum(x.size for x in jax.tree.leaves(params["tower"]))
+            + sum(model.plan.rows) * model.plan.width)
+  return sum(x.size for x in jax.tree.leaves(params))
 
 
 def _loop(run: _Run, state: TrainState, start: int, writer, stop: interrupt.StopRequest):

@@ -244,8 +244,8 @@ _API = [
 _CONFIGS = [
     ("embedding-placement-unknown",
      lambda t: _run(_config(dlrm, **{"embedding.placement": "diagonal"}), t), ValueError,
-     r"embedding.placement='diagonal' \(table 0\) is not allowed; allowed: \['replicated', "
-     r"'table', 'row', 'column'\]"),
+     r"config.embedding.placement='diagonal' is not allowed; allowed: \['replicated', "
+     r"'table', 'row', 'column', 'auto'\]"),
     ("embedding-override-of-a-missing-table",
      lambda t: _run(_config(dlrm, **{"embedding.placement": "row",
                                      "embedding.overrides": "99:table"}), t), ValueError,

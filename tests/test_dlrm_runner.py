@@ -99,15 +99,17 @@ def test_each_placement_through_the_runner_gives_the_replicated_trajectory(
   assert sent["embedding_forward"] == pytest.approx(predicted["forward"], rel=1e-9)
   assert sent["embedding_backward"] == pytest.approx(predicted["backward"], rel=1e-9)
   # The rest of the step is the dense all-reduce of the tower (and the replicated tables).
-  sharded = 8 * (plan.bank_rows * plan.width + plan.column_rows * plan.column_width)
-  dense = (results["num_params"] - sharded) * 4 * 2 * 7 / 8
+  assert results["num_params"] == replicated["num_params"]  # rows move, none are added
+  placed = sum(r for r, p in zip(plan.rows, plan.placements) if p != "replicated") * plan.width
+  dense = (results["num_params"] - placed) * 4 * 2 * 7 / 8
   assert sent["dense_exchange"] == pytest.approx(dense, rel=0.01)
 
 
 @pytest.mark.parametrize("field,value,message", [
     ("embedding.overrides", "26:row", "config.embedding.overrides names table 26; allowed: "
                                       "tables 0 .. 25"),
-    ("embedding.placement", "rows", "embedding.placement='rows' .table 0. is not allowed"),
+    ("embedding.placement", "rows", "config.embedding.placement='rows' is not allowed; allowed: "
+                                    r"\['replicated', 'table', 'row', 'column', 'auto'\]"),
     ("embedding.optimizer", "adagrad", "config.embedding.optimizer='adagrad' is not allowed"),
     ("workers_per_device", 2, "with config.workers_per_device=2; allowed: one worker per device"),
     ("method", "diloco", "with config.method='diloco' .local updates.; allowed")])
