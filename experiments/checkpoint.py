@@ -53,7 +53,9 @@ import orbax.checkpoint as ocp
 from orbax.checkpoint._src.serialization import jax_array_handlers
 from orbax.checkpoint._src.serialization import type_handler_registry
 
+from compressors.parallel import embeddings
 from compressors.parallel import fsdp
+from compressors.parallel import hot_rows
 from experiments import cli
 from experiments import logs
 
@@ -497,8 +499,11 @@ def write_embedding_layout(workdir: str, plan: Any, hot_ids: Any = ()) -> None:
 
 def load_params(workdir: str, step: int | None = None) -> Any:
   """The parameters of a run's checkpoint (the latest by default), as numpy arrays on the host;
-  an islands run's in their natural shapes (with per-island parameters, one row per island)."""
+  an islands run's in their natural shapes (with per-island parameters, one row per island); a
+  run's placed embedding tables whole (``embedding_<t>``, as the replicated model holds them)."""
   params = _load(workdir, step, fields=("params",))["params"]
+  if os.path.exists(os.path.join(workdir, EMBEDDING_LAYOUT_FILE)):
+    return _whole_tables(workdir, params)
   path = os.path.join(workdir, PARAM_LAYOUT_FILE)
   if not os.path.exists(path):
     return params
@@ -511,6 +516,20 @@ def load_params(workdir: str, step: int | None = None) -> Any:
       return np.asarray(leaf.to_natural(stored))
     return np.stack([np.asarray(leaf.to_natural(row)) for row in stored])  # a row per island
   return jax.tree_util.tree_map_with_path(natural, params)
+
+
+def _whole_tables(workdir: str, params: dict) -> dict:
+  """A placed run's ``params`` with each table gathered from the banks and the hot rows
+  (:data:`EMBEDDING_LAYOUT_FILE` says where its rows live), without the exchange's
+  error-feedback residuals (training state, no part of the model)."""
+  with open(os.path.join(workdir, EMBEDDING_LAYOUT_FILE)) as f:
+    layout = json.load(f)
+  hot_ids = layout.pop("hot_ids", None)
+  plan = embeddings.Plan(**{k: tuple(v) if isinstance(v, list) else v
+                            for k, v in layout.items()})
+  hot = hot_rows.hot_rows(plan, hot_ids) if hot_ids else hot_rows.none(plan)
+  tables = hot_rows.unshard(plan, hot, params["tables"])
+  return {"tower": params["tower"], **{f"embedding_{t}": x for t, x in enumerate(tables)}}
 
 
 def load_state(workdir: str, step: int | None = None) -> dict[str, Any]:

@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 
+import jax
 import numpy as np
 import pytest
 
@@ -88,6 +89,12 @@ def test_each_placement_through_the_runner_gives_the_replicated_trajectory(
   assert len(losses) == 20 and expected[-1] < expected[0] - 0.05  # it learns
   np.testing.assert_allclose(losses, expected, rtol=1e-5, atol=1e-6)
   assert results["auc"] == pytest.approx(replicated["auc"], abs=1e-4)
+  # Its checkpoint loads as the replicated model's parameters: every table whole.
+  placed, whole = (checkpoint.load_params(str(d / "run")) for d in (tmp_path, path))
+  assert placed.keys() == whole.keys()
+  for key in whole:
+    for a, b in zip(jax.tree.leaves(placed[key]), jax.tree.leaves(whole[key])):
+      np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
   # The compiled program's exchange is the formula's, forward and backward.
   with open(os.path.join(tmp_path, "run", checkpoint.EMBEDDING_LAYOUT_FILE)) as f:
     layout = json.load(f)

@@ -230,9 +230,11 @@ def shard(p: Plan, tables: Sequence[jax.Array]) -> dict:
 
 
 def unshard(p: Plan, params: dict) -> list[np.ndarray]:
-  """The tables of ``params`` (as :func:`shard` lays them out), each ``[rows, width]``."""
-  bank, columns = np.asarray(params["bank"]), np.asarray(params["column_bank"])
-  replicated = iter(params["replicated"])
+  """The tables of ``params`` (as :func:`shard` lays them out, a bank that holds no rows and
+  an empty tuple of replicated tables may be absent), each ``[rows, width]``."""
+  bank = np.asarray(params.get("bank", np.zeros((0, p.width))))
+  columns = np.asarray(params.get("column_bank", np.zeros((0, 0))))
+  replicated = iter(params.get("replicated", ()))
   tables = []
   for t, placement in enumerate(p.placements):
     if placement == "replicated":

@@ -93,10 +93,7 @@ class PlacedDLRM(NamedTuple):
 
   def natural(self, params: dict) -> dict:
     """:meth:`place` undone (numpy): the model's parameters."""
-    held = jax.device_get(params["tables"])
-    tables = hot_rows.unshard(self.plan, self.hot_or_none,
-                              {"bank": np.zeros((0, self.plan.width)),
-                               "column_bank": np.zeros((0, 0)), **held})
+    tables = hot_rows.unshard(self.plan, self.hot_or_none, jax.device_get(params["tables"]))
     return {"tower": params["tower"], **{f"embedding_{t}": x for t, x in enumerate(tables)}}
 
   def sharded_params(self, placed_params: Any) -> sharded_params.ShardedParams:
