@@ -271,38 +271,47 @@ def _aggregated(inner, exchange, outer, agg: aggregation_lib.Aggregation,
         outer.init(params), exchange.init(params), jnp.ones((), bool), worker_sim.init(agg.sim))
 
   def update(grads, state, params=None, *, synchronise: bool = False, **extra_args):
-    early, worker, inner_state, active, sim, me = _inner_round(inner, agg, axis_name, grads,
-                                                               state, params, synchronise)
-    if early is not None:
+    early, sync = _simulated_round(inner, exchange, agg, axis_name, grads, state, params,
+                                   synchronise, state.anchor, extra_args)
+    if sync is None:
       return early
-    weights, merged, _, sim = aggregation_lib.merge(agg, sim)
-    contribution = _weighted(agg, weights, me, state.anchor, worker)
-    mean, exchange_state = exchange.update(contribution, state.exchange, state.anchor,
-                                           **extra_args)
-    anchor, outer_state = aggregation_lib.outer_step(agg, outer, mean, state.outer,
-                                                     state.anchor, merged)
+    anchor, outer_state = aggregation_lib.outer_step(agg, outer, sync.mean, state.outer,
+                                                     state.anchor, sync.merged.count)
     return (jax.tree.map(lambda a, p: a - p, anchor, params),
-            AggregatedLocalState(jnp.ones((), bool), anchor, inner_state, outer_state,
-                                 exchange_state, active, sim))
+            AggregatedLocalState(jnp.ones((), bool), anchor, sync.inner, outer_state,
+                                 sync.exchange, sync.active, sync.merged.workers))
 
   return optax.GradientTransformationExtraArgs(init, update)
 
 
-def _inner_round(inner, agg: aggregation_lib.Aggregation, axis_name, grads, state, params,
-                 synchronise: bool):
-  """The aggregated forms' inner step of a simulated worker: ``(early, worker, inner_state,
-  active, workers, me)``. ``early`` is the ``(updates, state)`` to return off a synchronisation
-  (None on one); ``worker`` the worker's parameters after its step (its own where it sat out)."""
+class _Synchronisation(NamedTuple):
+  """A simulated worker's synchronisation, up to its outer step (:func:`_simulated_round`)."""
+  contribution: Any  # what this worker handed the exchange (its weighted pseudo-gradient)
+  mean: Any  # the exchange's mean
+  exchange: Any  # the exchange's next state
+  inner: Any  # the inner optimizer's next state
+  active: jax.Array  # whether this worker ran this step
+  merged: aggregation_lib.Merged  # whom the aggregator merged, and the simulator's next state
+
+
+def _simulated_round(inner, exchange, agg: aggregation_lib.Aggregation, axis_name, grads, state,
+                     params, synchronise: bool, start, extra_args):
+  """The aggregated forms' step of a simulated worker: ``(updates, state)`` off a
+  synchronisation, ``None`` and the :class:`_Synchronisation` on one, whose pseudo-gradient is
+  ``start`` (the anchor, or eager's own outer parameters) minus the worker after its step (its
+  own parameters where it sat out)."""
   _check_update(params, synchronise)
   updates, inner_state, active, sim, me = _simulated_inner_step(inner, agg, axis_name, grads,
                                                                 state, params)
   if not synchronise:
-    return ((updates, state._replace(synchronised=jnp.zeros((), bool), inner=inner_state,
-                                     active=active, workers=sim)),
-            None, inner_state, active, sim, me)
+    return (updates, state._replace(synchronised=jnp.zeros((), bool), inner=inner_state,
+                                    active=active, workers=sim)), None
   worker = jax.tree.map(lambda p, q: jnp.where(active, q, p),
                         params, optax.apply_updates(params, updates))
-  return None, worker, inner_state, active, sim, me
+  merged = aggregation_lib.merge(agg, sim)
+  contribution = _weighted(agg, merged.weights, me, start, worker)
+  mean, exchange_state = exchange.update(contribution, state.exchange, start, **extra_args)
+  return None, _Synchronisation(contribution, mean, exchange_state, inner_state, active, merged)
 
 
 def _eager(inner, exchange, outer, agg: aggregation_lib.Aggregation,
@@ -322,14 +331,11 @@ def _eager(inner, exchange, outer, agg: aggregation_lib.Aggregation,
         outer.init(params), zeros, zeros)
 
   def update(grads, state, params=None, *, synchronise: bool = False, **extra_args):
-    early, worker, inner_state, active, sim, me = _inner_round(inner, agg, axis_name, grads,
-                                                               state, params, synchronise)
-    if early is not None:
+    early, sync = _simulated_round(inner, exchange, agg, axis_name, grads, state, params,
+                                   synchronise, state.own, extra_args)
+    if sync is None:
       return early
-    weights, _, _, sim = aggregation_lib.merge(agg, sim)
-    contribution = _weighted(agg, weights, me, state.own, worker)
-    mean, exchange_state = exchange.update(contribution, state.exchange, state.own,
-                                           **extra_args)
+    contribution, mean = sync.contribution, sync.mean
     late = lambda pending, fresh, stale: pending + (fresh - stale) / n
     own_updates, own_outer = outer.update(
         jax.tree.map(late, state.pending, contribution, state.sent), state.own_outer, state.own)
@@ -338,8 +344,9 @@ def _eager(inner, exchange, outer, agg: aggregation_lib.Aggregation,
         jax.tree.map(late, state.pending, mean, state.pending), state.outer, state.anchor)
     anchor = optax.apply_updates(state.anchor, anchor_updates)
     return (jax.tree.map(lambda o, p: o - p, own, params),
-            EagerLocalState(jnp.ones((), bool), anchor, inner_state, outer_state,
-                            exchange_state, active, sim, own, own_outer, contribution, mean))
+            EagerLocalState(jnp.ones((), bool), anchor, sync.inner, outer_state, sync.exchange,
+                            sync.active, sync.merged.workers, own, own_outer, contribution,
+                            mean))
 
   return optax.GradientTransformationExtraArgs(init, update)
 
