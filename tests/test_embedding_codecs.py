@@ -18,14 +18,14 @@ import pytest
 from compressors import embedding_codecs
 from compressors.parallel import embeddings
 from compressors.parallel import hlo_bytes
+from configs import dlrm as dlrm_config
 from experiments import train
 from experiments.data import criteo
 from tests import dlrm_problem
-from tests.dlrm_problem import BATCH, DEVICES, HOTNESS, LEARNING_RATE, ROWS, WIDTH
+from tests.dlrm_problem import BATCH, DEVICES, HOTNESS, LEARNING_RATE, MIXED, ROWS, WIDTH
 
 pytestmark = pytest.mark.usefixtures("fast_compiles")
 
-MIXED = ("row", "table", "column", "replicated", "table")
 LOSSY = ("bf16", "fp16", "int8", "int4", "topk", "threshold")
 
 
@@ -234,7 +234,7 @@ def test_bad_codecs_are_refused_in_one_line(fields, message):
 
 def _config(cache_dir, **fields):
   """20 steps of the small DLRM of tests/test_dlrm_runner.py, row-placed tables."""
-  config = __import__("configs.dlrm", fromlist=["get_config"]).get_config("smoke")
+  config = dlrm_config.get_config("smoke")
   config.data.update(dict(max_rows=50, num_train=512, num_eval=256, cache_dir=str(cache_dir)))
   config.update_from_flattened_dict({"batch_size": 64, "eval_batch_size": 256, "num_steps": 20,
                                      "checkpoint_every": 0, "embedding.placement": "row",

@@ -15,7 +15,7 @@ from experiments import models
 from experiments.data import criteo
 from experiments.models import dlrm
 from tests import dlrm_problem
-from tests.dlrm_problem import BATCH, DEVICES, HOTNESS, LEARNING_RATE, ROWS, WIDTH
+from tests.dlrm_problem import BATCH, DEVICES, HOTNESS, LEARNING_RATE, MIXED, ROWS, WIDTH
 import optimizers
 
 pytestmark = pytest.mark.usefixtures("fast_compiles")
@@ -27,27 +27,9 @@ def problem():
 
 
 @pytest.fixture(scope="module")
-def replicated(problem):
+def replicated():
   """The replicated tables' 20 losses and trained parameters."""
-  tower, batch, tower_params, tables = problem
-  return _replicated_trajectory(tower, batch, {"tower": tower_params, "tables": tables}, 20)
-
-
-def _replicated_trajectory(tower, batch, params, steps):
-  """One device, the whole batch, the tables whole: the losses of ``steps`` SGD steps."""
-  def loss(params):
-    pooled = dlrm.pooled_lookup(params["tables"], batch["sparse"])
-    return dlrm_problem.bce(tower.apply({"params": params["tower"]}, batch["dense"], pooled), batch["label"])
-
-  @jax.jit
-  def step(params):
-    value, grads = jax.value_and_grad(loss)(params)
-    return jax.tree.map(lambda p, g: p - LEARNING_RATE * g, params, grads), value
-  losses = []
-  for _ in range(steps):
-    params, value = step(params)
-    losses.append(float(value))
-  return losses, params
+  return dlrm_problem.replicated_trajectory(20)
 
 
 def _sharded_step(tower, plan, capacity=None):
@@ -71,7 +53,6 @@ def _sharded_step(tower, plan, capacity=None):
                                out_specs=(specs, P(), P())))
 
 
-MIXED = ("row", "table", "column", "replicated", "table")
 
 
 @pytest.mark.parametrize("placement,row_reduction", [

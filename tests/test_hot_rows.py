@@ -24,12 +24,9 @@ from experiments import table_planning
 from experiments.data import criteo
 from experiments.models import dlrm
 from tests import dlrm_problem
-from tests.dlrm_problem import BATCH, DEVICES, HOTNESS, LEARNING_RATE, ROWS, WIDTH
-from tests.test_embeddings import _replicated_trajectory
+from tests.dlrm_problem import BATCH, DEVICES, HOTNESS, LEARNING_RATE, MIXED, ROWS, WIDTH
 
 pytestmark = pytest.mark.usefixtures("fast_compiles")
-
-MIXED = ("row", "table", "column", "replicated", "table")
 
 
 @pytest.fixture(scope="module")
@@ -38,9 +35,8 @@ def problem():
 
 
 @pytest.fixture(scope="module")
-def replicated(problem):
-  tower, batch, tower_params, tables = problem
-  return _replicated_trajectory(tower, batch, {"tower": tower_params, "tables": tables}, 20)
+def replicated():
+  return dlrm_problem.replicated_trajectory(20)
 
 
 def _step(tower, plan, hot, capacity=None, rows_exchange=None):

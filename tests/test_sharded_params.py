@@ -14,13 +14,11 @@ import pytest
 import compressors
 from compressors.parallel import embeddings
 from compressors.parallel import sharded_params
-from experiments.models import dlrm
 from tests import dlrm_problem
-from tests.dlrm_problem import BATCH, DEVICES, HOTNESS, LEARNING_RATE, ROWS, WIDTH
+from tests.dlrm_problem import BATCH, DEVICES, HOTNESS, LEARNING_RATE, MIXED, ROWS, WIDTH
 
 pytestmark = pytest.mark.usefixtures("fast_compiles")
 
-MIXED = ("row", "table", "column", "replicated", "table")
 
 
 @pytest.fixture(scope="module")
@@ -29,23 +27,9 @@ def problem():
 
 
 @pytest.fixture(scope="module")
-def replicated(problem):
+def replicated():
   """One device, the whole batch, the tables whole: 20 SGD losses."""
-  tower, batch, tower_params, tables = problem
-
-  def loss(params):
-    pooled = dlrm.pooled_lookup(params["tables"], batch["sparse"])
-    return dlrm_problem.bce(tower.apply({"params": params["tower"]}, batch["dense"], pooled), batch["label"])
-
-  @jax.jit
-  def step(params):
-    value, grads = jax.value_and_grad(loss)(params)
-    return jax.tree.map(lambda p, g: p - LEARNING_RATE * g, params, grads), value
-  params, losses = {"tower": tower_params, "tables": tables}, []
-  for _ in range(20):
-    params, value = step(params)
-    losses.append(float(value))
-  return losses, params
+  return dlrm_problem.replicated_trajectory(20)
 
 
 def _data_parallel(problem, plan, method=None):
