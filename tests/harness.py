@@ -17,6 +17,14 @@ def regression_loss(params, batch):
   return jnp.mean((x @ params["w"] + params["b"] - y) ** 2)
 
 
+def regression_batch(workers: int, dim: int, seed: int = 0):
+  """``(x, y)`` for :func:`regression_loss`: 4 rows a worker, ``y`` a linear map of ``x`` plus
+  0.5, the same for the same ``seed``."""
+  key_x, key_w = jax.random.split(jax.random.PRNGKey(seed))
+  x = jax.random.normal(key_x, (workers * 4, dim))
+  return x, x @ jax.random.normal(key_w, (dim, dim)) + 0.5
+
+
 def mesh(num_devices: int = 8, axis_name: str = "data") -> jax.sharding.Mesh:
   return jax.sharding.Mesh(np.array(jax.devices()[:num_devices]), (axis_name,))
 

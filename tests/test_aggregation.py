@@ -30,9 +30,7 @@ TRACE = ((1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 2.0, 4.0),)  # two stragglers, seconds p
 
 
 def _batch(seed=0):
-  key_x, key_w = jax.random.split(jax.random.PRNGKey(seed))
-  x = jax.random.normal(key_x, (N * 4, DIM))
-  return x, x @ jax.random.normal(key_w, (DIM, DIM)) + 0.5
+  return harness.regression_batch(N, DIM, seed)
 
 
 def _local(agg, per_device=1):

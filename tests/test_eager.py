@@ -23,9 +23,7 @@ PARAMS = {"w": jnp.zeros((DIM, DIM)), "b": jnp.zeros((DIM,))}
 
 
 def _batch(seed=0):
-  key_x, key_w = jax.random.split(jax.random.PRNGKey(seed))
-  x = jax.random.normal(key_x, (N * 4, DIM))
-  return x, x @ jax.random.normal(key_w, (DIM, DIM)) + 0.5
+  return harness.regression_batch(N, DIM, seed)
 
 
 def _agg(rule, sync_seconds=0.0, **sim):

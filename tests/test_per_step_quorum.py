@@ -3,7 +3,6 @@ with the workers alike it is the plain mean; a float64 reference of a step with 
 late gradients dropped or sent a step later at ``stale_weight``; drop-outs change the result;
 the runner takes it."""
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -22,9 +21,7 @@ TRACE = ((1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 2.0, 4.0),)  # two stragglers, seconds p
 
 
 def _batch(seed=0):
-  key_x, key_w = jax.random.split(jax.random.PRNGKey(seed))
-  x = jax.random.normal(key_x, (N * 4, DIM))
-  return x, x @ jax.random.normal(key_w, (DIM, DIM)) + 0.5
+  return harness.regression_batch(N, DIM, seed)
 
 
 def _agg(rule="quorum", stale_weight=0.0, **sim):
