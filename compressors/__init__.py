@@ -89,6 +89,7 @@ from compressors._randomk import uniform_subset
 from compressors._sign import efsignsgd
 from compressors._sign import onebit
 from compressors._sign import signsgd
+from compressors._streaming import AggregatedStreamingState
 from compressors._streaming import FragmentPiece
 from compressors._streaming import StreamingState
 from compressors._streaming import fragment_layout
@@ -119,7 +120,7 @@ __all__ = (
     "DemoState", "EagerLocalState", "Link", "LocalUpdatesState", "MomentumCorrectionState",
     "OnebitAdamState",
     "FragmentPiece", "ResidualAggregate", "SkipNonFiniteState", "StepInputs", "StepKind",
-    "StreamingState", "SynchronisingState",
+    "StreamingState", "SynchronisingState", "AggregatedStreamingState",
     "Topology", "TrainState", "WireBytes", "Workers", "add_device_axis", "all_reduce",
     "apply_local_updates", "cast", "chunk_topk", "collective_cost", "compress", "data_parallel",
     "demo", "dense", "density_warmup", "dgc", "drop_device_axis", "efsignsgd", "fragment_layout",

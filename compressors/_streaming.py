@@ -64,6 +64,21 @@ yet) is first sent a round later (torchft requires ``F`` to divide ``H`` and ``t
 so that every first send is at step ``H / F - tau`` or later); the bytes are the same under
 both options.
 
+Slow, late or gone workers (``aggregation=``, :mod:`compressors.aggregation`'s ``sync``,
+``quorum``, ``async`` and ``naive_async``): each fragment's synchronisation is one
+synchronisation of the simulated workers (:mod:`compressors.worker_sim`), whose round is the
+stretch between two consecutive ones, ``H / F`` steps (``F`` must divide ``H``; with
+``land_at_turn`` the first is shorter). At fragment ``p``'s synchronisation the aggregator
+decides whom it merges, each worker hands the exchange its fragment pseudo-gradient times
+``workers * w_i / sum(w)`` (``w_i``: the inner steps it ran in the round, as DiLoCo's), and the
+fragment's outer step is the aggregator's (``naive_async``: ``m`` outer steps of the fragment).
+A worker runs an inner step only where the simulator says it is there and busy (``async``: its
+own step count a round); one that sits a step out moves nothing but a landing fragment. A worker
+that drops out loses its work (its pseudo-gradient of the fragment is not merged) and, while it
+is gone, holds the whole anchor, every fragment, bit for bit (its inner state kept): it rejoins
+on the global state. With the workers alike ``sync`` is the plain method, bit for bit.
+``eager`` is refused (:data:`STREAMING_RULES`).
+
 Every step is a static program (:func:`streaming_kinds`): ``"local"`` (no collective),
 ``"sync{p}"``, ``"apply{p}"`` and ``"sync{p}+apply{q}"`` where a synchronisation and another
 fragment's late landing fall on the same step, each with its own options, so that each one's
@@ -83,14 +98,18 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from compressors import _local
+from compressors import aggregation as aggregation_lib
 from compressors import checks
 from compressors import method_table
+from compressors import worker_sim
 from compressors._local import RENAMED
 from compressors._local import DilocoSettings
 from compressors._local import nesterov_outer
 from compressors._local import with_every
 from compressors.method_protocol import StepInputs
 from compressors.method_protocol import StepKind
+from compressors.network import axes
 
 
 class StreamingState(NamedTuple):
@@ -118,8 +137,7 @@ class StreamingState(NamedTuple):
     """``applied``, except on the leaves that land on :attr:`anchor` this step: the anchor,
     bit for bit (``params + (anchor - params)`` is not ``anchor`` in floating point)."""
     del params  # applied already holds them moved
-    return jax.tree.map(lambda on, a, p: jnp.where(_by_rows(on, p), a, p).astype(p.dtype),
-                        self.on_anchor, self.anchor, applied)
+    return _landed_rows(self.on_anchor, self.anchor, applied)
 
   def landed(self, params: chex.ArrayTree) -> chex.ArrayTree:
     """``params`` on the rows that landed on :attr:`anchor` at the latest step (a fragment's
@@ -221,21 +239,60 @@ def _static_fragment(value, field: str, fragments: int):
   return value
 
 
-def _outer_step(exchange, outer, piece: tuple, worker_piece: tuple, exchange_state,
-                outer_state, extra_args: dict) -> tuple[tuple, Any, Any]:
-  """One fragment's synchronisation: its pseudo-gradient ``anchor - worker`` exchanged (the
-  fragment's leaves alone on the wire) and the outer step of its anchor. Returns ``(the moved
-  anchor leaves, the exchange's state, the outer optimizer's state)``."""
-  pseudo_gradient = tuple((a - w).astype(a.dtype) for a, w in zip(piece, worker_piece))
-  mean, exchange_state = exchange.update(pseudo_gradient, exchange_state, piece, **extra_args)
-  outer_updates, outer_state = outer.update(mean, outer_state, piece)
-  return optax.apply_updates(piece, outer_updates), exchange_state, outer_state
+def _landed_rows(on_anchor, anchor, applied):
+  """``applied``, with the rows in ``on_anchor`` (a tree of ``bool[rows]``) :attr:`anchor`'s,
+  bit for bit."""
+  return jax.tree.map(lambda on, a, p: jnp.where(_by_rows(on, p), a, p).astype(p.dtype),
+                      on_anchor, anchor, applied)
+
+
+class AggregatedStreamingState(NamedTuple):
+  """State of :func:`streaming_local_updates` with an aggregator (:mod:`compressors.aggregation`)
+  and simulated workers (:mod:`compressors.worker_sim`) on one worker: :class:`StreamingState`'s
+  fields, and
+
+  Attributes:
+    active: ``bool[]``: this worker ran the latest step's inner step (one that did not moved
+      none of its parameters but a landing fragment's).
+    gone: ``bool[]``: this worker is gone after the latest step (it dropped out at it, or is
+      away at the next): its parameters are then :attr:`anchor`, all of them, bit for bit, so
+      that it rejoins on the global state.
+    workers: the simulator's state, the same on every worker.
+  """
+  on_anchor: chex.ArrayTree
+  anchor: chex.ArrayTree
+  inner: Any
+  outer: tuple
+  exchange: tuple
+  active: jax.Array
+  gone: jax.Array
+  workers: worker_sim.WorkerSimState
+
+  def land(self, params: chex.ArrayTree, applied: chex.ArrayTree) -> chex.ArrayTree:
+    """:meth:`StreamingState.land`, and the whole :attr:`anchor` where this worker is gone."""
+    del params  # applied already holds them moved (not at all where this worker sat out)
+    return jax.tree.map(lambda a, p: jnp.where(self.gone, a, p).astype(p.dtype), self.anchor,
+                        _landed_rows(self.on_anchor, self.anchor, applied))
+
+  def landed(self, params: chex.ArrayTree) -> chex.ArrayTree:
+    """As :meth:`StreamingState.landed` (a worker that is gone holds the anchor everywhere)."""
+    return StreamingState(self.on_anchor, self.anchor, (), (), ()).landed(params)
+
+  def model_params(self) -> chex.ArrayTree:
+    """The synchronised parameters (the model a run evaluates)."""
+    return self.anchor
+
+
+# The aggregators Streaming DiLoCo takes: eager's per-worker outer parameters are not built here.
+STREAMING_RULES = ("sync", "quorum", "async", "naive_async")
 
 
 def streaming_local_updates(inner: optax.GradientTransformation,
                             exchange: optax.GradientTransformation,
                             outer: optax.GradientTransformation | None = None, *,
-                            fragments: int = 4, alpha: float = 0.5
+                            fragments: int = 4, alpha: float = 0.5,
+                            aggregation: aggregation_lib.Aggregation | None = None,
+                            axis_name: axes.AxisName = None
                             ) -> optax.GradientTransformationExtraArgs:
   """Streaming DiLoCo's local updates (Douillard et al. 2025; see the module docstring).
 
@@ -248,6 +305,13 @@ def streaming_local_updates(inner: optax.GradientTransformation,
       :func:`compressors.nesterov_outer`), one state per fragment.
     fragments: ``F``, the fragments the parameters are dealt into (:func:`fragment_layout`).
     alpha: the weight of a worker's own fragment when the outer result lands (in [0, 1]).
+    aggregation: an aggregator (``rule`` in :data:`STREAMING_RULES`) and its simulated workers,
+      or None (every worker always there, the plain mean; the state is a
+      :class:`StreamingState`). Each fragment's synchronisation is one synchronisation of the
+      simulator: ``aggregation.round_steps`` is the steps between two consecutive ones
+      (``H / F``). See "Slow, late or gone workers" in the module docstring.
+    axis_name: the workers' axis, needed with ``aggregation`` (each worker finds its own row of
+      the simulated workers by its index along it).
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` whose ``update(grads, state, params, *,
@@ -260,67 +324,134 @@ def streaming_local_updates(inner: optax.GradientTransformation,
     :func:`compressors.apply_local_updates`: with ``alpha = 0``, onto the anchor bit for bit).
 
   Raises:
-    ValueError: bad ``fragments`` or ``alpha``; at ``init``, fewer pieces than fragments.
+    ValueError: bad ``fragments``, ``alpha`` or aggregator; at ``init``, fewer pieces than
+      fragments.
   """
   checks.check_int(fragments, "fragments", 1, "streaming_local_updates")
   checks.check_real(alpha, "alpha", 0, 1, "a number in [0, 1]", "streaming_local_updates")
+  if aggregation is not None and aggregation.rule not in STREAMING_RULES:
+    raise ValueError(f"streaming_local_updates: aggregation.rule={aggregation.rule!r}; allowed: "
+                     f"{STREAMING_RULES} (eager's per-worker outer parameters are not built on "
+                     "the fragments)")
   outer = nesterov_outer() if outer is None else outer
   exchange = optax.with_extra_args_support(exchange)
-
-  def layout_of(leaves) -> tuple[tuple[FragmentPiece, ...], ...]:
-    return fragment_layout([x.shape for x in leaves], fragments)
-
-  def split(tree, layout) -> list[tuple]:
-    """``tree``'s pieces by fragment: a tuple of arrays for each."""
-    leaves = jax.tree.leaves(tree)
-    return [tuple(_cut(leaves[piece.leaf], piece) for piece in pieces) for pieces in layout]
-
-  def init(params):
-    leaves, treedef = jax.tree.flatten(params)
-    layout = layout_of(leaves)
-    if not all(layout):
-      raise ValueError(f"streaming_local_updates: fragments={fragments} but the parameters' "
-                       f"{len(leaves)} leaves ({sum(x.size for x in leaves)} entries) cut into "
-                       f"{sum(map(len, layout))} pieces; allowed: fragments <= the pieces "
-                       "(a fragment would be empty)")
-    anchor = jax.tree.map(jnp.asarray, params)
-    pieces = split(anchor, layout)
-    on_anchor = [jnp.zeros(x.shape[:1], bool) for x in leaves]
-    return StreamingState(jax.tree.unflatten(treedef, on_anchor), anchor, inner.init(params),
-                          tuple(outer.init(x) for x in pieces),
-                          tuple(exchange.init(x) for x in pieces))
+  fragment = _Fragments(fragments, inner, exchange, outer, aggregation, axis_name)
 
   def update(grads, state, params=None, *, sync=None, apply=None, **extra_args):
     if params is None:
       raise ValueError("streaming_local_updates: update needs params (this worker's parameters)")
     sync = _static_fragment(sync, "sync", fragments)
     apply = _static_fragment(apply, "apply", fragments)
-    updates, inner_state = inner.update(grads, state.inner, params)
+    updates, inner_state, simulated = fragment.inner_step(grads, state, params)
     leaves, treedef = jax.tree.flatten(params)
-    layout = layout_of(leaves)
+    layout = fragment.layout_of(leaves)
     anchor, outer_states, exchange_states = state.anchor, list(state.outer), list(state.exchange)
     worker = optax.apply_updates(params, updates)
     if sync is not None:
       # Inputs shaped as the parameters (TASC's curvature) are cut to the fragment.
-      cut = {k: split(v, layout)[sync] if jax.tree.structure(v) == treedef else v
+      cut = {k: fragment.split(v, layout)[sync] if jax.tree.structure(v) == treedef else v
              for k, v in extra_args.items()}
-      moved, exchange_states[sync], outer_states[sync] = _outer_step(
-          exchange, outer, split(anchor, layout)[sync], split(worker, layout)[sync],
-          exchange_states[sync], outer_states[sync], cut)
+      moved, exchange_states[sync], outer_states[sync], simulated = fragment.synchronise(
+          fragment.split(anchor, layout)[sync], fragment.split(worker, layout)[sync],
+          exchange_states[sync], outer_states[sync], cut, simulated)
       anchor = jax.tree.unflatten(treedef, _paste(jax.tree.leaves(anchor), layout[sync], moved))
-    shapes = [x.shape for x in leaves]
-    landing = _row_masks(shapes, layout[apply] if apply is not None else ())
+    landing = _row_masks([x.shape for x in leaves], layout[apply] if apply is not None else ())
     if apply is not None:  # the late landing: mix the worker's fragment with the anchor's
       updates = jax.tree.unflatten(treedef, [
           jnp.where(_by_rows(on, u), (alpha * w + (1 - alpha) * a - p).astype(u.dtype), u)
-          if on.any() else u
-          for on, w, a, p, u in zip(landing, jax.tree.leaves(worker), jax.tree.leaves(anchor),
-                                    leaves, jax.tree.leaves(updates))])
+          if on.any() else u for on, w, a, p, u in zip(
+              landing, jax.tree.leaves(worker), jax.tree.leaves(anchor), leaves,
+              jax.tree.leaves(updates))])
     on_anchor = jax.tree.unflatten(treedef, [jnp.asarray(on & (alpha == 0)) for on in landing])
-    return updates, StreamingState(on_anchor, anchor, inner_state, tuple(outer_states),
-                                   tuple(exchange_states))
+    state = StreamingState(on_anchor, anchor, inner_state, tuple(outer_states),
+                           tuple(exchange_states))
+    if simulated is None:
+      return updates, state
+    gone = simulated.dropped[simulated.me] | ~worker_sim.present(simulated.sim)[simulated.me]
+    return updates, AggregatedStreamingState(*state, simulated.active, gone, simulated.sim)
 
-  return optax.GradientTransformationExtraArgs(init, update)
+  return optax.GradientTransformationExtraArgs(fragment.init, update)
+
+
+class _Simulated(NamedTuple):
+  """A simulated worker's step so far: whether it ran, the simulator, its index, and the
+  workers that dropped out at the step's synchronisation (none off one)."""
+  active: jax.Array
+  sim: worker_sim.WorkerSimState
+  me: jax.Array
+  dropped: jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class _Fragments:
+  """The fragments of :func:`streaming_local_updates`' parameters and a fragment's
+  synchronisation, with or without an aggregator."""
+  fragments: int
+  inner: optax.GradientTransformation
+  exchange: optax.GradientTransformationExtraArgs
+  outer: optax.GradientTransformation
+  aggregation: aggregation_lib.Aggregation | None
+  axis_name: Any
+
+  def init(self, params):
+    leaves, treedef = jax.tree.flatten(params)
+    layout = self.layout_of(leaves)
+    if not all(layout):
+      raise ValueError(f"streaming_local_updates: fragments={self.fragments} but the "
+                       f"parameters' {len(leaves)} leaves ({sum(x.size for x in leaves)} entries) "
+                       f"cut into {sum(map(len, layout))} pieces; allowed: fragments <= the "
+                       "pieces (a fragment would be empty)")
+    anchor = jax.tree.map(jnp.asarray, params)
+    pieces = self.split(anchor, layout)
+    on_anchor = [jnp.zeros(x.shape[:1], bool) for x in leaves]
+    state = StreamingState(jax.tree.unflatten(treedef, on_anchor), anchor,
+                           self.inner.init(params), tuple(self.outer.init(x) for x in pieces),
+                           tuple(self.exchange.init(x) for x in pieces))
+    if self.aggregation is None:
+      return state
+    return AggregatedStreamingState(*state, jnp.ones((), bool), jnp.zeros((), bool),
+                                    worker_sim.init(self.aggregation.sim))
+
+  def inner_step(self, grads, state, params):
+    """``(updates, inner state, the simulated worker so far or None)``: with an aggregator, a
+    worker that sits the step out moves nothing (but a landing fragment, later)."""
+    if self.aggregation is None:
+      return (*self.inner.update(grads, state.inner, params), None)
+    updates, inner_state, active, sim, me = _local._simulated_inner_step(
+        self.inner, self.aggregation, self.axis_name, grads, state, params)
+    updates = jax.tree.map(lambda u: jnp.where(active, u, jnp.zeros_like(u)), updates)
+    return updates, inner_state, _Simulated(active, sim, me, jnp.zeros(sim.worked.shape, bool))
+
+  def layout_of(self, leaves) -> tuple[tuple[FragmentPiece, ...], ...]:
+    return fragment_layout([x.shape for x in leaves], self.fragments)
+
+  def split(self, tree, layout) -> list[tuple]:
+    """``tree``'s pieces by fragment: a tuple of arrays for each."""
+    leaves = jax.tree.leaves(tree)
+    return [tuple(_cut(leaves[piece.leaf], piece) for piece in pieces) for pieces in layout]
+
+  def synchronise(self, piece: tuple, worker_piece: tuple, exchange_state, outer_state,
+                  extra_args: dict, simulated: _Simulated | None):
+    """One fragment's synchronisation: its pseudo-gradient ``anchor - worker`` (with an
+    aggregator weighted as :func:`compressors.local_updates`' and merged as the aggregator
+    says) exchanged, the fragment's leaves alone on the wire, and the outer step of its anchor.
+    Returns ``(the moved anchor leaves, the exchange's state, the outer optimizer's state, the
+    simulated worker after the synchronisation)``."""
+    if simulated is None:
+      handed = tuple((a - w).astype(a.dtype) for a, w in zip(piece, worker_piece))
+    else:
+      merged = aggregation_lib.merge(self.aggregation, simulated.sim)
+      handed = _local._weighted(self.aggregation, merged.weights, simulated.me, piece,
+                                worker_piece)
+      simulated = simulated._replace(sim=merged.workers, dropped=merged.dropped)
+    mean, exchange_state = self.exchange.update(handed, exchange_state, piece, **extra_args)
+    if simulated is None:
+      outer_updates, outer_state = self.outer.update(mean, outer_state, piece)
+      return (optax.apply_updates(piece, outer_updates), exchange_state, outer_state,
+              simulated)
+    moved, outer_state = aggregation_lib.outer_step(self.aggregation, self.outer, mean,
+                                                    outer_state, piece, merged.count)
+    return moved, exchange_state, outer_state, simulated
 
 
 def streaming_kinds(every: int, fragments: int, overlap: int,
@@ -427,12 +558,22 @@ class StreamingDilocoSettings(DilocoSettings):
                        "its next synchronisation)")
 
 
-def _build(s: StreamingDilocoSettings, inner, exchange, *,
-           axis_name) -> optax.GradientTransformationExtraArgs:
-  del axis_name  # the exchange carries it
+def _build(s: StreamingDilocoSettings, inner, exchange, *, axis_name,
+           aggregation: aggregation_lib.Aggregation | None = None
+           ) -> optax.GradientTransformationExtraArgs:
+  """The method's transformation; an aggregator's round (given as ``H``, ``Method.sends_every``)
+  becomes the stretch between two fragments' synchronisations, ``H / F`` steps."""
+  if aggregation is not None:
+    if s.every % s.fragments:
+      raise ValueError(f"streaming diloco: every={s.every} with fragments={s.fragments} and "
+                       f"aggregation={aggregation.rule!r}; allowed: every a multiple of "
+                       "fragments (the simulated workers' rounds, between two fragments' "
+                       "synchronisations, are then equal)")
+    aggregation = dataclasses.replace(aggregation, round_steps=s.every // s.fragments)
   return streaming_local_updates(inner, exchange,
                                  nesterov_outer(s.outer_learning_rate, s.outer_momentum),
-                                 fragments=s.fragments, alpha=s.alpha)
+                                 fragments=s.fragments, alpha=s.alpha, aggregation=aggregation,
+                                 axis_name=axis_name)
 
 
 def _fragment_shapes(s: StreamingDilocoSettings, shapes) -> list[list[tuple[int, ...]]]:
@@ -457,5 +598,5 @@ METHODS = (
         kinds=lambda s, carrier_inputs: streaming_kinds(s.every, s.fragments, s.overlap,
                                                         carrier_inputs,
                                                         land_at_turn=s.land_at_turn),
-        error_feedback=False),
+        error_feedback=False, aggregates=True),
 )

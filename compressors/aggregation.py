@@ -154,11 +154,14 @@ class Merged(NamedTuple):
     weights: ``float32[workers]``, each worker's weight (0: not merged).
     count: ``int32[]``, the contributions merged (the outer steps ``naive_async`` takes).
     late: ``bool[workers]``, the workers that arrived after the deadline.
+    dropped: ``bool[workers]``, the workers that dropped out at this synchronisation (their
+      work since the previous one lost).
     workers: the simulator's next state.
   """
   weights: jax.Array
   count: jax.Array
   late: jax.Array
+  dropped: jax.Array
   workers: WorkerSimState
 
 
@@ -198,7 +201,7 @@ def merge(agg: Aggregation, state: WorkerSimState) -> Merged:
       staleness_sum=t.staleness_sum + stale_sum.astype(jnp.float32),
       staleness_max=jnp.maximum(t.staleness_max, stale_max))
   left = (state.worked > 0) & ~rnd.arrived
-  return Merged(weights, m, rnd.arrived & ~merged,
+  return Merged(weights, m, rnd.arrived & ~merged, left,
                 worker_sim.close_round(agg.sim, state, key, left, totals))
 
 
