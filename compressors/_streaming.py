@@ -598,5 +598,5 @@ METHODS = (
         kinds=lambda s, carrier_inputs: streaming_kinds(s.every, s.fragments, s.overlap,
                                                         carrier_inputs,
                                                         land_at_turn=s.land_at_turn),
-        error_feedback=False, aggregates=True),
+        error_feedback=False, aggregates=STREAMING_RULES),
 )

@@ -165,7 +165,8 @@ class Method:
       :mod:`compressors.step_time` prices it so. False: it needs the whole gradient first.
     aggregates: a ``local`` method whose builder also takes ``aggregation=`` (a
       ``compressors.aggregation.Aggregation``: simulated workers that are slow, late or gone,
-      and a synchronisation that merges whom its aggregator takes); False: the plain mean only.
+      and a synchronisation that merges whom its aggregator takes); a tuple: the same, for
+      those of ``compressors.aggregation.RULES`` alone; False: the plain mean only.
   """
   name: str
   summary: str
@@ -188,7 +189,7 @@ class Method:
   budget: str | Callable[..., Any] | None = None
   renamed: tuple[tuple[str, str], ...] = ()
   overlaps_backward: bool = False
-  aggregates: bool = False
+  aggregates: bool | tuple[str, ...] = False
 
   def __post_init__(self):
     builders = [self.compressor, self.transformation, self.optimizer, self.local]

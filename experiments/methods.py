@@ -371,10 +371,10 @@ def worker_simulation(config, num_workers: int) -> worker_sim.WorkerSim | None:
   (the published algorithm, with no simulator at all).
 
   Raises:
-    ValueError: a method that takes no aggregator (a method that is its own optimizer,
-      Streaming DiLoCo), a per-step method with an aggregator other than
-      ``aggregation.PER_STEP_RULES``, or a trace file that cannot be read or has not one column
-      per worker, naming the field.
+    ValueError: a method that takes no aggregator (a method that is its own optimizer), a
+      per-step method with an aggregator other than ``aggregation.PER_STEP_RULES``, a method
+      with one its ``aggregates`` does not list (Streaming DiLoCo: no ``eager``), or a trace
+      file that cannot be read or has not one column per worker, naming the field.
   """
   w = config.workers
   if config.aggregation == "sync" and not (w.speed_spread or w.speed_trace or w.dropout_rate):
@@ -391,6 +391,10 @@ def worker_simulation(config, num_workers: int) -> worker_sim.WorkerSim | None:
                      f"config.method={config.method!r} does not; allowed: {takes} or a per-step "
                      f"method with aggregation in {per_step_rules} (others: aggregation='sync' "
                      "and workers alike)")
+  rules = method.aggregates if isinstance(method.aggregates, tuple) else None
+  if rules is not None and config.aggregation not in rules:
+    raise ValueError(f"config.aggregation={config.aggregation!r} with config.method="
+                     f"{config.method!r}; allowed: {rules}")
   trace = worker_sim.read_trace(w.speed_trace, num_workers) if w.speed_trace else None
   return worker_sim.WorkerSim(num_workers, w.step_seconds, w.speed_spread, trace,
                               w.dropout_rate, w.rejoin_after, config.seed)

@@ -7,6 +7,7 @@ import math
 
 import pytest
 
+from compressors import registry
 from compressors.network import topology as topo
 from configs.paper import a1_lm as sweep_config
 from configs.paper import f6_lm
@@ -40,14 +41,19 @@ def test_the_grid_is_every_row_aggregator_and_condition_and_its_configs_validate
     assert sweep_config.config_arg(f6_label, 0) == f6_lm.config_arg(f6_label, scale, 0)
 
 
-@pytest.mark.parametrize("rule", ["quorum", "eager"])
-def test_streaming_dilocos_refused_cells_are_refused_by_the_runner_too(rule):
-  config = sweep_lib.load_config(
+@pytest.mark.parametrize("spread", [0.0, 0.5])
+def test_streaming_dilocos_eager_cells_are_refused_by_the_runner_too_and_the_others_run(spread):
+  config = lambda rule: sweep_lib.load_config(
       f"{sweep_config.CONFIG}:method=streaming_diloco,ratio=100.0,aggregation={rule},"
-      "speed_spread=0.5")
-  assert sweep_config.refusal("streaming_diloco", rule, 0.5, 0.0).startswith("refused")
-  with pytest.raises(ValueError, match="config.method='streaming_diloco' does not"):
-    methods.worker_simulation(config, 8)
+      f"speed_spread={spread}")
+  assert sweep_config.refusal("streaming_diloco", "eager", spread, 0.0).startswith("refused")
+  with pytest.raises(ValueError, match=r"config.aggregation='eager' with config.method="
+                     r"'streaming_diloco'; allowed: \('sync', 'quorum', 'async', 'naive_async'\)"):
+    methods.worker_simulation(config("eager"), 8)
+  for rule in ("quorum", "async", "naive_async"):
+    assert sweep_config.refusal("streaming_diloco", rule, spread, 0.1) is None
+    assert methods.worker_simulation(config(rule), 8).workers == 8
+  assert sweep_config.AGGREGATING["streaming_diloco"] == registry.get("streaming_diloco").aggregates
 
 
 def test_the_smoke_length_and_bad_arguments():

@@ -11,12 +11,13 @@ twice). The rows run at the rate scale F6-LM's tuning chose for them (:data:`ROW
 solo's as well): the grid holds no tuning budget of its own, which the page says. A cell is a
 row, an aggregator and a condition (:data:`SPREADS` x :data:`DROPOUTS`); a run is
 ``a1_<row>_<rule>_sp<spread>_do<dropout>_lr<scale>_s<seed>``, and the cell of ``sync`` with the
-workers alike is F6-LM's ``<row>_100x``. Streaming DiLoCo takes no aggregator (the runner
-refuses any other than ``sync`` with the workers alike, in one line): its other cells are listed
-as refused and not run (:func:`refusal`).
+workers alike is F6-LM's ``<row>_100x``. Streaming DiLoCo takes every aggregator but ``eager``
+(each fragment's synchronisation is one of the simulator's; the runner refuses ``eager`` for it
+in one line): its ``eager`` cells are listed as refused and not run (:func:`refusal`).
 
-The grid at one seed, 19 runs besides F6-LM's 4, about 2 to 3 minutes each on 2 cores with 2 jobs:
-about an hour.
+The grid at one seed, 34 runs besides F6-LM's 4 (DiLoCo's 19, Streaming DiLoCo's 15), about 2 to
+3 minutes each on 2 cores with 2 jobs (Streaming DiLoCo's a little more: its four fragments'
+programs to compile): about an hour and three quarters.
 
 Arguments: ``seeds`` (1), ``rows`` and ``rules`` (joined by ``+``; '': all), ``steps`` (0: the
 tier's; a smaller number makes every run that short, a smoke test of the grid in a folder of its
@@ -43,10 +44,11 @@ SPREADS = (0.0, 0.5)  # log-normal sigma of the workers' seconds per step
 DROPOUTS = (0.0, 0.1)  # the chance a worker misses a synchronisation
 # Retention's references at the scales F6-LM's tuning chose (dense 4, solo 1).
 REFERENCES = {"dense": 4.0, "solo": 1.0}
-# Methods that take an aggregator (compressors.registry's ``aggregates``); the others only sync
-# with the workers alike (configs import no runner code: tests/test_reproduce_a1_lm.py checks
-# this against the runner's refusal).
-AGGREGATING = ("diloco", "sparseloco")
+# The aggregators each method takes (compressors.registry's ``aggregates``: Streaming DiLoCo all
+# but eager); a method not listed only syncs with the workers alike (configs import no runner
+# code: tests/test_reproduce_a1_lm.py checks this against the runner's refusal).
+AGGREGATING = {"diloco": RULES, "sparseloco": RULES,
+               "streaming_diloco": ("sync", "quorum", "async", "naive_async")}
 
 
 def conditions() -> list[tuple[float, float]]:
@@ -64,11 +66,13 @@ def label(row: str, rule: str, spread: float, dropout: float) -> str:
 def refusal(row: str, rule: str, spread: float, dropout: float) -> str | None:
   """Why a cell does not run (the runner refuses it), or None."""
   method = ROWS[row][0]["method"]
-  if method in AGGREGATING or (rule == "sync" and not spread and not dropout):
+  takes = AGGREGATING.get(method, ())
+  if rule in takes or (rule == "sync" and not spread and not dropout):
     return None
-  return (f"refused: config.method={method!r} takes no aggregator (config.aggregation="
-          f"{rule!r}, workers.speed_spread={spread:g}, workers.dropout_rate={dropout:g}); "
-          "allowed for it: aggregation='sync' with the workers alike")
+  allowed = f"aggregation in {takes}" if takes else "aggregation='sync' with the workers alike"
+  return (f"refused: config.method={method!r} does not take config.aggregation={rule!r} "
+          f"(workers.speed_spread={spread:g}, workers.dropout_rate={dropout:g}); allowed for "
+          f"it: {allowed}")
 
 
 def cells() -> dict[str, tuple[str, str, float, float]]:

@@ -251,8 +251,9 @@ def report(workdir: str) -> Report:
              "4, solo 1): this grid holds no tuning budget of its own, and an aggregator might "
              "prefer another rate. The cells of sync with the workers alike, dense and solo "
              "are F6-LM's own runs.",
-             "Streaming DiLoCo takes no aggregator: every cell but sync with the workers alike "
-             "is refused by the runner in one line and marked so, not run.",
+             "Streaming DiLoCo takes every aggregator but eager (each fragment's "
+             "synchronisation is one of the simulator's rounds, H/F steps): its eager cells "
+             "are refused by the runner in one line and marked so, not run.",
              " ".join(p.replace("\n", " ").strip() for p in __doc__.split("\n\n")[1:2]),
              "Useful throughput: the worker-steps whose work reached the model times the "
              "measured compute of a step, over the workers' ideal (8 workers busy for the "
