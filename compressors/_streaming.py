@@ -76,7 +76,8 @@ A worker runs an inner step only where the simulator says it is there and busy (
 own step count a round); one that sits a step out moves nothing but a landing fragment. A worker
 that drops out loses its work (its pseudo-gradient of the fragment is not merged) and, while it
 is gone, holds the whole anchor, every fragment, bit for bit (its inner state kept): it rejoins
-on the global state. With the workers alike ``sync`` is the plain method, bit for bit.
+on the global state. With the workers alike ``sync``, ``quorum`` and ``async`` are the plain
+method (bit for bit as compiled with XLA's optimisations).
 ``eager`` is refused (:data:`STREAMING_RULES`).
 
 Every step is a static program (:func:`streaming_kinds`): ``"local"`` (no collective),
@@ -143,8 +144,7 @@ class StreamingState(NamedTuple):
     """``params`` on the rows that landed on :attr:`anchor` at the latest step (a fragment's
     landing with ``alpha = 0``), :attr:`anchor` elsewhere (a landing with ``alpha > 0`` mixes in
     each worker's own: there the synchronised fragment is what must agree)."""
-    return jax.tree.map(lambda on, a, p: jnp.where(_by_rows(on, p), p, a).astype(p.dtype),
-                        self.on_anchor, self.anchor, params)
+    return _agreeing(self.on_anchor, self.anchor, params)
 
   def model_params(self) -> chex.ArrayTree:
     """The synchronised parameters (the model a run evaluates)."""
@@ -239,6 +239,13 @@ def _static_fragment(value, field: str, fragments: int):
   return value
 
 
+def _agreeing(on_anchor, anchor, params):
+  """What every worker holds alike: ``params`` on the rows in ``on_anchor``, ``anchor``
+  elsewhere."""
+  return jax.tree.map(lambda on, a, p: jnp.where(_by_rows(on, p), p, a).astype(p.dtype),
+                      on_anchor, anchor, params)
+
+
 def _landed_rows(on_anchor, anchor, applied):
   """``applied``, with the rows in ``on_anchor`` (a tree of ``bool[rows]``) :attr:`anchor`'s,
   bit for bit."""
@@ -253,7 +260,7 @@ class AggregatedStreamingState(NamedTuple):
 
   Attributes:
     active: ``bool[]``: this worker ran the latest step's inner step (one that did not moved
-      none of its parameters but a landing fragment's).
+      only a fragment that landed).
     gone: ``bool[]``: this worker is gone after the latest step (it dropped out at it, or is
       away at the next): its parameters are then :attr:`anchor`, all of them, bit for bit, so
       that it rejoins on the global state.
@@ -276,7 +283,7 @@ class AggregatedStreamingState(NamedTuple):
 
   def landed(self, params: chex.ArrayTree) -> chex.ArrayTree:
     """As :meth:`StreamingState.landed` (a worker that is gone holds the anchor everywhere)."""
-    return StreamingState(self.on_anchor, self.anchor, (), (), ()).landed(params)
+    return _agreeing(self.on_anchor, self.anchor, params)
 
   def model_params(self) -> chex.ArrayTree:
     """The synchronised parameters (the model a run evaluates)."""

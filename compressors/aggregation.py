@@ -2,7 +2,9 @@
 how the merged pseudo-gradient moves the synchronised parameters, when workers are slow, late or
 gone (:mod:`compressors.worker_sim`).
 
-Every rule runs in the per-worker program of :func:`compressors.local_updates`: each worker
+Every rule runs in the per-worker program of :func:`compressors.local_updates` (and all but
+``eager`` in :func:`compressors.streaming_local_updates`'s, where each fragment's
+synchronisation is one of the simulator's, a round of ``H / F`` steps): each worker
 multiplies its pseudo-gradient by ``workers * w_i / sum(w)`` before the exchange (the carrier
 compresses that, per worker, before the collective), so the exchange's mean is the weighted
 mean ``sum(w_i Delta_i) / sum(w)``; a worker of weight 0 puts zeros in (with an error-feedback

@@ -250,7 +250,7 @@ def _quickstart(**fields):
   config.update_from_flattened_dict({
       "method": "streaming_diloco", "num_steps": 8, "compression.streaming_diloco.every": 4,
       "compression.streaming_diloco.fragments": 2, "workers.speed_spread": 0.5,
-      "workers.dropout_rate": 0.3, "workers.rejoin_after": 1, **fields})
+      "workers.dropout_rate": 0.3, "workers.rejoin_after": 1, "keep_checkpoints": 3, **fields})
   return config
 
 
@@ -258,15 +258,17 @@ def _quickstart(**fields):
 @pytest.mark.parametrize("rule", ["quorum", "naive_async"])
 def test_the_runner_reports_the_figures_and_resumes_bit_for_bit_with_spread_and_drop_outs(
     tmp_path, rule):
-  """8 steps (four of the simulator's rounds), killed after step 5 (between a fragment's
-  synchronisation and its landing): the run ends as the uninterrupted one, its figures too."""
+  """8 steps (four of the simulator's rounds), killed after 6 steps (after fragment 1's
+  synchronisation, before its landing): the run ends as the uninterrupted one, its figures
+  too."""
   config = lambda: _quickstart(aggregation=rule)
   finished, resumed = str(tmp_path / "finished"), str(tmp_path / "resumed")
   results = train.train_and_evaluate(config(), finished)
   assert results["modelled_seconds"] > 0 and results["useful_throughput"] > 0
-  assert set(results["staleness"]) == {"mean", "max"} and "updates_dropped" in results
+  assert set(results["staleness"]) == {"mean", "max"} and results["updates_dropped"] > 0
+  assert os.path.isdir(os.path.join(finished, "checkpoints", "6"))
   shutil.copytree(finished, resumed)
-  for step in range(6, 9):
+  for step in (7, 8):
     shutil.rmtree(os.path.join(resumed, "checkpoints", str(step)), ignore_errors=True)
   os.remove(os.path.join(resumed, train.RESULTS_FILE))
   again = train.train_and_evaluate(config(), resumed)
