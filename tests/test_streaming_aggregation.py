@@ -43,15 +43,17 @@ def _agg(rule, **sim):
                                  sync_seconds=SYNC_SECONDS)
 
 
-def _streaming(agg, *, overlap=1, alpha=0.5, land_at_turn=False, every=EVERY):
+def _streaming(agg, *, overlap=1, alpha=0.5, land_at_turn=False, every=EVERY, per_device=1):
   settings = registry.default_settings(
       "streaming_diloco", every=every, fragments=FRAGMENTS, overlap=overlap, alpha=alpha,
       outer_learning_rate=OUTER_LR, outer_momentum=OUTER_MOMENTUM, land_at_turn=land_at_turn)
+  axis = "data" if per_device == 1 else ("data", "worker")
   tx = registry.training("streaming_diloco", settings, optimizer=optax.sgd(INNER_LR),
-                         learning_rate=INNER_LR, axis_name="data", aggregation=agg)
+                         learning_rate=INNER_LR, axis_name=axis, aggregation=agg)
   return compressors.data_parallel(
-      _loss, tx, harness.mesh(N), _params(2), _batch(N), axis_name="data",
-      kinds=registry.step_kinds("streaming_diloco", settings), per_worker_params=True)
+      _loss, tx, harness.mesh(N // per_device), _params(2), _batch(N), axis_name=axis,
+      workers_per_device=per_device, kinds=registry.step_kinds("streaming_diloco", settings),
+      per_worker_params=True)
 
 
 def _run(dp, steps, each=None):
@@ -186,6 +188,17 @@ def test_each_aggregator_matches_a_float64_reference_with_stragglers(rule):
   assert figures["updates_dropped"] == (2 * 4 if rule == "quorum" else 0)
   if rule != "quorum":
     assert (figures["staleness_mean"], figures["staleness_max"]) == ((N - 1) / 2, N - 1)
+
+
+@pytest.mark.slow  # 35 s: two programs of every kind
+def test_workers_simulated_two_per_device_meet_the_same_stragglers_as_one_per_device():
+  states = [_run(_streaming(_agg("quorum", speed_trace=TRACE), per_device=d), EVERY + 1)[1]
+            for d in (1, 2)]
+  one, two = (compressors.synchronised_params(s) for s in states)
+  for k in one:
+    np.testing.assert_allclose(two[k], one[k], rtol=1e-6, atol=1e-7, err_msg=k)
+  assert aggregation.totals(states[0]) == aggregation.totals(states[1])
+  assert aggregation.totals(states[0])["updates_dropped"] == 2 * 2  # the stragglers, twice
 
 
 def _found(state, cls):
