@@ -69,6 +69,8 @@ def test_the_claims_verdicts():
   meta = r1.meta_claim([f32, outside, without])
   assert meta.reproduced is False and "+0.0300" in meta.ours
   assert r1.meta_claim([f32, inside]).reproduced is None  # a cell not run yet
+  one_seed = r1.meta_claim([_row("row", [0.75], 1000.0), inside, without])
+  assert one_seed.reproduced is None and "no interval" in one_seed.verdict
   plain = [_row("table", [0.75] * 2, 900.0, 1000.0), f32, _row("column", [0.75] * 2, 2000.0),
            _row("auto", [0.75] * 2, 1000.0)]
   hot = _row("row_hot_auto", [0.75] * 2, 130.0, 5000.0, hot=3800)

@@ -242,7 +242,9 @@ def write_index(out: str, prov: report_lib.Provenance) -> Path:
             f"--target=f6_lm,f7_lm --report_only --workdir={provenance.PAPER_FIGURES}/{CPU_RUNS}` "
             f"regenerates their pages, and copying `{CPU_RUNS}/lm_cpu/*` into "
             "`runs/paper/lm_cpu/` lets the grid go on from them (a finished run is not run "
-            "again).", ""]
+            f"again). R1's runs are there too (`{CPU_RUNS}/r1/`): `python -m "
+            f"experiments.reproduce --target=r1 --report_only --workdir={provenance.PAPER_FIGURES}"
+            f"/{CPU_RUNS}` regenerates its page.", ""]
   path = Path(out, INDEX)
   path.parent.mkdir(parents=True, exist_ok=True)
   path.write_text("\n".join(lines))
