@@ -21,8 +21,9 @@ planner's): with every lookup's room (``capacity=0``) hot rows could not shrink 
 1.1 MB, exceed the planner's budget, which only a placement choice needs). ``table`` keeps
 room for every lookup (``capacity=0``): the planner's capacity assumes a batch's keys spread
 over the owners, as row-wise sharding spreads them, and whole tables on one owner overflowed
-it (seed 0 at step 35: 2 IDs, refused by the runner). 11 cells, 33 runs of about 30 s each on
-2 idle cores.
+it (seed 0 at step 35: 2 IDs, refused by the runner). 11 cells, 33 runs: 38 minutes with 2
+jobs on 2 cores that other runs shared (110 to 215 s a run, compiling and the bytes' programs
+included).
 
 Arguments: ``seeds`` (3), ``cells`` (joined by ``+``; '': all), ``smoke`` (true: the config's
 smoke length, 2 steps on fewer rows, for tests; its runs are not the grid's and must not share
