@@ -75,7 +75,9 @@ def needs_planner(block) -> bool:
           or block.get("capacity", 0) == -1)
 
 
-def _probabilities(model, dataset) -> tuple[np.ndarray, ...]:
+def probabilities(model, dataset) -> tuple[np.ndarray, ...]:
+  """Each table's access probabilities, from the IDs of the first :data:`SAMPLE_STEPS` training
+  batches of ``dataset`` (``model``'s ``hotness`` and ``cardinalities``)."""
   steps = min(SAMPLE_STEPS, dataset.steps_per_epoch)
   ids = np.concatenate([np.asarray(dataset.train_batch(s)["sparse"]).reshape(
       -1, sum(model.hotness)) for s in range(steps)])
@@ -98,28 +100,49 @@ def codecs(block) -> embedding_codecs.Codecs:
   return made
 
 
+def link(gbit: float) -> topology_lib.Link:
+  """The link between devices at ``gbit`` Gbit/s, priced at the 10 Gbit/s cloud preset's
+  latency (``config.embedding.link_gbit``'s)."""
+  return dataclasses.replace(topology_lib.CLOUD_10G, bandwidth=gbit * 1e9 / 8,
+                             name=f"{gbit:g} Gbit/s")
+
+
+def workload(rows, width: int, hotness, batch_per_device: int, probabilities,
+             dense_params: int, codecs_: embedding_codecs.Codecs) -> embedding_planner.Workload:
+  """The planner's workload of tables of ``rows`` rows of ``width`` looked up ``hotness`` times
+  a row of the batch, their rows' payloads priced as ``codecs_`` encodes them."""
+  return embedding_planner.Workload(
+      tuple(rows), width, tuple(hotness), batch_per_device, tuple(probabilities), dense_params,
+      payload_bytes=functools.partial(embedding_codecs.payload_bytes, codecs_))
+
+
 def choose(block, model, devices: int, batch_per_device: int, dataset, dense_params: int,
            placements, codecs_: embedding_codecs.Codecs) -> embedding_planner.Choice:
   """The planner's choice for the run (``placements`` None: chosen too; the rows' payloads
   priced as ``codecs_`` encodes them), logged with its report."""
-  workload = embedding_planner.Workload(
-      tuple(model.cardinalities), model.embedding_dim, tuple(model.hotness), batch_per_device,
-      _probabilities(model, dataset), dense_params,
-      payload_bytes=functools.partial(embedding_codecs.payload_bytes, codecs_))
-  link = dataclasses.replace(topology_lib.CLOUD_10G, bandwidth=block.link_gbit * 1e9 / 8,
-                             name=f"{block.link_gbit:g} Gbit/s")
+  load = workload(model.cardinalities, model.embedding_dim, model.hotness, batch_per_device,
+                  probabilities(model, dataset), dense_params, codecs_)
+  choice = plan(block, load, devices, placements)
+  logging.warning("%s", choice.report())
+  return choice
+
+
+def plan(block, workload_: embedding_planner.Workload, devices: int,
+         placements) -> embedding_planner.Choice:
+  """The planner's choice for ``workload_`` on ``devices`` devices as ``config.embedding``'s
+  ``hot_rows``, ``budget_bytes``, ``link_gbit``, ``compute_seconds`` and ``row_reduction`` ask
+  (``placements`` None: chosen too)."""
   hot = hot_setting(block.hot_rows)
   counts = (None if hot == "auto" else
-            [hot if isinstance(hot, int) else math.ceil(hot * r) for r in model.cardinalities])
+            [hot if isinstance(hot, int) else math.ceil(hot * r) for r in workload_.rows])
   choice = embedding_planner.choose(
-      workload, topology_lib.Topology.flat(devices, link), block.budget_bytes,
+      workload_, topology_lib.Topology.flat(devices, link(block.link_gbit)), block.budget_bytes,
       block.compute_seconds, placements, counts, block.row_reduction)
   if hot not in (0, "auto") and not choice.hot.total:
     raise ValueError(f"config.embedding.hot_rows={block.hot_rows!r} but no table is row- or "
                      f"table-placed with row_reduction 'all_to_all' (placements "
                      f"{sorted(set(choice.plan.placements))}, row_reduction "
                      f"{block.row_reduction!r}); allowed: hot_rows '0' there")
-  logging.warning("%s", choice.report())
   return choice
 
 

@@ -77,7 +77,7 @@ def test_all_runs_f4_after_t1_whose_runs_it_plots():
   order = list(reproduce.TARGETS)
   assert order.index("f4") > order.index("t1")
   assert set(order) == {"t1", "t1_cifar10", "f1", "f2", "f3", "t2", "f4", "t1_lm", "f4_lm", "f5",
-                        "f6_lm", "f7_lm", "s1_lm", "a1_lm"}
+                        "f6_lm", "f7_lm", "s1_lm", "a1_lm", "r1"}
 
 
 def test_parse_args():
