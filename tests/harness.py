@@ -1,6 +1,8 @@
 """Shared test plumbing: run a gradient transformation per worker under shard_map or pmap."""
 
 import functools
+import os
+import shutil
 
 import jax
 import jax.numpy as jnp
@@ -8,7 +10,13 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 import compressors
+from experiments import checkpoint
+from experiments import train
 from experiments.data import stdlib
+
+# What a run with simulated workers reports, compared between a resumed and an uninterrupted run.
+SIMULATED_FIGURES = ("test_loss", "modelled_seconds", "useful_throughput", "staleness",
+                     "updates_dropped")
 
 
 def regression_loss(params, batch):
@@ -138,3 +146,22 @@ def cached_token_stream(folder):
   stream = stdlib.token_stream(shared, texts, folder)
   [cached] = folder.glob("tokens-*.npy")
   return texts, shared, stream, cached
+
+
+def assert_resumes_bit_for_bit(config, folder, last_step: int, lost_steps) -> dict:
+  """Trains ``config()`` to the end in ``folder/finished``, then again from a copy whose
+  checkpoints of ``lost_steps`` (and results) are gone, as a run killed before them: the
+  resumed run's parameters at ``last_step`` and :data:`SIMULATED_FIGURES` equal the
+  uninterrupted one's. Returns the uninterrupted run's results."""
+  finished, resumed = os.path.join(folder, "finished"), os.path.join(folder, "resumed")
+  results = train.train_and_evaluate(config(), finished)
+  shutil.copytree(finished, resumed)
+  for step in lost_steps:
+    shutil.rmtree(os.path.join(resumed, "checkpoints", str(step)), ignore_errors=True)
+  os.remove(os.path.join(resumed, train.RESULTS_FILE))
+  again = train.train_and_evaluate(config(), resumed)
+  jax.tree.map(np.testing.assert_array_equal, checkpoint.load_params(resumed, last_step),
+               checkpoint.load_params(finished, last_step))
+  for key in SIMULATED_FIGURES:
+    assert again[key] == results[key], key
+  return results

@@ -3,8 +3,6 @@ local-update method's synchronisation (compressors.aggregation): float64 referen
 async and naive async, sync's bits kept, drop-outs and rejoining, the time model, the runner's
 figures, a crash and resume with the simulator's random state, and bad settings refused."""
 
-import os
-import shutil
 
 import jax
 import jax.numpy as jnp
@@ -16,7 +14,6 @@ import compressors
 from compressors import aggregation
 from compressors import worker_sim
 from configs import common
-from experiments import checkpoint
 from experiments import methods
 from experiments import train
 from tests import harness
@@ -251,15 +248,4 @@ def test_a_run_with_spread_and_drop_outs_resumes_bit_for_bit(tmp_path, rule):
   outer parameters and states too)."""
   config = lambda: _quickstart(aggregation=rule, **{
       "workers.speed_spread": 0.5, "workers.dropout_rate": 0.3, "workers.rejoin_after": 1})
-  finished, resumed = str(tmp_path / "finished"), str(tmp_path / "resumed")
-  results = train.train_and_evaluate(config(), finished)
-  shutil.copytree(finished, resumed)
-  for step in (3, 4):
-    shutil.rmtree(os.path.join(resumed, "checkpoints", str(step)), ignore_errors=True)
-  os.remove(os.path.join(resumed, train.RESULTS_FILE))
-  again = train.train_and_evaluate(config(), resumed)
-  jax.tree.map(np.testing.assert_array_equal, checkpoint.load_params(resumed, 4),
-               checkpoint.load_params(finished, 4))
-  for key in ("test_loss", "modelled_seconds", "useful_throughput", "staleness",
-              "updates_dropped"):
-    assert again[key] == results[key], key
+  harness.assert_resumes_bit_for_bit(config, str(tmp_path), 4, (3, 4))
