@@ -64,7 +64,7 @@ def get_config(arg=None):
                      optimizer="same", learning_rate=0.01, capacity=0, hot_rows="0",
                      budget_bytes=262144, link_gbit=10.0, compute_seconds=0.05,
                      exchange="dense", gradient_exchange="dense", error_feedback=True,
-                     topk_fraction=0.25, threshold=1e-3)
+                     topk_fraction=0.25, threshold=1e-3, hot_exchange="dense")
   c.method = "dense"
   c.optimizer.update(dict(name="adam", learning_rate=0.01, b1=0.9, b2=0.999, eps=1e-8))
   c.batch_size = 512

@@ -99,13 +99,16 @@ def codecs(block) -> embedding_codecs.Codecs:
 
 
 def choose(block, model, devices: int, batch_per_device: int, dataset, dense_params: int,
-           placements, codecs_: embedding_codecs.Codecs) -> embedding_planner.Choice:
+           placements, codecs_: embedding_codecs.Codecs,
+           hot_exchange=None) -> embedding_planner.Choice:
   """The planner's choice for the run (``placements`` None: chosen too; the rows' payloads
-  priced as ``codecs_`` encodes them), logged with its report."""
+  priced as ``codecs_`` encodes them, the hot rows' gradient as ``hot_exchange``, a
+  :attr:`compressors.embedding_planner.Workload.hot_exchange`), logged with its report."""
   workload = embedding_planner.Workload(
       tuple(model.cardinalities), model.embedding_dim, tuple(model.hotness), batch_per_device,
       _probabilities(model, dataset), dense_params,
-      payload_bytes=functools.partial(embedding_codecs.payload_bytes, codecs_))
+      payload_bytes=functools.partial(embedding_codecs.payload_bytes, codecs_),
+      hot_exchange=hot_exchange)
   link = dataclasses.replace(topology_lib.CLOUD_10G, bandwidth=block.link_gbit * 1e9 / 8,
                              name=f"{block.link_gbit:g} Gbit/s")
   hot = hot_setting(block.hot_rows)

@@ -12,18 +12,23 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 import ml_collections
 import numpy as np
+import optax
 import pytest
 
+import compressors
 from compressors import embedding_codecs
 from compressors import embedding_planner
+from compressors import registry
 from compressors.network import topology
 from compressors.parallel import embeddings
 from compressors.parallel import hlo_bytes
 from compressors.parallel import hot_rows
+from compressors.parallel import sharded_params
 from experiments import table_planning
 from experiments.data import criteo
 from experiments.models import dlrm
 from tests import dlrm_problem
+from tests import harness
 from tests.dlrm_problem import BATCH, DEVICES, HOTNESS, LEARNING_RATE, MIXED, ROWS, WIDTH
 
 pytestmark = pytest.mark.usefixtures("fast_compiles")
@@ -316,3 +321,108 @@ def test_hot_rows_where_no_table_is_fetched_are_refused_in_one_line(tmp_path):
   with pytest.raises(ValueError, match=r"^config.embedding.hot_rows='8' but no table is row- or "
                                        r"table-placed .* allowed: hot_rows '0' there$"):
     train.train_and_evaluate(config, str(tmp_path / "run"))
+
+
+def _exchanged_step(problem, plan, hot, exchange, capacity=None):
+  """The runner's composition on the problem: the hot bank's gradient each device's own
+  (``all_reduce=False``) and exchanged by ``exchange`` in the sharded leaves' optimizer (SGD,
+  :func:`hot_rows.with_exchange`), the tower by a dense chain: ``(data_parallel, params)``."""
+  tower, batch, tower_params, tables = problem
+  mesh = Mesh(np.array(jax.devices()[:DEVICES]), ("data",))
+
+  def loss(params, batch):
+    pooled, overflow = hot_rows.pooled_lookup(plan, hot, params["tables"], batch["sparse"],
+                                              "data", capacity, all_reduce=False)
+    logits = tower.apply({"params": params["tower"]}, batch["dense"], pooled)
+    return dlrm_problem.bce(logits, batch["label"]), overflow
+  params = {"tower": tower_params, "tables": hot_rows.shard(plan, hot, tables)}
+  specs = {"tower": jax.tree.map(lambda _: P(), tower_params),
+           "tables": hot_rows.specs(plan, "data")}
+  tx = optax.chain(compressors.compress(compressors.dense(), axis_name="data"),
+                   optax.sgd(LEARNING_RATE))
+  sharded = sharded_params.ShardedParams(
+      specs, hot_rows.with_exchange(optax.sgd(LEARNING_RATE), exchange, DEVICES))
+  dp = compressors.data_parallel(loss, tx, mesh, params, batch, has_aux=True, sharded=sharded)
+  return dp, jax.device_put(params, jax.tree.map(lambda s: jax.NamedSharding(mesh, s),
+                                                 dp.params_spec))
+
+
+def test_the_hot_rows_exchanged_by_the_dense_method_give_the_replicated_trajectory(problem,
+                                                                                   replicated):
+  """The hot bank's gradient exchanged by the registered ``dense`` method in the step (not the
+  lookup's ``psum``): the losses and the trained tables of the tables whole, every device's
+  copy of the hot bank the same."""
+  expected, trained = replicated
+  plan = embeddings.plan(ROWS, WIDTH, MIXED, DEVICES)
+  hot = _hot(plan, problem[1], 5)
+  dp, params = _exchanged_step(problem, plan, hot,
+                               registry.transformation("dense", axis_name="data"))
+  state, losses = dp.init(params), []
+  for _ in range(20):
+    params, state, metrics = dp.step(params, state, problem[1])
+    losses.append(float(metrics["loss"]))
+  np.testing.assert_allclose(losses, expected, rtol=2e-6, atol=2e-6)
+  laid_out = jax.device_get(params["tables"])
+  copies = laid_out["hot"].reshape(DEVICES, hot.total, WIDTH)
+  np.testing.assert_array_equal(copies, np.broadcast_to(copies[0], copies.shape))
+  for got, want in zip(hot_rows.unshard(plan, hot, laid_out), trained["tables"]):
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_error_feedback_of_the_hot_rows_exchange_loses_nothing():
+  """Top-k on the hot bank's gradient, as the sharded step hands it over (each device's own,
+  divided by the worker count): at each of 3 steps, what each worker sent is exactly the ``k``
+  largest entries of its gradient plus its residual, the residual exactly the rest, and the
+  update the mean of what was sent (float32's rounding of a sum of 8)."""
+  shape, density = (40, WIDTH), 0.1
+  k = round(density * shape[0] * shape[1])
+  exchange = registry.transformation("topk", registry.default_settings("topk").__class__(
+      density=density), axis_name="data")
+  tx = hot_rows.with_exchange(optax.identity(), exchange, DEVICES)
+  params = {"tables": {"hot": jnp.zeros(shape, jnp.float32)}}
+  state, update = harness.shard_map_update(tx, harness.mesh(DEVICES), params)
+  residual = np.zeros((DEVICES, shape[0] * shape[1]), np.float32)
+  for t in range(3):
+    gradient = (np.asarray(jax.random.normal(jax.random.PRNGKey(t), (DEVICES, *shape)))
+                * np.exp(np.arange(shape[0]) / 10)[:, None]).astype(np.float32)
+    mean, state = update(params, state, {"tables": {"hot": gradient / DEVICES}})
+    compensated = gradient.reshape(DEVICES, -1) + residual  # float32, as the step adds them
+    sent = harness.topk_reference(compensated, k)
+    (residual,) = [np.asarray(s.residual["tables"]["hot"]).reshape(DEVICES, -1)
+                   for s in jax.tree.leaves(state, is_leaf=lambda x: isinstance(
+                       x, compressors.CompressState)) if isinstance(s, compressors.CompressState)]
+    np.testing.assert_array_equal(residual, compensated - sent)
+    assert np.count_nonzero(residual) > 0.5 * residual.size  # top-k did leave something
+    np.testing.assert_allclose(np.asarray(mean["tables"]["hot"]).reshape(-1), sent.mean(0),
+                               rtol=0, atol=8 * np.finfo(np.float32).eps * np.abs(sent).max())
+
+
+@pytest.mark.parametrize("method,settings", [
+    ("topk", {"density": 0.25}),
+    pytest.param("int8", {}, marks=pytest.mark.slow),  # about 20 s each on 2 cores
+    pytest.param("dense", {}, marks=pytest.mark.slow)])
+def test_the_planner_prices_the_hot_rows_exchange_as_its_method_sends_it(problem, method,
+                                                                         settings):
+  """The hot bank's gradient exchanged by a registered method in the step: the compiled step's
+  bytes besides the embedding all-to-all (the hot rows' and the dense tower's exchanges, and the
+  step's 2 scalars) within 5% of the planner's prediction, which prices the method
+  (:func:`compressors.registry.cost`), not the ``psum``."""
+  tower, batch, tower_params, tables = problem
+  own = dataclasses.replace(registry.default_settings(method), **settings)
+  workload = dataclasses.replace(
+      _workload(ROWS, batch, tower_params),
+      hot_exchange=lambda shape, topo: registry.cost(method, [shape], topo, own))
+  choice = embedding_planner.choose(workload, topology.Topology.flat(DEVICES, topology.CLOUD_10G),
+                                    0, 0.01, ("row",) * 5, (40,) * 5)
+  dp, params = _exchanged_step(problem, choice.plan, choice.hot,
+                               registry.transformation(method, own, axis_name="data"),
+                               choice.capacity)
+  sent = dp.wire_bytes(params, dp.init(params), batch)
+  predicted = choice.prediction.bytes
+  psum = choice.hot.all_reduce_bytes(choice.plan)
+  assert sent.by_kind["all-to-all"] == pytest.approx(
+      predicted["embedding_forward"] + predicted["embedding_backward"], rel=0.05)
+  assert sent.total - sent.by_kind["all-to-all"] == pytest.approx(
+      predicted["hot_rows_all_reduce"] + predicted["dense_all_reduce"], rel=0.05)
+  assert predicted["hot_rows_all_reduce"] > 0.3 * predicted["dense_all_reduce"]
+  assert (predicted["hot_rows_all_reduce"] == psum) == (method == "dense")
