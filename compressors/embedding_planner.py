@@ -14,8 +14,7 @@ The model (:func:`predict`), per device and step:
   (:func:`compressors.parallel.embeddings.exchange_bytes` at the planned capacity), the hot-row
   all-reduce (:meth:`compressors.parallel.hot_rows.HotRows.all_reduce_bytes`, or the cost
   model's price of the per-step method that exchanges it: :attr:`Workload.hot_exchange`) and
-  the dense
-  all-reduce (the dense parameters and the replicated tables), each charged as
+  the dense all-reduce (the dense parameters and the replicated tables), each charged as
   :mod:`compressors.parallel.hlo_bytes` charges the compiled program's collectives, so the
   predicted bytes are the compiled program's (tests/test_hot_rows.py);
 * seconds: the project's alpha-beta model (:func:`compressors.network.topology.steps_cost`):
