@@ -12,8 +12,9 @@ The model (:func:`predict`), per device and step:
 
 * bytes: the embedding exchange's forward and backward passes
   (:func:`compressors.parallel.embeddings.exchange_bytes` at the planned capacity), the hot-row
-  all-reduce (:meth:`compressors.parallel.hot_rows.HotRows.all_reduce_bytes`) and the dense
-  all-reduce (the dense parameters and the replicated tables), each charged as
+  all-reduce (:meth:`compressors.parallel.hot_rows.HotRows.all_reduce_bytes`, or the cost
+  model's price of the per-step method that exchanges it: :attr:`Workload.hot_exchange`) and
+  the dense all-reduce (the dense parameters and the replicated tables), each charged as
   :mod:`compressors.parallel.hlo_bytes` charges the compiled program's collectives, so the
   predicted bytes are the compiled program's (tests/test_hot_rows.py);
 * seconds: the project's alpha-beta model (:func:`compressors.network.topology.steps_cost`):
@@ -74,6 +75,9 @@ class Workload:
     payload_bytes: ``(direction, rows, width) -> bytes`` of one bucket of the rows' all-to-alls
       as their codecs encode them (:func:`compressors.embedding_codecs.payload_bytes`); None:
       ``itemsize`` an element.
+    hot_exchange: ``(shape, topology) -> Cost`` of one exchange of the hot bank's gradient
+      ``[hot rows, width]`` by the per-step method that runs it
+      (:func:`compressors.registry.cost`); None: a float32 ``psum``.
   """
   rows: tuple[int, ...]
   width: int
@@ -83,6 +87,7 @@ class Workload:
   dense_params: int = 0
   itemsize: int = 4
   payload_bytes: Callable[[str, int, int], int] | None = None
+  hot_exchange: Callable[[tuple[int, int], topo.Topology], topo.Cost] | None = None
 
   @functools.cached_property
   def presence(self) -> tuple[np.ndarray, ...]:
@@ -153,20 +158,32 @@ def _all_reduce_seconds(topology: topo.Topology, elements: int, itemsize: int) -
   return topo.all_reduce_cost("psum", topology, elements, itemsize).time
 
 
+def _hot_exchange(w: Workload, topology: topo.Topology, p: embeddings.Plan,
+                  hot: hot_rows.HotRows) -> topo.Cost:
+  """The hot bank's gradient exchange: a float32 ``psum``, or :attr:`Workload.hot_exchange`."""
+  if not hot.total or topology.num_devices < 2:
+    return topo.Cost(0.0, 0.0)
+  if w.hot_exchange is None:
+    return topo.Cost(_all_reduce_seconds(topology, hot.total * p.width, w.itemsize),
+                     hot.all_reduce_bytes(p, w.itemsize))
+  return w.hot_exchange((hot.total, p.width), topology)
+
+
 def predict(w: Workload, topology: topo.Topology, p: embeddings.Plan, hot: hot_rows.HotRows,
             capacity_: int | None, compute_seconds: float) -> Prediction:
   """The bytes and seconds of each collective and the modelled step (module docstring)."""
   n, size = p.devices, w.itemsize
   exchange = embeddings.exchange_bytes(p, w.batch, w.hotness, capacity_, size, w.payload_bytes)
   replicated = sum(p.rows[t] for t in p.tables("replicated")) * p.width
+  hot_exchange = _hot_exchange(w, topology, p, hot)
   sent = {"embedding_forward": exchange["forward"], "embedding_backward": exchange["backward"],
-          "hot_rows_all_reduce": hot.all_reduce_bytes(p, size),
+          "hot_rows_all_reduce": hot_exchange.bytes_sent,
           "dense_all_reduce": 2 * (n - 1) / n * (w.dense_params + replicated) * size}
   # Collectives of the exchange: keys then rows (or bags) forward, one of gradients backward.
   kinds = int(bool(p.fetched)) + int(bool(p.tables("column"))) + int(bool(p.reduce_scattered))
   seconds = {"embedding_forward": _shift_seconds(topology, 2 * kinds, sent["embedding_forward"]),
              "embedding_backward": _shift_seconds(topology, kinds, sent["embedding_backward"]),
-             "hot_rows_all_reduce": _all_reduce_seconds(topology, hot.total * p.width, size),
+             "hot_rows_all_reduce": hot_exchange.time,
              "dense_all_reduce": _all_reduce_seconds(topology, w.dense_params + replicated, size)}
   hidden = step_time.BACKWARD_SHARE * compute_seconds
   exposed = max(0.0, seconds["hot_rows_all_reduce"] + seconds["dense_all_reduce"] - hidden)

@@ -26,7 +26,14 @@ training step's all-to-all; 0: every lookup of a device, nothing can overflow; -
 skew of the training IDs, the planner's; an overflow is refused in one line), ``hot_rows``
 (a string: rows of each row- or table-placed table replicated on every device,
 compressors/parallel/hot_rows.py: ``"0"`` none, a count such as ``"64"``, a fraction of each
-table's rows such as ``"0.01"``, or ``"auto"``, the planner's), and the planner's inputs
+table's rows such as ``"0.01"``, or ``"auto"``, the planner's), ``hot_exchange`` (the
+registered per-step method that exchanges the hot rows' gradient in the step, as the run's
+chain does a dense parameter's: ``dense``, the float32 all-reduce, or any per-step method
+without per-step inputs, e.g. ``topk``, ``int8``, ``qsgd``, ``bf16``, with its settings from
+``config.compression.<name>`` and error feedback where it has it, its state checkpointed; or
+``same``, ``config.method``; ``compression.error_feedback`` and ``seed`` apply, the rest of
+``config.compression``'s own fields is the dense part's; not with ``hot_rows="0"``; the
+planner prices it by the method's cost model), and the planner's inputs
 (``auto``, ``hot_rows`` other than ``"0"`` or ``capacity=-1`` run it; it logs what it chose and
 why, and results.json's ``embedding_planner`` has its predicted bytes and seconds per
 collective): ``budget_bytes`` (a device's bytes for the tables, the hot rows included; 0:
@@ -64,7 +71,7 @@ def get_config(arg=None):
                      optimizer="same", learning_rate=0.01, capacity=0, hot_rows="0",
                      budget_bytes=262144, link_gbit=10.0, compute_seconds=0.05,
                      exchange="dense", gradient_exchange="dense", error_feedback=True,
-                     topk_fraction=0.25, threshold=1e-3)
+                     topk_fraction=0.25, threshold=1e-3, hot_exchange="dense")
   c.method = "dense"
   c.optimizer.update(dict(name="adam", learning_rate=0.01, b1=0.9, b2=0.999, eps=1e-8))
   c.batch_size = 512

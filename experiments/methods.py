@@ -118,6 +118,39 @@ def communication(config, axis_name: str = AXIS_NAME) -> optax.GradientTransform
       config.method, own, axis_name=axis_name, common=common(config)))
 
 
+def hot_exchange(config, axis_name: str = AXIS_NAME):
+  """``config.embedding.hot_exchange``: the per-step method that exchanges the hot rows'
+  gradient (:func:`compressors.parallel.hot_rows.with_exchange`; ``"same"``: ``config.method``),
+  with its settings (``config.compression.<name>``) and the shared ``error_feedback`` and
+  ``seed`` (the rest of ``config.compression``'s own fields is the dense part's):
+  ``(its per-worker transformation, (shape, topology) -> its cost-model price)``.
+
+  Raises:
+    ValueError: in one line, not a per-step method without per-step inputs, or a method other
+      than ``dense`` where ``config.embedding.hot_rows`` is ``"0"``.
+  """
+  block = config.embedding
+  value = block.get("hot_exchange", "dense")
+  name = config.method if value == "same" else value
+  allowed = [n for n in registry.names("per_step")
+             if registry.step_inputs(n) is None and registry.get(n).kinds is None]
+  if not isinstance(name, str) or name not in allowed:
+    same = f" (config.method={config.method!r})" if value == "same" else ""
+    raise ValueError(f"config.embedding.hot_exchange={value!r}{same} is not allowed; allowed: "
+                     f"'same' or a per-step method without per-step inputs: {allowed}")
+  if name != "dense" and str(block.get("hot_rows", "0")) == "0":
+    raise ValueError(f"config.embedding.hot_exchange={value!r} with hot_rows='0' is not "
+                     "allowed: there is no hot bank to exchange; allowed: 'dense' there")
+  where = f"config.compression.{name}"
+  own = _dataclass_from(registry.get(name).settings,
+                        registry.renamed_settings(name, config.compression.get(name, {}), where),
+                        where)
+  shared = common(config)
+  shared = registry.Common(error_feedback=shared.error_feedback, seed=shared.seed)
+  tx = registry.transformation(name, own, axis_name=axis_name, common=shared)
+  return tx, lambda shape, topology: registry.cost(name, [shape], topology, own)
+
+
 def step_kinds(config) -> tuple[Any, ...]:
   """The step kinds (``compressors.StepKind``) of ``config.method``'s steps."""
   own = settings(config)

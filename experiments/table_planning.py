@@ -108,20 +108,25 @@ def link(gbit: float) -> topology_lib.Link:
 
 
 def workload(rows, width: int, hotness, batch_per_device: int, probabilities,
-             dense_params: int, codecs_: embedding_codecs.Codecs) -> embedding_planner.Workload:
+             dense_params: int, codecs_: embedding_codecs.Codecs,
+             hot_exchange=None) -> embedding_planner.Workload:
   """The planner's workload of tables of ``rows`` rows of ``width`` looked up ``hotness`` times
-  a row of the batch, their rows' payloads priced as ``codecs_`` encodes them."""
+  a row of the batch, their rows' payloads priced as ``codecs_`` encodes them, the hot rows'
+  gradient as ``hot_exchange`` (None: the lookup's psum)."""
   return embedding_planner.Workload(
       tuple(rows), width, tuple(hotness), batch_per_device, tuple(probabilities), dense_params,
-      payload_bytes=functools.partial(embedding_codecs.payload_bytes, codecs_))
+      payload_bytes=functools.partial(embedding_codecs.payload_bytes, codecs_),
+      hot_exchange=hot_exchange)
 
 
 def choose(block, model, devices: int, batch_per_device: int, dataset, dense_params: int,
-           placements, codecs_: embedding_codecs.Codecs) -> embedding_planner.Choice:
+           placements, codecs_: embedding_codecs.Codecs,
+           hot_exchange=None) -> embedding_planner.Choice:
   """The planner's choice for the run (``placements`` None: chosen too; the rows' payloads
-  priced as ``codecs_`` encodes them), logged with its report."""
+  priced as ``codecs_`` encodes them, the hot rows' gradient as ``hot_exchange``, a
+  :attr:`compressors.embedding_planner.Workload.hot_exchange`), logged with its report."""
   load = workload(model.cardinalities, model.embedding_dim, model.hotness, batch_per_device,
-                  probabilities(model, dataset), dense_params, codecs_)
+                  probabilities(model, dataset), dense_params, codecs_, hot_exchange)
   choice = plan(block, load, devices, placements)
   logging.warning("%s", choice.report())
   return choice

@@ -284,6 +284,7 @@ def _placed(config, model, workers, learning_rate, dataset, init_variables):
                        f"{config.model.name!r}; allowed: embedding tables placed for dlrm only")
     return model
   table_planning.check(block)
+  hot_exchange, hot_cost = methods.hot_exchange(config, workers.axis_name)
   chosen = (None if block.placement == "auto" else
             placed_dlrm.placements(model.cardinalities, block.placement, block.overrides))
   hot, capacity, predicted = None, block.capacity or None, None
@@ -293,7 +294,7 @@ def _placed(config, model, workers, learning_rate, dataset, init_variables):
     tables = sum(r * model.embedding_dim for r in model.cardinalities)
     choice = table_planning.choose(
         block, model, workers.count, config.batch_size // workers.count, dataset,
-        sum(x.size for x in jax.tree.leaves(params)) - tables, chosen, codecs)
+        sum(x.size for x in jax.tree.leaves(params)) - tables, chosen, codecs, hot_cost)
     chosen, hot, predicted = choice.plan.placements, choice.hot, table_planning.summary(choice)
     capacity = choice.capacity if block.capacity == -1 else capacity
   plan = compressors.parallel.embeddings.plan(model.cardinalities, model.embedding_dim, chosen,
@@ -311,7 +312,7 @@ def _placed(config, model, workers, learning_rate, dataset, init_variables):
                        "device, no islands, a per-step method (or every table replicated)")
   return placed_dlrm.PlacedDLRM(model, plan, workers.axis_name,
                                 _table_optimizer(config, block, chosen, learning_rate),
-                                capacity, hot, predicted, codecs)
+                                capacity, hot, predicted, codecs, hot_exchange)
 
 
 def _table_optimizer(config, block, chosen, learning_rate) -> optax.GradientTransformation:
@@ -564,21 +565,24 @@ def _bytes_by_collective(model, task, dp, state: TrainState, batch, step_sent,
 
 def _hot_rows_all_reduce(model, dp, state: TrainState, batch, loss_sum) -> float | None:
   """Placed tables with hot rows: the bytes per device per step of the hot rows' gradient
-  all-reduce, from compiled programs: the all-reduces of the loss's gradient with respect to
-  the hot bank alone less those of the loss (the model state's mean and the sum of the
-  result, in both); None without hot rows."""
+  exchange (``config.embedding.hot_exchange``'s method, run in the step), from compiled
+  programs: every collective of the loss's gradient with respect to the hot bank (each
+  device's own) exchanged by that method (its state fresh), less those of the same gradient
+  unexchanged; None without hot rows."""
   if not isinstance(model, placed_dlrm.PlacedDLRM) or not model.hot_or_none.total:
     return None
   def hot_gradient(params, model_state, batch):
     def of_hot(hot):
       tables = {**params["tables"], "hot": hot}
       return loss_sum({**params, "tables": tables}, model_state, batch)
-    return jax.grad(of_hot)(params["tables"]["hot"]).sum()
-  def all_reduced(fn):
-    sent = compressors.parallel.hlo_bytes.wire_bytes(dp.reduce(fn), state.params,
-                                                     state.model_state, batch)
-    return sent.by_kind.get("all-reduce", 0.0)
-  return all_reduced(hot_gradient) - all_reduced(loss_sum)
+    return jax.grad(of_hot)(params["tables"]["hot"])
+  def exchanged(params, model_state, batch):
+    gradient = hot_gradient(params, model_state, batch)
+    return model.hot_exchange.update(gradient, model.hot_exchange.init(gradient))[0].sum()
+  def sent(fn):
+    return compressors.parallel.hlo_bytes.wire_bytes(dp.reduce(fn), state.params,
+                                                     state.model_state, batch).total
+  return sent(exchanged) - sent(lambda *args: hot_gradient(*args).sum())
 
 
 def _peak_bytes(dp, state: TrainState, batch, steps: int) -> dict[str, Any]:

@@ -250,6 +250,11 @@ _CONFIGS = [
      lambda t: _run(_config(dlrm, **{"embedding.placement": "row",
                                      "embedding.overrides": "99:table"}), t), ValueError,
      r"config.embedding.overrides names table 99; allowed: tables 0 .. 25"),
+    ("embedding-hot-exchange-unknown",
+     lambda t: _run(_config(dlrm, **{"embedding.placement": "row", "embedding.hot_rows": "4",
+                                     "embedding.hot_exchange": "zip"}), t), ValueError,
+     r"config.embedding.hot_exchange='zip' is not allowed; allowed: 'same' or a per-step "
+     r"method without per-step inputs: \['dense', .*'topk'"),
     ("workers-speed-spread-negative",
      lambda t: _run(_config(quickstart, method="diloco", aggregation="quorum",
                             **{"workers.speed_spread": -1.0}), t), ValueError,

@@ -5,6 +5,8 @@ synthetic skew."""
 
 import dataclasses
 import functools
+import json
+import shutil
 
 import jax
 import jax.numpy as jnp
@@ -12,18 +14,23 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 import ml_collections
 import numpy as np
+import optax
 import pytest
 
+import compressors
 from compressors import embedding_codecs
 from compressors import embedding_planner
+from compressors import registry
 from compressors.network import topology
 from compressors.parallel import embeddings
 from compressors.parallel import hlo_bytes
 from compressors.parallel import hot_rows
+from compressors.parallel import sharded_params
 from experiments import table_planning
 from experiments.data import criteo
 from experiments.models import dlrm
 from tests import dlrm_problem
+from tests import harness
 from tests.dlrm_problem import BATCH, DEVICES, HOTNESS, LEARNING_RATE, MIXED, ROWS, WIDTH
 
 pytestmark = pytest.mark.usefixtures("fast_compiles")
@@ -287,19 +294,26 @@ def test_bad_hot_rows_are_refused_in_one_line(ids, message):
                       [[1], [], [], [], []])
 
 
-@pytest.mark.slow  # about 60 s on 2 cores: the planner, the step, its bytes and the evaluation
-def test_the_runner_plans_the_tables_and_reports_the_hot_row_all_reduce(tmp_path):
-  """``placement=auto, hot_rows=auto, capacity=-1`` through the runner (configs/dlrm.py:smoke):
-  results.json's ``bytes_by_collective``, read from the compiled programs, is the planner's
-  prediction within 5% per collective."""
+@pytest.mark.slow  # about 60 s each on 2 cores: the planner, the step, its bytes, the evaluation
+@pytest.mark.parametrize("hot_exchange", ["dense", "topk", "int8"])
+def test_the_runner_plans_the_tables_and_reports_the_hot_row_all_reduce(tmp_path, hot_exchange):
+  """``placement=auto, hot_rows=auto, capacity=-1`` through the runner (configs/dlrm.py:smoke),
+  the hot rows' gradient exchanged by ``hot_exchange``: results.json's ``bytes_by_collective``,
+  read from the compiled programs, is the planner's prediction within 5% per collective; a
+  compressing method sends a fraction of the float32 all-reduce's bytes."""
   from experiments import train  # pylint: disable=import-outside-toplevel
   config = __import__("configs.dlrm", fromlist=["get_config"]).get_config("smoke")
   config.data.cache_dir = str(tmp_path / "cache")
   config.update_from_flattened_dict({"embedding.placement": "auto", "embedding.hot_rows": "auto",
-                                     "embedding.capacity": -1})
+                                     "embedding.capacity": -1,
+                                     "embedding.hot_exchange": hot_exchange})
   results = train.train_and_evaluate(config, str(tmp_path / "run"))
   sent, predicted = results["bytes_by_collective"], results["embedding_planner"]["bytes"]
-  assert sent["hot_rows_all_reduce"] > 0
+  psum = 2 * 7 / 8 * 4 * config.model.embedding_dim * results["embedding_planner"]["hot_rows"]
+  if hot_exchange == "dense":  # the lookup's psum's bytes
+    assert sent["hot_rows_all_reduce"] == pytest.approx(psum, rel=1e-3)
+  else:
+    assert 0 < sent["hot_rows_all_reduce"] < 0.3 * psum
   for ours, theirs in (("embedding_forward", "embedding_forward"),
                        ("embedding_backward", "embedding_backward"),
                        ("hot_rows_all_reduce", "hot_rows_all_reduce"),
@@ -316,3 +330,157 @@ def test_hot_rows_where_no_table_is_fetched_are_refused_in_one_line(tmp_path):
   with pytest.raises(ValueError, match=r"^config.embedding.hot_rows='8' but no table is row- or "
                                        r"table-placed .* allowed: hot_rows '0' there$"):
     train.train_and_evaluate(config, str(tmp_path / "run"))
+
+
+def _exchanged_step(problem, plan, hot, exchange, capacity=None):
+  """The runner's composition on the problem: the hot bank's gradient each device's own
+  (``all_reduce=False``) and exchanged by ``exchange`` in the sharded leaves' optimizer (SGD,
+  :func:`hot_rows.with_exchange`), the tower by a dense chain: ``(data_parallel, params)``."""
+  tower, batch, tower_params, tables = problem
+  mesh = Mesh(np.array(jax.devices()[:DEVICES]), ("data",))
+
+  def loss(params, batch):
+    pooled, overflow = hot_rows.pooled_lookup(plan, hot, params["tables"], batch["sparse"],
+                                              "data", capacity, all_reduce=False)
+    logits = tower.apply({"params": params["tower"]}, batch["dense"], pooled)
+    return dlrm_problem.bce(logits, batch["label"]), overflow
+  params = {"tower": tower_params, "tables": hot_rows.shard(plan, hot, tables)}
+  specs = {"tower": jax.tree.map(lambda _: P(), tower_params),
+           "tables": hot_rows.specs(plan, "data")}
+  tx = optax.chain(compressors.compress(compressors.dense(), axis_name="data"),
+                   optax.sgd(LEARNING_RATE))
+  sharded = sharded_params.ShardedParams(
+      specs, hot_rows.with_exchange(optax.sgd(LEARNING_RATE), exchange, DEVICES))
+  dp = compressors.data_parallel(loss, tx, mesh, params, batch, has_aux=True, sharded=sharded)
+  return dp, jax.device_put(params, jax.tree.map(lambda s: jax.NamedSharding(mesh, s),
+                                                 dp.params_spec))
+
+
+def test_the_hot_rows_exchanged_by_the_dense_method_give_the_replicated_trajectory(problem,
+                                                                                   replicated):
+  """The hot bank's gradient exchanged by the registered ``dense`` method in the step (not the
+  lookup's ``psum``): the losses and the trained tables of the tables whole, every device's
+  copy of the hot bank the same."""
+  expected, trained = replicated
+  plan = embeddings.plan(ROWS, WIDTH, MIXED, DEVICES)
+  hot = _hot(plan, problem[1], 5)
+  dp, params = _exchanged_step(problem, plan, hot,
+                               registry.transformation("dense", axis_name="data"))
+  state, losses = dp.init(params), []
+  for _ in range(20):
+    params, state, metrics = dp.step(params, state, problem[1])
+    losses.append(float(metrics["loss"]))
+  np.testing.assert_allclose(losses, expected, rtol=2e-6, atol=2e-6)
+  laid_out = jax.device_get(params["tables"])
+  copies = laid_out["hot"].reshape(DEVICES, hot.total, WIDTH)
+  np.testing.assert_array_equal(copies, np.broadcast_to(copies[0], copies.shape))
+  for got, want in zip(hot_rows.unshard(plan, hot, laid_out), trained["tables"]):
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_error_feedback_of_the_hot_rows_exchange_loses_nothing():
+  """Top-k on the hot bank's gradient, as the sharded step hands it over (each device's own,
+  divided by the worker count): at each of 3 steps, what each worker sent is exactly the ``k``
+  largest entries of its gradient plus its residual, the residual exactly the rest, and the
+  update the mean of what was sent (float32's rounding of a sum of 8)."""
+  shape, density = (40, WIDTH), 0.1
+  k = round(density * shape[0] * shape[1])
+  exchange = registry.transformation("topk", registry.default_settings("topk").__class__(
+      density=density), axis_name="data")
+  tx = hot_rows.with_exchange(optax.identity(), exchange, DEVICES)
+  params = {"tables": {"hot": jnp.zeros(shape, jnp.float32)}}
+  state, update = harness.shard_map_update(tx, harness.mesh(DEVICES), params)
+  residual = np.zeros((DEVICES, shape[0] * shape[1]), np.float32)
+  for t in range(3):
+    gradient = (np.asarray(jax.random.normal(jax.random.PRNGKey(t), (DEVICES, *shape)))
+                * np.exp(np.arange(shape[0]) / 10)[:, None]).astype(np.float32)
+    mean, state = update(params, state, {"tables": {"hot": gradient / DEVICES}})
+    compensated = gradient.reshape(DEVICES, -1) + residual  # float32, as the step adds them
+    sent = harness.topk_reference(compensated, k)
+    (residual,) = [np.asarray(s.residual["tables"]["hot"]).reshape(DEVICES, -1)
+                   for s in jax.tree.leaves(state, is_leaf=lambda x: isinstance(
+                       x, compressors.CompressState)) if isinstance(s, compressors.CompressState)]
+    np.testing.assert_array_equal(residual, compensated - sent)
+    assert np.count_nonzero(residual) > 0.5 * residual.size  # top-k did leave something
+    np.testing.assert_allclose(np.asarray(mean["tables"]["hot"]).reshape(-1), sent.mean(0),
+                               rtol=0, atol=8 * np.finfo(np.float32).eps * np.abs(sent).max())
+
+
+@pytest.mark.parametrize("method,settings", [
+    ("topk", {"density": 0.25}),
+    pytest.param("int8", {}, marks=pytest.mark.slow),  # about 20 s each on 2 cores
+    pytest.param("dense", {}, marks=pytest.mark.slow)])
+def test_the_planner_prices_the_hot_rows_exchange_as_its_method_sends_it(problem, method,
+                                                                         settings):
+  """The hot bank's gradient exchanged by a registered method in the step: the compiled step's
+  bytes of that exchange within 5% of the planner's prediction, which prices the method
+  (:func:`compressors.registry.cost`), not the ``psum``."""
+  tower, batch, tower_params, tables = problem
+  own = dataclasses.replace(registry.default_settings(method), **settings)
+  workload = dataclasses.replace(
+      _workload(ROWS, batch, tower_params),
+      hot_exchange=lambda shape, topo: registry.cost(method, [shape], topo, own))
+  choice = embedding_planner.choose(workload, topology.Topology.flat(DEVICES, topology.CLOUD_10G),
+                                    0, 0.01, ("row",) * 5, (40,) * 5)
+  dp, params = _exchanged_step(problem, choice.plan, choice.hot,
+                               registry.transformation(method, own, axis_name="data"),
+                               choice.capacity)
+  sent = dp.wire_bytes(params, dp.init(params), batch)
+  predicted = choice.prediction.bytes
+  psum = choice.hot.all_reduce_bytes(choice.plan)
+  # The exchange's and the tower's predictions are the compiled program's (the tests above): the
+  # rest of the step's bytes is the hot rows' exchange (with the step's 2 scalars).
+  others = sum(predicted[k] for k in ("embedding_forward", "embedding_backward",
+                                      "dense_all_reduce"))
+  assert sent.total - others == pytest.approx(predicted["hot_rows_all_reduce"], rel=0.05)
+  assert (predicted["hot_rows_all_reduce"] == psum) == (method == "dense")
+
+
+@pytest.mark.parametrize("fields,message", [
+    ({"embedding.hot_exchange": "zip"}, r"^config.embedding.hot_exchange='zip' is not allowed; "
+                                        r"allowed: 'same' or a per-step method without per-step "
+                                        r"inputs: \['dense', 'fp16', 'bf16', 'int8'"),
+    ({"embedding.hot_exchange": "tasc"}, r"^config.embedding.hot_exchange='tasc' is not allowed"),
+    ({"embedding.hot_exchange": "same", "method": "diloco"},
+     r"^config.embedding.hot_exchange='same' \(config.method='diloco'\) is not allowed"),
+    ({"embedding.hot_exchange": "topk", "embedding.hot_rows": "0"},
+     r"^config.embedding.hot_exchange='topk' with hot_rows='0' is not allowed: there is no hot "
+     r"bank to exchange; allowed: 'dense' there$"),
+    ({"embedding.hot_exchange": "topk", "compression.topk.density": 2.0},
+     r"^config.compression.topk.density=2.0")])
+def test_a_bad_hot_exchange_is_refused_in_one_line(fields, message):
+  from experiments import methods  # pylint: disable=import-outside-toplevel
+  config = __import__("configs.dlrm", fromlist=["get_config"]).get_config("smoke")
+  config.update_from_flattened_dict({"embedding.hot_rows": "auto", **fields})
+  with pytest.raises(ValueError, match=message) as error:
+    methods.hot_exchange(config)
+  assert "\n" not in str(error.value)
+  config.update_from_flattened_dict({"embedding.hot_exchange": "same", "method": "int8",
+                                     "embedding.hot_rows": "auto",
+                                     "compression.topk.density": 0.01})
+  _, cost = methods.hot_exchange(config)  # the run's own method, priced by its cost model
+  flat = topology.Topology.flat(DEVICES, topology.CLOUD_10G)
+  assert cost((100, 8), flat).bytes_sent == registry.cost("int8", [(100, 8)], flat).bytes_sent
+
+
+@pytest.mark.slow  # about 60 s on 2 cores: two runs, the second resumed
+def test_top_k_on_the_hot_rows_through_the_runner_and_a_resumed_run(tmp_path):
+  """The hot rows' gradient exchanged by top-k with error feedback: its residual is the hot
+  bank's optimizer state, checkpointed (a run resumed at step 3 ends bit for bit as the whole
+  run), and the run learns."""
+  from experiments import train  # pylint: disable=import-outside-toplevel
+  config = __import__("configs.dlrm", fromlist=["get_config"]).get_config("smoke")
+  config.data.update(dict(max_rows=50, num_train=512, num_eval=256,
+                          cache_dir=str(tmp_path / "cache")))
+  config.update_from_flattened_dict({
+      "batch_size": 64, "eval_batch_size": 256, "num_steps": 6, "checkpoint_every": 3,
+      "embedding.placement": "row", "embedding.hot_rows": "4", "embedding.hot_exchange": "topk",
+      "compression.topk.density": 0.1})
+  whole = train.train_and_evaluate(config, str(tmp_path / "run"))
+  assert 0 < whole["bytes_by_collective"]["hot_rows_all_reduce"]
+  shutil.rmtree(tmp_path / "run" / "checkpoints" / "6")
+  resumed = train.train_and_evaluate(config, str(tmp_path / "run"))
+  assert resumed["auc"] == whole["auc"] and resumed["test_loss"] == whole["test_loss"]
+  with open(tmp_path / "run" / "metrics.jsonl") as f:
+    losses = [row["loss"] for row in map(json.loads, f) if "loss" in row]
+  assert losses[-1] < losses[0]

@@ -17,6 +17,18 @@ hot bank enters it through an identity whose transpose all-reduces (``psum``) it
 and takes the same update (:func:`pooled_lookup`). The math is that of the tables whole: a
 bag is the sum of its hot rows (from the hot bank) and of its cold ones (from the all-to-all).
 
+Or the step exchanges it (``pooled_lookup(..., all_reduce=False)``, the runner's way): the
+transpose leaves each device its own gradient of its copy, and the hot bank's optimizer
+(:func:`with_exchange`) first runs a registered per-step method's per-worker transformation
+(:func:`compressors.registry.transformation`: each worker compresses its own gradient, with
+error feedback where the method keeps it, and gets back the mean), as the run's chain does for
+a dense parameter; that transformation's state (a residual, one row per worker) is the hot
+bank's optimizer state, checkpointed with it. Why there and not in the transpose: compression
+must come before the sum (a ``psum`` sums float32), and only an optimizer's state carries any
+method's memory from step to step (the embedding codecs' residual rides in the parameters
+because the rows it shadows are chosen inside the loss; the hot bank is a fixed leaf). With
+the ``dense`` method it is the same float32 all-reduce as the ``psum``, the same bytes.
+
 A hot row keeps its slot in the bank (unused, its gradient zero): the bank's layout does not
 change, at ``ceil(hot rows / n)`` rows of a device per table.
 
@@ -38,6 +50,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 import numpy as np
+import optax
 
 from compressors.network import axes
 from compressors.parallel import embeddings
@@ -161,15 +174,16 @@ _gradient_all_reduced.defvjp(_forward, _backward)
 
 
 def pooled_lookup(p: embeddings.Plan, hot: HotRows, params: dict, sparse: Sequence[jax.Array],
-                  axis, capacity: int | None = None,
-                  rows_exchange=None) -> tuple[jax.Array, jax.Array]:
+                  axis, capacity: int | None = None, rows_exchange=None,
+                  all_reduce: bool = True) -> tuple[jax.Array, jax.Array]:
   """:func:`embeddings.pooled_lookup` with the hot rows served from this device's hot bank:
   ``(bags [batch, tables, width], overflow)``; the hot bank's gradient is all-reduced over
-  ``axis`` in the backward pass. ``capacity`` counts cold keys only; ``rows_exchange`` encodes
-  the cold rows' all-to-alls, as :func:`embeddings.pooled_lookup`'s."""
+  ``axis`` in the backward pass, or, with ``all_reduce=False``, left this device's own for the
+  step to exchange (:func:`with_exchange`). ``capacity`` counts cold keys only;
+  ``rows_exchange`` encodes the cold rows' all-to-alls, as :func:`embeddings.pooled_lookup`'s."""
   if not hot.total:
     return embeddings.pooled_lookup(p, params, sparse, axis, capacity, rows_exchange)
-  bank = _gradient_all_reduced(params["hot"], axis)
+  bank = _gradient_all_reduced(params["hot"], axis) if all_reduce else params["hot"]
   cold, hot_bags = list(sparse), {}
   for t, (ids, offset) in enumerate(zip(hot.ids, hot.offsets)):
     if not ids:
@@ -183,3 +197,31 @@ def pooled_lookup(p: embeddings.Plan, hot: HotRows, params: dict, sparse: Sequen
   for t, bag in hot_bags.items():
     pooled = pooled.at[:, t].add(bag)
   return pooled, overflow
+
+
+def with_exchange(tx: optax.GradientTransformation, exchange: optax.GradientTransformation,
+                  workers: int) -> optax.GradientTransformation:
+  """``tx``, the sharded leaves' optimizer, with the hot bank's gradient (``params["tables"]
+  ["hot"]``, each device's own: ``pooled_lookup(..., all_reduce=False)``) first exchanged by
+  ``exchange``, a per-step method's per-worker transformation (compress, exchange, the mean:
+  :func:`compressors.registry.transformation`), then updated by ``tx``. The sharded step
+  divides a sharded leaf's gradient by ``workers`` (the all-to-all's transpose summed it); this
+  one is no sum, so ``exchange`` gets it times ``workers`` back (exact for a power of two).
+  ``exchange``'s mean is the same on every device, so ``tx``'s state is one for every copy:
+  it is made from the bank's shape (not from this device's copy, which would type it as
+  differing from device to device), replicated like the run's chain's; ``exchange``'s memories
+  (residuals) are per worker."""
+  def labels(params):
+    return jax.tree_util.tree_map_with_path(
+        lambda path, _: "hot" if _keys(path) == ("tables", "hot") else "other", params)
+  hot = optax.with_extra_args_support(
+      optax.chain(optax.scale(float(workers)), exchange, tx))
+  from_shape = lambda params: hot.init(jax.tree.map(
+      lambda x: jnp.zeros(jnp.shape(x), jnp.result_type(x)), params))
+  return optax.multi_transform(
+      {"other": tx, "hot": optax.GradientTransformationExtraArgs(from_shape, hot.update)},
+      labels)
+
+
+def _keys(path) -> tuple:
+  return tuple(getattr(k, "key", None) for k in path)

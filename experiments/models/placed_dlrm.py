@@ -7,8 +7,9 @@ through the embedding exchange, then :class:`experiments.models.dlrm.DLRMTower`.
 are ``{"tower": ..., "tables": hot_rows.shard(...)}`` (:meth:`PlacedDLRM.place` lays out the
 model's ``embedding_<t>`` tables so); the bank, the column bank and the hot bank (the hot rows,
 :mod:`compressors.parallel.hot_rows`, a copy per device) are sharded over ``axis``
-(:meth:`PlacedDLRM.sharded_params`), updated by their own optimizer, the rest replicated and
-updated by the run's chain.
+(:meth:`PlacedDLRM.sharded_params`), updated by their own optimizer (the hot bank's gradient
+first exchanged by :attr:`PlacedDLRM.hot_exchange`, a registered per-step method), the rest
+replicated and updated by the run's chain.
 """
 
 from collections.abc import Sequence
@@ -55,7 +56,10 @@ class PlacedDLRM(NamedTuple):
   counts the keys beyond it in the model state (:meth:`overflow_state`, one count per worker),
   which :meth:`check_step` refuses; evaluation batches fetch every lookup (no capacity).
   ``codecs`` encode the rows' all-to-alls (:mod:`compressors.embedding_codecs`); with
-  error feedback its residuals are the sharded parameters ``params["exchange"]``."""
+  error feedback its residuals are the sharded parameters ``params["exchange"]``. With
+  ``hot_exchange`` (a per-step method's per-worker transformation) the hot bank's gradient is
+  each device's own and that transformation exchanges it in the step
+  (:func:`hot_rows.with_exchange`); without, the lookup's transpose all-reduces it."""
   model: dlrm.DLRM
   plan: embeddings.Plan
   axis: str
@@ -64,6 +68,7 @@ class PlacedDLRM(NamedTuple):
   hot: hot_rows.HotRows | None = None  # rows every device holds (None: none)
   planned: dict | None = None  # the embedding planner's choice for results.json, where it chose
   codecs: embedding_codecs.Codecs = embedding_codecs.Codecs()
+  hot_exchange: optax.GradientTransformation | None = None
 
   @property
   def hot_or_none(self) -> hot_rows.HotRows:
@@ -97,16 +102,20 @@ class PlacedDLRM(NamedTuple):
     return {"tower": params["tower"], **{f"embedding_{t}": x for t, x in enumerate(tables)}}
 
   def sharded_params(self, placed_params: Any) -> sharded_params.ShardedParams:
-    """Which leaves of :meth:`place`'s layout are sharded, and their optimizer (the residuals
-    take their change, :func:`embedding_codecs.with_residual_updates`)."""
+    """Which leaves of :meth:`place`'s layout are sharded, and their optimizer (the hot bank's
+    gradient exchanged first, :func:`hot_rows.with_exchange`; the residuals take their change,
+    :func:`embedding_codecs.with_residual_updates`)."""
     specs = {"tower": jax.tree.map(lambda _: P(), placed_params["tower"]),
              "tables": self._held(hot_rows.specs(self.plan, self.axis))}
+    tx = self.tx
+    if self.hot_exchange is not None and "hot" in specs["tables"]:
+      tx = hot_rows.with_exchange(tx, self.hot_exchange, self.plan.devices)
     if embedding_codecs.RESIDUAL not in placed_params:
-      return sharded_params.ShardedParams(specs, self.tx)
+      return sharded_params.ShardedParams(specs, tx)
     specs[embedding_codecs.RESIDUAL] = {k: P(self.axis)
                                         for k in placed_params[embedding_codecs.RESIDUAL]}
     return sharded_params.ShardedParams(
-        specs, embedding_codecs.with_residual_updates(self.tx, self.plan.devices))
+        specs, embedding_codecs.with_residual_updates(tx, self.plan.devices))
 
   def split(self, sparse) -> list:
     """Every table's IDs in turn along the last axis -> one array per table (the model's
@@ -146,7 +155,8 @@ class PlacedDLRM(NamedTuple):
                                                self.axis) if self.codecs.compressed else None)
     pooled, overflow = hot_rows.pooled_lookup(self.plan, self.hot_or_none, tables,
                                               self.split(sparse), self.axis,
-                                              self.capacity if train else None, exchange)
+                                              self.capacity if train else None, exchange,
+                                              all_reduce=self.hot_exchange is None)
     logits = self.model.tower(parent=None).apply({"params": params["tower"]}, dense, pooled)
     if not mutable:
       return logits
