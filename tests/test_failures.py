@@ -368,6 +368,7 @@ def test_a_lock_left_by_a_dead_run_is_taken_over_with_a_notice_and_released_at_e
 
 # ----------------------------------------------------------------------------------- sweeps
 
+@pytest.mark.slow
 def test_a_sweep_run_that_fails_when_it_starts_is_recorded_and_the_others_train(tmp_path):
   """Run "busy" finds its workdir held by another run: summary.csv records its error, "ok"
   trains, and the sweep exits 1 naming the failed run."""

@@ -70,6 +70,7 @@ def test_the_optimizer_after_the_exchange_keeps_its_moments_per_worker(tmp_path)
     assert json.load(f)["compression"]["exchanged"] == "update"
 
 
+@pytest.mark.slow
 def test_a_density_warmup_charges_each_stage_its_own_bytes(tmp_path):
   """Top-k at 5% after a 2-stage warm-up from 25% over 2 steps: steps 0 and 1 run the stages,
   2 and 3 the final density; the run is charged each stage's bytes once."""

@@ -404,6 +404,7 @@ def two_kinds():
   registry.unregister("two_kinds")
 
 
+@pytest.mark.slow
 def test_a_run_of_two_step_kinds_is_charged_the_bytes_of_the_steps_it_ran(two_kinds, tmp_path):
   """Each kind's bytes come from its own compiled program (float16: half of dense's float32
   all-reduce; float32: dense's), and the logged bytes are their mean over the steps run so far,

@@ -123,6 +123,7 @@ def _train(compressor, steps, error_feedback=True, lr=0.1):
   return losses
 
 
+@pytest.mark.slow
 def test_topk_with_error_feedback_matches_dense_and_without_is_worse():
   steps = 1500
   dense = _train(compressors.dense(), steps)
