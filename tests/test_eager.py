@@ -104,6 +104,7 @@ def test_eager_matches_a_float64_reference_of_its_recursion_and_differs_from_syn
   assert not np.allclose(np.asarray(synced["w"])[0], reference[0]["w"], rtol=1e-3)
 
 
+@pytest.mark.slow
 def test_eager_sends_the_bytes_of_syncs_round():
   """One exchange of the pseudo-gradient a round, from the compiled programs."""
   sent = {}

@@ -177,6 +177,7 @@ def test_diloco_across_islands_keeps_each_islands_shards_and_lands_on_one_model(
   assert ("islands",) not in wire["local"] and wire["sync"][("islands",)] > 0, wire
 
 
+@pytest.mark.slow
 def test_lamb_inside_diloco_across_islands_is_two_workers_lamb():
   """LAMB as DiLoCo's inner optimizer on each island's shards (per-island parameters, a 3 x 5
   kernel and the 5-vector flattened and padded): its norms summed over the fast axis, the

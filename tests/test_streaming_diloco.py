@@ -523,6 +523,7 @@ def test_the_runners_replica_check_finds_a_landed_fragment_that_drifted(tmp_path
   assert "['Conv_0']['kernel']" not in str(found.value)
 
 
+@pytest.mark.slow
 def test_with_mixed_landings_the_replica_check_compares_the_synchronised_parameters(
     tmp_path, monkeypatch):
   """With ``alpha = 0.5`` a landing mixes in each worker's own fragment, so the workers'

@@ -211,6 +211,7 @@ MIN_RATIO = {"signsgd": 16, "efsignsgd": 16, "onebit": 16,
              "terngrad_two_phase": 16 * 0.99}       # 2-bit codes, two-phase
 
 
+@pytest.mark.slow
 def test_compressed_bytes_at_8_workers_against_dense():
   measured = bytes_at(8, SUMMARY)
   dense = measured.pop("dense")
