@@ -52,15 +52,21 @@ def check_method(method: Any) -> registry.Method:
 
 def settings(config) -> Any:
   """The method's own settings, from ``config.compression.<method>``."""
-  method = check_method(config.method)
+  check_method(config.method)
   block = config.compression.get(config.method)
   if block is None:
     raise ValueError(f"config.compression has no block {config.method!r} for "
                      f"config.method={config.method!r}; configs built from "
                      "configs.common.base() have one per registered method")
-  where = f"config.compression.{config.method}"
-  return _dataclass_from(method.settings, registry.renamed_settings(config.method, block, where),
-                         where)
+  return _settings_of(config.method, block)
+
+
+def _settings_of(name: str, block) -> Any:
+  """Method ``name``'s settings from its block of ``config.compression`` (old names read with a
+  notice), each field checked, an error naming ``config.compression.<name>.<field>``."""
+  where = f"config.compression.{name}"
+  return _dataclass_from(registry.get(name).settings,
+                         registry.renamed_settings(name, block, where), where)
 
 
 def carrier(config) -> str | None:
@@ -141,10 +147,7 @@ def hot_exchange(config, axis_name: str = AXIS_NAME):
   if name != "dense" and str(block.get("hot_rows", "0")) == "0":
     raise ValueError(f"config.embedding.hot_exchange={value!r} with hot_rows='0' is not "
                      "allowed: there is no hot bank to exchange; allowed: 'dense' there")
-  where = f"config.compression.{name}"
-  own = _dataclass_from(registry.get(name).settings,
-                        registry.renamed_settings(name, config.compression.get(name, {}), where),
-                        where)
+  own = _settings_of(name, config.compression.get(name, {}))
   shared = common(config)
   shared = registry.Common(error_feedback=shared.error_feedback, seed=shared.seed)
   tx = registry.transformation(name, own, axis_name=axis_name, common=shared)

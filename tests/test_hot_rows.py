@@ -97,10 +97,16 @@ def test_hot_rows_give_the_replicated_trajectory_over_20_steps(problem, replicat
     losses.append(float(value))
     assert int(overflow) == 0
   np.testing.assert_allclose(losses, expected, rtol=2e-6, atol=2e-6)
-  laid_out = jax.device_get(params["tables"])
+  _assert_tables_whole(plan, hot, params["tables"], trained["tables"])
+
+
+def _assert_tables_whole(plan, hot, placed_tables, trained_tables):
+  """Every device's copy of the hot bank is the same, and the placed tables, whole again, are
+  the replicated run's ``trained_tables``."""
+  laid_out = jax.device_get(placed_tables)
   copies = laid_out["hot"].reshape(DEVICES, hot.total, WIDTH)
   np.testing.assert_array_equal(copies, np.broadcast_to(copies[0], copies.shape))
-  for got, want in zip(hot_rows.unshard(plan, hot, laid_out), trained["tables"]):
+  for got, want in zip(hot_rows.unshard(plan, hot, laid_out), trained_tables):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
@@ -371,11 +377,7 @@ def test_the_hot_rows_exchanged_by_the_dense_method_give_the_replicated_trajecto
     params, state, metrics = dp.step(params, state, problem[1])
     losses.append(float(metrics["loss"]))
   np.testing.assert_allclose(losses, expected, rtol=2e-6, atol=2e-6)
-  laid_out = jax.device_get(params["tables"])
-  copies = laid_out["hot"].reshape(DEVICES, hot.total, WIDTH)
-  np.testing.assert_array_equal(copies, np.broadcast_to(copies[0], copies.shape))
-  for got, want in zip(hot_rows.unshard(plan, hot, laid_out), trained["tables"]):
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+  _assert_tables_whole(plan, hot, params["tables"], trained["tables"])
 
 
 def test_error_feedback_of_the_hot_rows_exchange_loses_nothing():

@@ -28,6 +28,7 @@ from tests.test_streaming_diloco import _fragment_rows
 from tests.test_streaming_diloco import _loss
 from tests.test_streaming_diloco import _numpy_grads
 from tests.test_streaming_diloco import _params
+from tests.test_streaming_diloco import land_fragment
 
 pytestmark = pytest.mark.usefixtures("fast_compiles")
 
@@ -162,10 +163,7 @@ def reference(rule, params, x, y, steps, *, overlap, alpha):
                                                      mean / weights.sum())
         lands.setdefault(t + overlap, []).append(p)
     for p in lands.pop(t, []):
-      for w in workers:
-        for k, on in rows[p].items():
-          w[k] = w[k].copy()
-          w[k][on] = alpha * w[k][on] + (1 - alpha) * anchor[k][on]
+      land_fragment(workers, anchor, rows[p], alpha)
   return anchor, modelled
 
 

@@ -115,11 +115,17 @@ def reference_streaming_diloco(params, x, y, steps, *, every, fragments, overlap
           anchor[k][on] = anchor[k][on] - OUTER_LR * (delta + OUTER_MOMENTUM * velocity[k][on])
         lands.setdefault(t + overlap, []).append(p)
     for p in lands.pop(t, []):
-      for w in workers:
-        for k, on in rows[p].items():
-          w[k] = w[k].copy()
-          w[k][on] = alpha * w[k][on] + (1 - alpha) * anchor[k][on]
+      land_fragment(workers, anchor, rows[p], alpha)
   return workers, anchor
+
+
+def land_fragment(workers, anchor, fragment_rows, alpha) -> None:
+  """The reference's late landing of a fragment (its rows ``fragment_rows``, a leaf -> rows):
+  each worker's rows become ``alpha w + (1 - alpha) anchor``, in place."""
+  for w in workers:
+    for k, on in fragment_rows.items():
+      w[k] = w[k].copy()
+      w[k][on] = alpha * w[k][on] + (1 - alpha) * anchor[k][on]
 
 
 CASES = [  # (layers, workers, every, fragments, overlap, alpha)
