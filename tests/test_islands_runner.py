@@ -36,19 +36,31 @@ def _config(tmp_path, module=lm_stdlib, **args):
 SMOKE_BUDGET = 30_000  # bytes; the smoke model's parameters alone are 33,472
 
 
+class _Runs(dict):
+  """Run name -> its results, each run trained the first time a test reads it (the default
+  suite never reads "plain": only a slow test compares against it)."""
+
+  def __init__(self, root, configs):
+    super().__init__()
+    self.root, self.configs = root, configs
+
+  def __missing__(self, name):
+    self[name] = train.train_and_evaluate(self.configs[name], str(self.root / name))
+    return self[name]
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
   """Smoke runs: plain dense, and dense and DiLoCo (int8) across 2 islands of 4 (top-k's bytes
-  across islands are checked on the step itself, tests/test_islands.py)."""
+  across islands are checked on the step itself, tests/test_islands.py), as
+  ``(root, configs, results)``; a test that reads a run's directory reads its results first."""
   root = tmp_path_factory.mktemp("islands")
   configs = {"plain": _config(root), "dense": _config(root, fsdp=4),
              "diloco": _config(root, lm_islands, method="diloco")}  # int8, 2 x 4
   # Less than the model's parameters: the islands' quarter of the state fits, the whole does not.
   configs["dense"].max_state_bytes_per_device = SMOKE_BUDGET
   configs["diloco"].compression.diloco.every = 1
-  results = {name: train.train_and_evaluate(config, str(root / name))
-             for name, config in configs.items()}
-  return root, configs, results
+  return root, configs, _Runs(root, configs)
 
 
 @pytest.mark.slow  # a minute; tests/test_islands.py checks the same equality on the step
@@ -169,7 +181,8 @@ def test_diloco_across_islands_synchronises_its_shards_in_int8(runs):
 
 @pytest.mark.parametrize("name", ["dense", pytest.param("diloco", marks=pytest.mark.slow)])
 def test_a_run_on_islands_resumes_bit_for_bit(runs, tmp_path, name):
-  root, configs, _ = runs
+  root, configs, results = runs
+  assert results[name]["step"] == 2
   resumed = str(tmp_path / name)
   shutil.copytree(root / name, resumed)
   shutil.rmtree(os.path.join(resumed, "checkpoints", "2"))
@@ -179,7 +192,8 @@ def test_a_run_on_islands_resumes_bit_for_bit(runs, tmp_path, name):
 
 
 def test_resuming_on_another_layout_is_refused_naming_both(runs, tmp_path):
-  root, configs, _ = runs
+  root, configs, results = runs
+  assert results["dense"]["step"] == 2
   resumed = str(tmp_path / "other")
   shutil.copytree(root / "dense", resumed)
   config = configs["dense"].copy_and_resolve_references()
@@ -252,7 +266,8 @@ def test_one_process_per_island_matches_one_process_and_resumes_bit_for_bit(runs
   """experiments.launch, 2 processes x 4 devices: each process is an island (its devices the
   fsdp shards), DiLoCo int8 across them; the parameters of the one-process run, and a restart
   from step 1's checkpoint ends bit for bit as the uninterrupted run."""
-  root, configs, _ = runs
+  root, configs, results = runs
+  assert results["diloco"]["step"] == 2
   workdir = tmp_path / "two"
   env = dict(os.environ, JAX_DISABLE_MOST_OPTIMIZATIONS="1", XLA_FLAGS="")
   command = [sys.executable, "-m", "experiments.launch", "--num_processes=2", "--",

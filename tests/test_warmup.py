@@ -130,6 +130,7 @@ def test_topk_warmup_sends_each_stage_s_bytes_and_loses_nothing():
                compressors.warmup_densities(0.01, 0.25, 2), check_step)
 
 
+@pytest.mark.slow  # a variant (20 s on 2 busy cores): top-k's and TASC's warm-ups stay default
 def test_randomk_warmup_sends_each_stage_s_bytes_and_loses_nothing():
   def check_step(a, kept, mean, density):
     chosen = (kept == 0).all(axis=0)  # the shared indices
