@@ -61,6 +61,7 @@ from compressors._dense import dense
 from compressors._demo import DemoState
 from compressors._demo import demo
 from compressors._dgc import dgc
+from compressors._local import DelayedLocalState
 from compressors._local import EagerLocalState
 from compressors._local import LocalUpdatesState
 from compressors._local import local_update_kinds
@@ -117,7 +118,8 @@ from compressors.parallel.workers import Workers
 
 __all__ = (
     "Aggregate", "AxisName", "CompressState", "Compressor", "Context", "DataParallel",
-    "DemoState", "EagerLocalState", "Link", "LocalUpdatesState", "MomentumCorrectionState",
+    "DelayedLocalState", "DemoState", "EagerLocalState", "Link", "LocalUpdatesState",
+    "MomentumCorrectionState",
     "OnebitAdamState",
     "FragmentPiece", "ResidualAggregate", "SkipNonFiniteState", "StepInputs", "StepKind",
     "StreamingState", "SynchronisingState", "AggregatedStreamingState",
