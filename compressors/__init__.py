@@ -91,6 +91,8 @@ from compressors._sign import efsignsgd
 from compressors._sign import onebit
 from compressors._sign import signsgd
 from compressors._streaming import AggregatedStreamingState
+from compressors._streaming import DelayedStreamingState
+from compressors._streaming import EagerStreamingState
 from compressors._streaming import FragmentPiece
 from compressors._streaming import StreamingState
 from compressors._streaming import fragment_layout
@@ -122,7 +124,8 @@ __all__ = (
     "MomentumCorrectionState",
     "OnebitAdamState",
     "FragmentPiece", "ResidualAggregate", "SkipNonFiniteState", "StepInputs", "StepKind",
-    "StreamingState", "SynchronisingState", "AggregatedStreamingState",
+    "StreamingState", "SynchronisingState", "AggregatedStreamingState", "DelayedStreamingState",
+    "EagerStreamingState",
     "Topology", "TrainState", "WireBytes", "Workers", "add_device_axis", "all_reduce",
     "apply_local_updates", "cast", "chunk_topk", "collective_cost", "compress", "data_parallel",
     "demo", "dense", "density_warmup", "dgc", "drop_device_axis", "efsignsgd", "fragment_layout",
