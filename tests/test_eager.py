@@ -205,12 +205,15 @@ def test_eager_and_delayed_hide_the_communication_behind_the_next_rounds_compute
     assert (totals["delayed"]["staleness_mean"], totals["delayed"]["staleness_max"]) == (1, 1)
 
 
-def test_eager_for_streaming_diloco_is_refused_in_one_line():
+@pytest.mark.parametrize("method", ["diloco", "streaming_diloco"])
+def test_the_runner_takes_eager_and_delayed_and_refuses_an_unknown_rule_in_one_line(method):
   from configs import common  # pylint: disable=import-outside-toplevel
   config = common.base()
-  config.update_from_flattened_dict({"method": "streaming_diloco", "aggregation": "eager"})
+  for rule in ("eager", "delayed"):
+    config.update_from_flattened_dict({"method": method, "aggregation": rule})
+    assert methods.worker_simulation(config, 8).workers == 8
   with pytest.raises(ValueError) as raised:
-    methods.worker_simulation(config, 8)
+    _agg("gossip")
   message = str(raised.value)
-  assert ("config.aggregation='eager' with config.method='streaming_diloco'; allowed: ('sync', "
-          "'quorum', 'async', 'naive_async')" in message and "\n" not in message)
+  assert ("rule='gossip'; allowed: ('sync', 'quorum', 'async', 'naive_async', 'eager', "
+          "'delayed')" in message and "\n" not in message)
