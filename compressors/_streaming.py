@@ -212,14 +212,14 @@ def _cut(leaf, piece: FragmentPiece):
   return leaf[piece.start:piece.stop]
 
 
-def _paste(leaves: list, pieces: tuple[FragmentPiece, ...], values) -> list:
-  """``leaves`` with each piece's rows replaced by its value, bit for bit."""
-  leaves = list(leaves)
+def _paste(tree, pieces: tuple[FragmentPiece, ...], values):
+  """``tree`` with each piece's rows replaced by its value, bit for bit."""
+  leaves, treedef = jax.tree.flatten(tree)
   for piece, value in zip(pieces, values):
     whole = leaves[piece.leaf]
     leaves[piece.leaf] = (value if value.shape == whole.shape
                           else whole.at[piece.start:piece.stop].set(value))
-  return leaves
+  return jax.tree.unflatten(treedef, leaves)
 
 
 def _row_masks(shapes, pieces: tuple[FragmentPiece, ...]) -> list[np.ndarray]:
@@ -563,7 +563,7 @@ class _Fragments:
     else:
       moved, outer_state = aggregation_lib.outer_step(self.aggregation, self.outer, mean,
                                                       state.outer[p], piece, count)
-    return state._replace(anchor=self.paste(state.anchor, layout[p], moved),
+    return state._replace(anchor=_paste(state.anchor, layout[p], moved),
                           outer=_at(state.outer, p, outer_state)), simulated
 
   def _eager_step(self, p: int, layout, state, handed, mean):
@@ -579,17 +579,11 @@ class _Fragments:
     anchor_updates, outer_state = self.outer.update(jax.tree.map(late, pending, mean, pending),
                                                     state.outer[p], piece)
     return state._replace(
-        anchor=self.paste(state.anchor, layout[p], optax.apply_updates(piece, anchor_updates)),
+        anchor=_paste(state.anchor, layout[p], optax.apply_updates(piece, anchor_updates)),
         outer=_at(state.outer, p, outer_state),
-        own=self.paste(state.own, layout[p], optax.apply_updates(own, own_updates)),
+        own=_paste(state.own, layout[p], optax.apply_updates(own, own_updates)),
         own_outer=_at(state.own_outer, p, own_outer), sent=_at(state.sent, p, handed),
         pending=_at(state.pending, p, mean))
-
-  @staticmethod
-  def paste(tree, pieces: tuple[FragmentPiece, ...], values):
-    """``tree`` with the pieces' rows replaced by ``values``, bit for bit."""
-    leaves, treedef = jax.tree.flatten(tree)
-    return jax.tree.unflatten(treedef, _paste(leaves, pieces, values))
 
 
 def streaming_kinds(every: int, fragments: int, overlap: int,
