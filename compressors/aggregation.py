@@ -291,7 +291,8 @@ def per_step(tx: optax.GradientTransformation, agg: Aggregation,
 def outer_step(agg: Aggregation, outer: optax.GradientTransformation, mean: Any,
                outer_state: Any, anchor: Any, m: jax.Array) -> tuple[Any, Any]:
   """The synchronised parameters and the outer optimizer's state after the round whose merged
-  pseudo-gradient is ``mean`` (``m`` contributions; with none, nothing moves). Not ``eager``'s
+  pseudo-gradient is ``mean`` (``m`` contributions; with none, nothing moves; ``delayed``: the
+  caller's pending mean of the previous round and its count). Not ``eager``'s
   (:func:`compressors.local_updates` keeps its per-worker outer parameters)."""
   if agg.rule == "eager":
     raise ValueError("outer_step: rule='eager' keeps an outer state per worker; local_updates "

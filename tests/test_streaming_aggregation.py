@@ -305,7 +305,8 @@ def reference_overlapped(rule, params, x, y, steps, *, workers, overlap, alpha):
 def test_eager_and_delayed_match_a_float64_reference_of_the_per_fragment_recursion(rule, alpha):
   """Two workers alike, H = 6 over 2 fragments, tau = 1, three rounds: each worker's
   parameters and the anchor are the recursion's; eager's workers differ, delayed's anchor is
-  not sync's; each applied contribution one outer step stale (eager: for the other worker)."""
+  not sync's; each applied contribution one outer step stale (eager: for the other worker), and
+  the communication hidden behind the compute."""
   workers, steps, params = 2, 3 * EVERY, _params(2)
   got, state = _run(_streaming(_agg(rule, workers), alpha=alpha, workers=workers), steps,
                     workers=workers)
@@ -321,6 +322,8 @@ def test_eager_and_delayed_match_a_float64_reference_of_the_per_fragment_recursi
   figures = aggregation.totals(state)
   assert (figures["staleness_mean"], figures["staleness_max"]) == (
       (0.5, 1) if rule == "eager" else (1, 1))
+  # Each round's 0.5 s exchange hidden behind the next round's 3 s of compute.
+  assert figures["modelled_seconds"] == pytest.approx(steps)
   if rule == "eager":
     assert not np.allclose(np.asarray(got["w0"])[0], np.asarray(got["w0"])[1])
   else:
