@@ -61,6 +61,7 @@ from compressors._dense import dense
 from compressors._demo import DemoState
 from compressors._demo import demo
 from compressors._dgc import dgc
+from compressors._local import DelayedLocalState
 from compressors._local import EagerLocalState
 from compressors._local import LocalUpdatesState
 from compressors._local import local_update_kinds
@@ -90,6 +91,8 @@ from compressors._sign import efsignsgd
 from compressors._sign import onebit
 from compressors._sign import signsgd
 from compressors._streaming import AggregatedStreamingState
+from compressors._streaming import DelayedStreamingState
+from compressors._streaming import EagerStreamingState
 from compressors._streaming import FragmentPiece
 from compressors._streaming import StreamingState
 from compressors._streaming import fragment_layout
@@ -117,10 +120,12 @@ from compressors.parallel.workers import Workers
 
 __all__ = (
     "Aggregate", "AxisName", "CompressState", "Compressor", "Context", "DataParallel",
-    "DemoState", "EagerLocalState", "Link", "LocalUpdatesState", "MomentumCorrectionState",
+    "DelayedLocalState", "DemoState", "EagerLocalState", "Link", "LocalUpdatesState",
+    "MomentumCorrectionState",
     "OnebitAdamState",
     "FragmentPiece", "ResidualAggregate", "SkipNonFiniteState", "StepInputs", "StepKind",
-    "StreamingState", "SynchronisingState", "AggregatedStreamingState",
+    "StreamingState", "SynchronisingState", "AggregatedStreamingState", "DelayedStreamingState",
+    "EagerStreamingState",
     "Topology", "TrainState", "WireBytes", "Workers", "add_device_axis", "all_reduce",
     "apply_local_updates", "cast", "chunk_topk", "collective_cost", "compress", "data_parallel",
     "demo", "dense", "density_warmup", "dgc", "drop_device_axis", "efsignsgd", "fragment_layout",

@@ -118,6 +118,32 @@ class AggregatedLocalState(NamedTuple):
     return self.anchor
 
 
+class DelayedLocalState(NamedTuple):
+  """State of :func:`local_updates` with ``aggregation.rule == "delayed"`` on one worker (Kale et
+  al.'s naive one-step-delayed outer step, :mod:`compressors.aggregation`):
+  :class:`AggregatedLocalState`'s fields, and
+
+  Attributes:
+    pending: the exchanged mean of the latest synchronisation, still "in flight": the next
+      synchronisation's outer step applies it; the same on every worker.
+    pending_count: ``int32[]``, the contributions it merged (0: the next outer step moves
+      nothing); the same on every worker.
+  """
+  synchronised: jax.Array
+  anchor: chex.ArrayTree
+  inner: Any
+  outer: Any
+  exchange: Any
+  active: jax.Array
+  workers: worker_sim.WorkerSimState
+  pending: chex.ArrayTree
+  pending_count: jax.Array
+
+  land = AggregatedLocalState.land
+  landed = AggregatedLocalState.landed
+  model_params = AggregatedLocalState.model_params
+
+
 class EagerLocalState(NamedTuple):
   """State of :func:`local_updates` with ``aggregation.rule == "eager"`` on one worker (Kale et
   al.'s eager outer step, :mod:`compressors.aggregation`): :class:`AggregatedLocalState`'s
@@ -185,7 +211,7 @@ def local_updates(inner: optax.GradientTransformation,
     aggregation: an aggregator and its simulated workers (:mod:`compressors.aggregation`), or
       None: every worker is always there and every synchronisation takes the plain mean
       (DiLoCo as published; the state is then a :class:`LocalUpdatesState`). With ``eager``
-      the state is an :class:`EagerLocalState`.
+      the state is an :class:`EagerLocalState`, with ``delayed`` a :class:`DelayedLocalState`.
     axis_name: the workers' axis (the exchange's), needed with ``aggregation``: each worker
       finds its own row of the simulated workers by its index along it.
 
@@ -263,23 +289,35 @@ def _aggregated(inner, exchange, outer, agg: aggregation_lib.Aggregation,
                 axis_name) -> optax.GradientTransformationExtraArgs:
   """:func:`local_updates` with ``aggregation``: each worker runs an inner step only where the
   simulated workers say it is there and busy, and each synchronisation merges whom the
-  aggregator takes, weighted inside the per-worker program (:mod:`compressors.aggregation`)."""
+  aggregator takes, weighted inside the per-worker program (:mod:`compressors.aggregation`);
+  ``delayed`` keeps the merged mean pending and applies the previous round's."""
+
+  delayed = agg.rule == "delayed"
 
   def init(params):
-    return AggregatedLocalState(
+    state = AggregatedLocalState(
         jnp.zeros((), bool), jax.tree.map(jnp.asarray, params), inner.init(params),
         outer.init(params), exchange.init(params), jnp.ones((), bool), worker_sim.init(agg.sim))
+    if not delayed:
+      return state
+    return DelayedLocalState(*state, jax.tree.map(jnp.zeros_like, state.anchor),
+                             jnp.zeros((), jnp.int32))
 
   def update(grads, state, params=None, *, synchronise: bool = False, **extra_args):
     early, sync = _simulated_round(inner, exchange, agg, axis_name, grads, state, params,
                                    synchronise, state.anchor, extra_args)
     if sync is None:
       return early
-    anchor, outer_state = aggregation_lib.outer_step(agg, outer, sync.mean, state.outer,
-                                                     state.anchor, sync.merged.count)
-    return (jax.tree.map(lambda a, p: a - p, anchor, params),
-            AggregatedLocalState(jnp.ones((), bool), anchor, sync.inner, outer_state,
-                                 sync.exchange, sync.active, sync.merged.workers))
+    # delayed: the previous round's mean lands now, this round's when the next one ends
+    mean, count = (state.pending, state.pending_count) if delayed else (sync.mean,
+                                                                       sync.merged.count)
+    anchor, outer_state = aggregation_lib.outer_step(agg, outer, mean, state.outer,
+                                                     state.anchor, count)
+    new = AggregatedLocalState(jnp.ones((), bool), anchor, sync.inner, outer_state,
+                               sync.exchange, sync.active, sync.merged.workers)
+    if delayed:
+      new = DelayedLocalState(*new, sync.mean, sync.merged.count)
+    return jax.tree.map(lambda a, p: a - p, anchor, params), new
 
   return optax.GradientTransformationExtraArgs(init, update)
 

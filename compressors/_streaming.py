@@ -64,11 +64,10 @@ yet) is first sent a round later (torchft requires ``F`` to divide ``H`` and ``t
 so that every first send is at step ``H / F - tau`` or later); the bytes are the same under
 both options.
 
-Slow, late or gone workers (``aggregation=``, :mod:`compressors.aggregation`'s ``sync``,
-``quorum``, ``async`` and ``naive_async``): each fragment's synchronisation is one
-synchronisation of the simulated workers (:mod:`compressors.worker_sim`), whose round is the
-stretch between two consecutive ones, ``H / F`` steps (``F`` must divide ``H``; with
-``land_at_turn`` the first is shorter). At fragment ``p``'s synchronisation the aggregator
+Slow, late or gone workers (``aggregation=``, any of :mod:`compressors.aggregation`'s rules):
+each fragment's synchronisation is one synchronisation of the simulated workers
+(:mod:`compressors.worker_sim`), whose round is the stretch between two consecutive ones,
+``H / F`` steps (``F`` must divide ``H``; with ``land_at_turn`` the first is shorter). At fragment ``p``'s synchronisation the aggregator
 decides whom it merges, each worker hands the exchange its fragment pseudo-gradient times
 ``workers * w_i / sum(w)`` (``w_i``: the inner steps it ran in the round, as DiLoCo's), and the
 fragment's outer step is the aggregator's (``naive_async``: ``m`` outer steps of the fragment).
@@ -78,7 +77,18 @@ that drops out loses its work (its pseudo-gradient of the fragment is not merged
 is gone, holds the whole anchor, every fragment, bit for bit (its inner state kept): it rejoins
 on the global state. With the workers alike ``sync``, ``quorum`` and ``async`` are the plain
 method (bit for bit as compiled with XLA's optimisations).
-``eager`` is refused (:data:`STREAMING_RULES`).
+
+``delayed`` and ``eager`` (Kale et al. 2025) run per fragment: fragment ``p`` keeps its
+exchanged mean pending until its next synchronisation. ``delayed``: the fragment's outer step
+applies the pending mean alone to the shared anchor, and the landing mixes with it as above.
+``eager``: each worker keeps its own outer parameters of every fragment (``own_p``) and their
+outer states, and the pseudo-gradient it sends, ``sent_p``; its fragment pseudo-gradient is
+``own_p - worker_p``, its own outer step of the fragment takes ``g_i = pending_p + (Delta_i,p -
+sent_i,p) / N`` (DiLoCo's eager recursion on the fragment), the evaluated anchor's ``pending_p +
+(mean_p - pending_p) / N``, and the landing mixes ``alpha * worker_p + (1 - alpha) * own_p``
+(with ``alpha = 0`` onto ``own_p`` bit for bit); a worker that is gone holds ``own``, every
+fragment. No fragment is then alike on the workers: the replica check compares the evaluated
+anchor, which every worker keeps alike (:meth:`EagerStreamingState.landed`).
 
 Every step is a static program (:func:`streaming_kinds`): ``"local"`` (no collective),
 ``"sync{p}"``, ``"apply{p}"`` and ``"sync{p}+apply{q}"`` where a synchronisation and another
@@ -202,14 +212,14 @@ def _cut(leaf, piece: FragmentPiece):
   return leaf[piece.start:piece.stop]
 
 
-def _paste(leaves: list, pieces: tuple[FragmentPiece, ...], values) -> list:
-  """``leaves`` with each piece's rows replaced by its value, bit for bit."""
-  leaves = list(leaves)
+def _paste(tree, pieces: tuple[FragmentPiece, ...], values):
+  """``tree`` with each piece's rows replaced by its value, bit for bit."""
+  leaves, treedef = jax.tree.flatten(tree)
   for piece, value in zip(pieces, values):
     whole = leaves[piece.leaf]
     leaves[piece.leaf] = (value if value.shape == whole.shape
                           else whole.at[piece.start:piece.stop].set(value))
-  return leaves
+  return jax.tree.unflatten(treedef, leaves)
 
 
 def _row_masks(shapes, pieces: tuple[FragmentPiece, ...]) -> list[np.ndarray]:
@@ -290,8 +300,90 @@ class AggregatedStreamingState(NamedTuple):
     return self.anchor
 
 
-# The aggregators Streaming DiLoCo takes: eager's per-worker outer parameters are not built here.
-STREAMING_RULES = ("sync", "quorum", "async", "naive_async")
+class DelayedStreamingState(NamedTuple):
+  """State of :func:`streaming_local_updates` with ``aggregation.rule == "delayed"`` (Kale et
+  al.'s naive one-step-delayed outer step, per fragment): :class:`AggregatedStreamingState`'s
+  fields, and
+
+  Attributes:
+    pending: per fragment (a tuple of ``fragments``), the exchanged mean of its latest
+      synchronisation (a tuple of its pieces), still "in flight": the fragment's next outer
+      step applies it; the same on every worker.
+    pending_count: per fragment, ``int32[]``, the contributions that mean merged (0: the next
+      outer step moves nothing); the same on every worker.
+  """
+  on_anchor: chex.ArrayTree
+  anchor: chex.ArrayTree
+  inner: Any
+  outer: tuple
+  exchange: tuple
+  active: jax.Array
+  gone: jax.Array
+  workers: worker_sim.WorkerSimState
+  pending: tuple
+  pending_count: tuple
+
+  land = AggregatedStreamingState.land
+  landed = AggregatedStreamingState.landed
+  model_params = AggregatedStreamingState.model_params
+
+
+class EagerStreamingState(NamedTuple):
+  """State of :func:`streaming_local_updates` with ``aggregation.rule == "eager"`` (Kale et
+  al.'s eager outer step, per fragment, :mod:`compressors.aggregation`):
+  :class:`AggregatedStreamingState`'s fields, where :attr:`anchor` is the mean of the workers'
+  outer parameters (the model a run evaluates, the same on every worker), :attr:`outer` its
+  outer states, and :attr:`on_anchor` the rows that landed exactly on :attr:`own` (``alpha =
+  0``); a worker that is gone holds :attr:`own`, every fragment, bit for bit. And
+
+  Attributes:
+    own: this worker's outer parameters, where its fragments land (``alpha * worker + (1 -
+      alpha) * own``); its own: the workers' differ.
+    own_outer: the outer optimizer's state of each fragment of :attr:`own`, this worker's own.
+    sent: per fragment, this worker's pseudo-gradient of its latest synchronisation as it
+      handed it to the exchange (weighted), this worker's own.
+    pending: per fragment, the exchanged mean of its latest synchronisation, "in flight" (it
+      lands at the fragment's next one), the same on every worker.
+  """
+  on_anchor: chex.ArrayTree
+  anchor: chex.ArrayTree
+  inner: Any
+  outer: tuple
+  exchange: tuple
+  active: jax.Array
+  gone: jax.Array
+  workers: worker_sim.WorkerSimState
+  own: chex.ArrayTree
+  own_outer: tuple
+  sent: tuple
+  pending: tuple
+
+  def land(self, params: chex.ArrayTree, applied: chex.ArrayTree) -> chex.ArrayTree:
+    """``applied``, with the rows that land with ``alpha = 0`` :attr:`own`'s, bit for bit, and
+    the whole :attr:`own` where this worker is gone."""
+    del params  # applied already holds them moved (not at all where this worker sat out)
+    return jax.tree.map(lambda o, p: jnp.where(self.gone, o, p).astype(p.dtype), self.own,
+                        _landed_rows(self.on_anchor, self.own, applied))
+
+  def landed(self, params: chex.ArrayTree) -> chex.ArrayTree:
+    """:attr:`anchor`: no fragment of the workers' parameters is shared (each applied its own
+    fresh pseudo-gradient); what every worker holds alike is the mean they evaluate."""
+    return jax.tree.map(lambda a, p: a.astype(p.dtype), self.anchor, params)
+
+  def model_params(self) -> chex.ArrayTree:
+    """The mean of the workers' outer parameters (the model a run evaluates)."""
+    return self.anchor
+
+
+def _target(state) -> chex.ArrayTree:
+  """Where a worker's fragments land: its own outer parameters under ``eager``, the anchor
+  else."""
+  return state.own if isinstance(state, EagerStreamingState) else state.anchor
+
+
+def _at(values: tuple, index: int, value) -> tuple:
+  """``values`` with ``values[index]`` replaced by ``value``."""
+  return values[:index] + (value,) + values[index + 1:]
 
 
 def streaming_local_updates(inner: optax.GradientTransformation,
@@ -312,8 +404,9 @@ def streaming_local_updates(inner: optax.GradientTransformation,
       :func:`compressors.nesterov_outer`), one state per fragment.
     fragments: ``F``, the fragments the parameters are dealt into (:func:`fragment_layout`).
     alpha: the weight of a worker's own fragment when the outer result lands (in [0, 1]).
-    aggregation: an aggregator (``rule`` in :data:`STREAMING_RULES`) and its simulated workers,
-      or None (every worker always there, the plain mean; the state is a
+    aggregation: an aggregator (any of :data:`compressors.aggregation.RULES`; with ``eager`` the
+      state is an :class:`EagerStreamingState`, with ``delayed`` a
+      :class:`DelayedStreamingState`) and its simulated workers, or None (every worker always there, the plain mean; the state is a
       :class:`StreamingState`). Each fragment's synchronisation is one synchronisation of the
       simulator: ``aggregation.round_steps`` is the steps between two consecutive ones
       (``H / F``). See "Slow, late or gone workers" in the module docstring.
@@ -336,10 +429,6 @@ def streaming_local_updates(inner: optax.GradientTransformation,
   """
   checks.check_int(fragments, "fragments", 1, "streaming_local_updates")
   checks.check_real(alpha, "alpha", 0, 1, "a number in [0, 1]", "streaming_local_updates")
-  if aggregation is not None and aggregation.rule not in STREAMING_RULES:
-    raise ValueError(f"streaming_local_updates: aggregation.rule={aggregation.rule!r}; allowed: "
-                     f"{STREAMING_RULES} (eager's per-worker outer parameters are not built on "
-                     "the fragments)")
   outer = nesterov_outer() if outer is None else outer
   exchange = optax.with_extra_args_support(exchange)
   fragment = _Fragments(fragments, inner, exchange, outer, aggregation, axis_name)
@@ -352,30 +441,26 @@ def streaming_local_updates(inner: optax.GradientTransformation,
     updates, inner_state, simulated = fragment.inner_step(grads, state, params)
     leaves, treedef = jax.tree.flatten(params)
     layout = fragment.layout_of(leaves)
-    anchor, outer_states, exchange_states = state.anchor, list(state.outer), list(state.exchange)
+    state = state._replace(inner=inner_state)
     worker = optax.apply_updates(params, updates)
     if sync is not None:
       # Inputs shaped as the parameters (TASC's curvature) are cut to the fragment.
       cut = {k: fragment.split(v, layout)[sync] if jax.tree.structure(v) == treedef else v
              for k, v in extra_args.items()}
-      moved, exchange_states[sync], outer_states[sync], simulated = fragment.synchronise(
-          fragment.split(anchor, layout)[sync], fragment.split(worker, layout)[sync],
-          exchange_states[sync], outer_states[sync], cut, simulated)
-      anchor = jax.tree.unflatten(treedef, _paste(jax.tree.leaves(anchor), layout[sync], moved))
+      state, simulated = fragment.synchronise(sync, layout, worker, state, cut, simulated)
     landing = _row_masks([x.shape for x in leaves], layout[apply] if apply is not None else ())
-    if apply is not None:  # the late landing: mix the worker's fragment with the anchor's
+    if apply is not None:  # the late landing: mix the worker's fragment with its target's
       updates = jax.tree.unflatten(treedef, [
           jnp.where(_by_rows(on, u), (alpha * w + (1 - alpha) * a - p).astype(u.dtype), u)
           if on.any() else u for on, w, a, p, u in zip(
-              landing, jax.tree.leaves(worker), jax.tree.leaves(anchor), leaves,
+              landing, jax.tree.leaves(worker), jax.tree.leaves(_target(state)), leaves,
               jax.tree.leaves(updates))])
     on_anchor = jax.tree.unflatten(treedef, [jnp.asarray(on & (alpha == 0)) for on in landing])
-    state = StreamingState(on_anchor, anchor, inner_state, tuple(outer_states),
-                           tuple(exchange_states))
+    state = state._replace(on_anchor=on_anchor)
     if simulated is None:
       return updates, state
     gone = simulated.dropped[simulated.me] | ~worker_sim.present(simulated.sim)[simulated.me]
-    return updates, AggregatedStreamingState(*state, simulated.active, gone, simulated.sim)
+    return updates, state._replace(active=simulated.active, gone=gone, workers=simulated.sim)
 
   return optax.GradientTransformationExtraArgs(fragment.init, update)
 
@@ -416,8 +501,15 @@ class _Fragments:
                            tuple(self.exchange.init(x) for x in pieces))
     if self.aggregation is None:
       return state
-    return AggregatedStreamingState(*state, jnp.ones((), bool), jnp.zeros((), bool),
-                                    worker_sim.init(self.aggregation.sim))
+    state = AggregatedStreamingState(*state, jnp.ones((), bool), jnp.zeros((), bool),
+                                     worker_sim.init(self.aggregation.sim))
+    zeros = tuple(jax.tree.map(jnp.zeros_like, x) for x in pieces)
+    if self.aggregation.rule == "delayed":
+      return DelayedStreamingState(*state, zeros, (jnp.zeros((), jnp.int32),) * self.fragments)
+    if self.aggregation.rule == "eager":
+      return EagerStreamingState(*state, anchor, tuple(self.outer.init(x) for x in pieces),
+                                 zeros, zeros)
+    return state
 
   def inner_step(self, grads, state, params):
     """``(updates, inner state, the simulated worker so far or None)``: with an aggregator, a
@@ -437,28 +529,61 @@ class _Fragments:
     leaves = jax.tree.leaves(tree)
     return [tuple(_cut(leaves[piece.leaf], piece) for piece in pieces) for pieces in layout]
 
-  def synchronise(self, piece: tuple, worker_piece: tuple, exchange_state, outer_state,
-                  extra_args: dict, simulated: _Simulated | None):
-    """One fragment's synchronisation: its pseudo-gradient ``anchor - worker`` (with an
-    aggregator weighted as :func:`compressors.local_updates`' and merged as the aggregator
-    says) exchanged, the fragment's leaves alone on the wire, and the outer step of its anchor.
-    Returns ``(the moved anchor leaves, the exchange's state, the outer optimizer's state, the
-    simulated worker after the synchronisation)``."""
+  def synchronise(self, p: int, layout, worker, state, extra_args: dict,
+                  simulated: _Simulated | None):
+    """Fragment ``p``'s synchronisation: its pseudo-gradient ``start - worker`` (``start``: the
+    anchor's fragment, or under ``eager`` this worker's own; with an aggregator weighted as
+    :func:`compressors.local_updates`' and merged as the aggregator says) exchanged, the
+    fragment's leaves alone on the wire, and the fragment's outer step. Returns ``(the state
+    with the fragment's anchor, exchange and outer states moved, the simulated worker after the
+    synchronisation)``."""
+    rule = None if self.aggregation is None else self.aggregation.rule
+    start = self.split(_target(state), layout)[p]
+    worker_piece = self.split(worker, layout)[p]
     if simulated is None:
-      handed = tuple((a - w).astype(a.dtype) for a, w in zip(piece, worker_piece))
+      handed, count = tuple((a - w).astype(a.dtype) for a, w in zip(start, worker_piece)), None
     else:
       merged = aggregation_lib.merge(self.aggregation, simulated.sim)
-      handed = _local._weighted(self.aggregation, merged.weights, simulated.me, piece,
+      handed = _local._weighted(self.aggregation, merged.weights, simulated.me, start,
                                 worker_piece)
-      simulated = simulated._replace(sim=merged.workers, dropped=merged.dropped)
-    mean, exchange_state = self.exchange.update(handed, exchange_state, piece, **extra_args)
+      simulated, count = simulated._replace(sim=merged.workers,
+                                            dropped=merged.dropped), merged.count
+    mean, exchange_state = self.exchange.update(handed, state.exchange[p], start, **extra_args)
+    state = state._replace(exchange=_at(state.exchange, p, exchange_state))
+    if rule == "eager":
+      return self._eager_step(p, layout, state, handed, mean), simulated
+    if rule == "delayed":  # the previous synchronisation's mean lands now, this one's next time
+      state, mean, count = state._replace(
+          pending=_at(state.pending, p, mean), pending_count=_at(state.pending_count, p, count)
+      ), state.pending[p], state.pending_count[p]
+    piece = self.split(state.anchor, layout)[p]
     if simulated is None:
-      outer_updates, outer_state = self.outer.update(mean, outer_state, piece)
-      return (optax.apply_updates(piece, outer_updates), exchange_state, outer_state,
-              simulated)
-    moved, outer_state = aggregation_lib.outer_step(self.aggregation, self.outer, mean,
-                                                    outer_state, piece, merged.count)
-    return moved, exchange_state, outer_state, simulated
+      outer_updates, outer_state = self.outer.update(mean, state.outer[p], piece)
+      moved = optax.apply_updates(piece, outer_updates)
+    else:
+      moved, outer_state = aggregation_lib.outer_step(self.aggregation, self.outer, mean,
+                                                      state.outer[p], piece, count)
+    return state._replace(anchor=_paste(state.anchor, layout[p], moved),
+                          outer=_at(state.outer, p, outer_state)), simulated
+
+  def _eager_step(self, p: int, layout, state, handed, mean):
+    """Fragment ``p``'s eager outer steps (:func:`compressors.local_updates`' recursion on the
+    fragment): this worker's own by ``pending + (handed - sent) / N``, the evaluated mean by
+    ``pending + (mean - pending) / N``; ``mean`` is then pending."""
+    late = lambda pending, fresh, stale: pending + (fresh - stale) / self.aggregation.sim.workers
+    pending, own = state.pending[p], self.split(state.own, layout)[p]
+    own_updates, own_outer = self.outer.update(jax.tree.map(late, pending, handed,
+                                                            state.sent[p]),
+                                               state.own_outer[p], own)
+    piece = self.split(state.anchor, layout)[p]
+    anchor_updates, outer_state = self.outer.update(jax.tree.map(late, pending, mean, pending),
+                                                    state.outer[p], piece)
+    return state._replace(
+        anchor=_paste(state.anchor, layout[p], optax.apply_updates(piece, anchor_updates)),
+        outer=_at(state.outer, p, outer_state),
+        own=_paste(state.own, layout[p], optax.apply_updates(own, own_updates)),
+        own_outer=_at(state.own_outer, p, own_outer), sent=_at(state.sent, p, handed),
+        pending=_at(state.pending, p, mean))
 
 
 def streaming_kinds(every: int, fragments: int, overlap: int,
@@ -605,5 +730,5 @@ METHODS = (
         kinds=lambda s, carrier_inputs: streaming_kinds(s.every, s.fragments, s.overlap,
                                                         carrier_inputs,
                                                         land_at_turn=s.land_at_turn),
-        error_feedback=False, aggregates=STREAMING_RULES),
+        error_feedback=False, aggregates=True),
 )

@@ -2,9 +2,9 @@
 how the merged pseudo-gradient moves the synchronised parameters, when workers are slow, late or
 gone (:mod:`compressors.worker_sim`).
 
-Every rule runs in the per-worker program of :func:`compressors.local_updates` (and all but
-``eager`` in :func:`compressors.streaming_local_updates`'s, where each fragment's
-synchronisation is one of the simulator's, a round of ``H / F`` steps): each worker
+Every rule runs in the per-worker program of :func:`compressors.local_updates` and of
+:func:`compressors.streaming_local_updates` (where each fragment's synchronisation is one of the
+simulator's, a round of ``H / F`` steps): each worker
 multiplies its pseudo-gradient by ``workers * w_i / sum(w)`` before the exchange (the carrier
 compresses that, per worker, before the collective), so the exchange's mean is the weighted
 mean ``sum(w_i Delta_i) / sum(w)``; a worker of weight 0 puts zeros in (with an error-feedback
@@ -48,7 +48,13 @@ stay those of the compiled program. A synchronisation whose weights are all 0 mo
   carrier it is not what the carrier delivered, and with error feedback the part the residual
   keeps is sent, and counted, again later. Each contribution reaches its own worker at once and
   the other ``N - 1`` one outer step late: staleness ``(N - 1) / N`` on average, at most 1.
-  (Kale et al.'s naive one-step-delayed outer step applies ``Delta^{t-1}`` alone.)
+* ``delayed``: Kale et al.'s naive one-step-delayed outer step, the baseline eager improves
+  on: the exchange of round ``t`` overlaps the next round's inner steps, and every worker
+  applies only the previous round's exchanged mean, ``anchor <- outer(anchor, Delta^{t-1})``,
+  to the shared anchor, from which all start their next inner phase (the workers agree after
+  each synchronisation). The weights are ``sync``'s; the first round applies nothing, and a
+  round whose predecessor merged nothing moves nothing (as ``sync``). Every applied
+  contribution is exactly one outer step stale.
 
 Per-step methods (a compressor or transformation that exchanges every step,
 :func:`per_step`): every step is a synchronisation of one inner step (``round_steps = 1``);
@@ -62,8 +68,8 @@ Modelled seconds of a round: the compute the aggregator waits for (``sync``: the
 ``quorum``: the deadline or the last arrival if sooner; ``async``/``naive_async``: ``m`` arrivals
 at the workers' summed rates, ``m / sum(1 / arrival_i)``) plus one synchronisation's
 communication, ``sync_seconds``, which the caller takes from the alpha-beta link model
-(:func:`compressors.step_time.kind_times`). ``eager`` hides the communication behind the next
-round's inner steps: ``max(sync's wait, sync_seconds)``, not their sum.
+(:func:`compressors.step_time.kind_times`). ``eager`` and ``delayed`` hide the communication
+behind the next round's inner steps: ``max(sync's wait, sync_seconds)``, not their sum.
 """
 
 import dataclasses
@@ -78,7 +84,8 @@ from compressors.network import axes
 from compressors.worker_sim import WorkerSim
 from compressors.worker_sim import WorkerSimState
 
-RULES = ("sync", "quorum", "async", "naive_async", "eager")
+RULES = ("sync", "quorum", "async", "naive_async", "eager", "delayed")
+OVERLAPPED_RULES = ("eager", "delayed")  # a round's exchange lands at the next one
 PER_STEP_RULES = ("sync", "quorum")  # the rules a per-step method takes (:func:`per_step`)
 
 
@@ -186,10 +193,12 @@ def merge(agg: Aggregation, state: WorkerSimState) -> Merged:
   if agg.rule in ("async", "naive_async"):
     weights = merged.astype(jnp.float32)
     stale_sum, stale_max = m * (m - 1) / 2, jnp.maximum(m - 1, 0)
-  elif agg.rule == "eager":  # the exchange overlaps the next round's compute
+  elif agg.rule in OVERLAPPED_RULES:  # the exchange overlaps the next round's compute
     weights = jnp.where(merged, rnd.worked, 0).astype(jnp.float32)
     n = agg.sim.workers
-    stale_sum, stale_max = m * (n - 1) / n, jnp.where(m > 0, min(n - 1, 1), 0)
+    # eager: each contribution reaches N - 1 workers late, delayed: all N
+    late, latest = ((n - 1) / n, min(n - 1, 1)) if agg.rule == "eager" else (1.0, 1)
+    stale_sum, stale_max = m * late, jnp.where(m > 0, latest, 0)
     wait, communication = jnp.maximum(wait, communication), jnp.zeros((), jnp.float32)
   else:
     weights = jnp.where(merged, rnd.worked, 0).astype(jnp.float32)
@@ -282,7 +291,8 @@ def per_step(tx: optax.GradientTransformation, agg: Aggregation,
 def outer_step(agg: Aggregation, outer: optax.GradientTransformation, mean: Any,
                outer_state: Any, anchor: Any, m: jax.Array) -> tuple[Any, Any]:
   """The synchronised parameters and the outer optimizer's state after the round whose merged
-  pseudo-gradient is ``mean`` (``m`` contributions; with none, nothing moves). Not ``eager``'s
+  pseudo-gradient is ``mean`` (``m`` contributions; with none, nothing moves; ``delayed``: the
+  caller's pending mean of the previous round and its count). Not ``eager``'s
   (:func:`compressors.local_updates` keeps its per-worker outer parameters)."""
   if agg.rule == "eager":
     raise ValueError("outer_step: rule='eager' keeps an outer state per worker; local_updates "

@@ -58,7 +58,9 @@ Fields (all overridable on the command line, e.g. ``--config.batch_size=256``):
                                   async (Async Local-SGD: Delayed Nesterov, per-worker step
                                   counts), naive_async (each arrival applied as it is), eager
                                   (Kale et al.: the exchange overlapped, one's own fresh
-                                  pseudo-gradient with the others' one round late)
+                                  pseudo-gradient with the others' one round late), delayed
+                                  (Kale et al.'s naive baseline: the exchange overlapped, the
+                                  previous round's mean applied alone)
   quorum.deadline, .deviations    quorum's deadline in modelled seconds after a round began, or
                                   None: adaptive, the median arrival plus ``deviations`` median
                                   absolute deviations; for per-step methods (sync or quorum,

@@ -409,8 +409,8 @@ def worker_simulation(config, num_workers: int) -> worker_sim.WorkerSim | None:
   Raises:
     ValueError: a method that takes no aggregator (a method that is its own optimizer), a
       per-step method with an aggregator other than ``aggregation.PER_STEP_RULES``, a method
-      with one its ``aggregates`` does not list (Streaming DiLoCo: no ``eager``), or a trace
-      file that cannot be read or has not one column per worker, naming the field.
+      with one its ``aggregates`` does not list (where it lists them), or a trace file that
+      cannot be read or has not one column per worker, naming the field.
   """
   w = config.workers
   if config.aggregation == "sync" and not (w.speed_spread or w.speed_trace or w.dropout_rate):

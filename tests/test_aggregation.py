@@ -241,11 +241,11 @@ def test_the_runner_reports_modelled_time_and_quorum_models_less_than_sync_with_
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("rule", ["quorum", "eager"])
+@pytest.mark.parametrize("rule", ["quorum", "eager", "delayed"])
 def test_a_run_with_spread_and_drop_outs_resumes_bit_for_bit(tmp_path, rule):
   """Killed after step 2 of 4 (the later checkpoints gone), the run ends as the uninterrupted
   one, the simulator's draws (speeds, drop-outs) and totals included (eager: the workers' own
-  outer parameters and states too)."""
+  outer parameters and states too; delayed: the pending mean)."""
   config = lambda: _quickstart(aggregation=rule, **{
       "workers.speed_spread": 0.5, "workers.dropout_rate": 0.3, "workers.rejoin_after": 1})
   harness.assert_resumes_bit_for_bit(config, str(tmp_path), 4, (3, 4))

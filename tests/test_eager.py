@@ -1,7 +1,7 @@
-"""Kale et al.'s eager outer step (``aggregation="eager"``, compressors.aggregation): a float64
-reference of the eager recursion for two workers on a quadratic, the bytes of sync's round, a
-resume from the state alone, the overlapped time model, and the runner's refusal for Streaming
-DiLoCo."""
+"""Kale et al.'s eager outer step (``aggregation="eager"``, compressors.aggregation) and their
+naive one-step-delayed baseline (``aggregation="delayed"``): float64 references of both
+recursions for two workers on a quadratic, the bytes of sync's round, a resume from the state
+alone, and the overlapped time model."""
 
 import jax
 import jax.numpy as jnp
@@ -85,6 +85,55 @@ def _numpy_eager(steps):
   return own
 
 
+def _numpy_delayed(steps):
+  """Kale et al.'s naive one-step-delayed recursion in float64: the shared anchor takes the
+  outer step of the previous round's mean (none at the first round), and every worker restarts
+  from it."""
+  zero = {k: np.zeros(v.shape) for k, v in PARAMS.items()}
+  anchor, velocity, pending = dict(zero), dict(zero), None
+  workers = [dict(zero) for _ in range(N)]
+  for t in range(steps):
+    x, y = (np.asarray(a, np.float64).reshape(N, -1, *a.shape[1:]) for a in _batch(t))
+    for i in range(N):
+      g = _grads(workers[i], x[i], y[i])
+      workers[i] = {k: workers[i][k] - INNER_LR * g[k] for k in g}
+    if t % EVERY == EVERY - 1:
+      mean = {k: np.mean([anchor[k] - w[k] for w in workers], axis=0) for k in zero}
+      if pending is not None:
+        anchor, velocity = _nesterov(anchor, velocity, pending)
+      pending, workers = mean, [dict(anchor) for _ in range(N)]
+  return anchor
+
+
+def test_delayed_matches_a_float64_reference_of_the_naive_delayed_recursion():
+  """Two workers alike: after three rounds both hold the anchor, which is the delayed
+  recursion's (two outer steps, each with the round before's mean), and neither sync's nor
+  eager's."""
+  params, state = _run(_local(_agg("delayed")), 3 * EVERY)
+  reference = _numpy_delayed(3 * EVERY)
+  anchor = compressors.synchronised_params(state)
+  for k in PARAMS:
+    np.testing.assert_allclose(anchor[k], reference[k], rtol=2e-5, atol=2e-6)
+    for i in range(N):
+      assert np.asarray(params[k])[i].tobytes() == np.asarray(anchor[k]).tobytes()
+  for rule in ("sync", "eager"):
+    other, _ = _run(_local(_agg(rule)), 3 * EVERY)
+    assert not np.allclose(np.asarray(other["w"])[0], reference["w"], rtol=1e-3)
+
+
+def test_delayed_resumes_from_its_state_bit_for_bit_with_spread_and_drop_outs():
+  dp = _local(_agg("delayed", speed_spread=0.5, dropout_rate=0.3, rejoin_after=1))
+  finished = _run(dp, 9)
+  params, state = _run(dp, 4)
+  host = jax.device_get((params, state))
+  params, state = jax.tree.map(lambda h, d: jax.device_put(h, d.sharding), host,
+                               (params, state))
+  resumed = _run(dp, 5, params, state, start=4)
+  for a, b in zip(jax.tree.leaves(resumed), jax.tree.leaves(finished)):
+    assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
+  assert aggregation.totals(resumed[1])["updates_dropped"] > 0
+
+
 def test_eager_matches_a_float64_reference_of_its_recursion_and_differs_from_sync_by_the_delay():
   """Two workers alike, no latency: each worker's parameters after three rounds are the eager
   recursion's, the evaluated model is their mean, and sync (the same recursion without the
@@ -105,15 +154,16 @@ def test_eager_matches_a_float64_reference_of_its_recursion_and_differs_from_syn
 
 
 @pytest.mark.slow
-def test_eager_sends_the_bytes_of_syncs_round():
+def test_eager_and_delayed_send_the_bytes_of_syncs_round():
   """One exchange of the pseudo-gradient a round, from the compiled programs."""
   sent = {}
-  for rule in ("sync", "eager"):
+  for rule in ("sync", "eager", "delayed"):
     dp = _local(_agg(rule))
     params, state = dp.worker_params(PARAMS), dp.init(PARAMS)
     sent[rule] = {kind: dp.wire_bytes(params, state, _batch(), kind=kind).total
                   for kind in dp.kinds}
-  assert sent["eager"] == sent["sync"] and sent["sync"]["sync"] > 16 * DIM > sent["sync"]["local"]
+  assert sent["eager"] == sent["delayed"] == sent["sync"]
+  assert sent["sync"]["sync"] > 16 * DIM > sent["sync"]["local"]
 
 
 def test_eager_resumes_from_its_state_bit_for_bit_with_spread_and_drop_outs():
@@ -141,24 +191,29 @@ def test_eager_workers_simulated_on_one_device_meet_the_same_as_one_per_device()
   assert aggregation.totals(one_state) == aggregation.totals(two_state)
 
 
-@pytest.mark.slow  # about 25 s on 2 cores
-def test_eager_hides_the_communication_behind_the_next_rounds_compute():
+@pytest.mark.slow  # about 35 s on 2 cores
+def test_eager_and_delayed_hide_the_communication_behind_the_next_rounds_compute():
   """Per round ``max(compute, communication)``, sync's sum; each contribution reaches the
-  other worker one outer step late."""
+  other worker one outer step late (eager), or every worker (delayed)."""
   for seconds, per_round in ((0.5, EVERY * 1.0), (5.0, 5.0)):
     totals = {rule: aggregation.totals(_run(_local(_agg(rule, seconds)), 2 * EVERY)[1])
-              for rule in ("sync", "eager")}
+              for rule in ("sync", "eager", "delayed")}
     assert totals["eager"]["modelled_seconds"] == pytest.approx(2 * per_round)
+    assert totals["delayed"]["modelled_seconds"] == pytest.approx(2 * per_round)
     assert totals["sync"]["modelled_seconds"] == pytest.approx(2 * (EVERY + seconds))
     assert (totals["eager"]["staleness_mean"], totals["eager"]["staleness_max"]) == (0.5, 1)
+    assert (totals["delayed"]["staleness_mean"], totals["delayed"]["staleness_max"]) == (1, 1)
 
 
-def test_eager_for_streaming_diloco_is_refused_in_one_line():
+@pytest.mark.parametrize("method", ["diloco", "streaming_diloco"])
+def test_the_runner_takes_eager_and_delayed_and_refuses_an_unknown_rule_in_one_line(method):
   from configs import common  # pylint: disable=import-outside-toplevel
   config = common.base()
-  config.update_from_flattened_dict({"method": "streaming_diloco", "aggregation": "eager"})
+  for rule in ("eager", "delayed"):
+    config.update_from_flattened_dict({"method": method, "aggregation": rule})
+    assert methods.worker_simulation(config, 8).workers == 8
   with pytest.raises(ValueError) as raised:
-    methods.worker_simulation(config, 8)
+    _agg("gossip")
   message = str(raised.value)
-  assert ("config.aggregation='eager' with config.method='streaming_diloco'; allowed: ('sync', "
-          "'quorum', 'async', 'naive_async')" in message and "\n" not in message)
+  assert ("rule='gossip'; allowed: ('sync', 'quorum', 'async', 'naive_async', 'eager', "
+          "'delayed')" in message and "\n" not in message)

@@ -11,13 +11,15 @@ twice). The rows run at the rate scale F6-LM's tuning chose for them (:data:`ROW
 solo's as well): the grid holds no tuning budget of its own, which the page says. A cell is a
 row, an aggregator and a condition (:data:`SPREADS` x :data:`DROPOUTS`); a run is
 ``a1_<row>_<rule>_sp<spread>_do<dropout>_lr<scale>_s<seed>``, and the cell of ``sync`` with the
-workers alike is F6-LM's ``<row>_100x``. Streaming DiLoCo takes every aggregator but ``eager``
-(each fragment's synchronisation is one of the simulator's; the runner refuses ``eager`` for it
-in one line): its ``eager`` cells are listed as refused and not run (:func:`refusal`).
+workers alike is F6-LM's ``<row>_100x``. Both methods take every aggregator (Streaming DiLoCo's
+each fragment's synchronisation is one of the simulator's). ``delayed`` (Kale et al.'s naive
+one-step-delayed outer step) is a row of their comparison only (no overlap = ``sync``, naive
+delay = ``delayed``, ``eager``): it runs at the workers-alike condition alone
+(:data:`ALIKE_ONLY`).
 
-The grid at one seed, 34 runs besides F6-LM's 4 (DiLoCo's 19, Streaming DiLoCo's 15), about 2 to
-3 minutes each on 2 cores with 2 jobs (Streaming DiLoCo's a little more: its four fragments'
-programs to compile): about an hour and three quarters.
+The grid at one seed, 40 runs besides F6-LM's 4 (20 a method), about 2 to 3 minutes each on 2
+cores with 2 jobs (Streaming DiLoCo's a little more: its four fragments' programs to compile):
+about two hours.
 
 Arguments: ``seeds`` (1), ``rows`` and ``rules`` (joined by ``+``; '': all), ``steps`` (0: the
 tier's; a smaller number makes every run that short, a smoke test of the grid in a folder of its
@@ -39,16 +41,16 @@ ROWS = {
     "streaming_diloco": (dict(method="streaming_diloco", ratio=RATIO), "streaming_diloco_100x",
                          1.0),
 }
-RULES = ("sync", "quorum", "async", "naive_async", "eager")
+RULES = ("sync", "quorum", "async", "naive_async", "eager", "delayed")
+ALIKE_ONLY = ("delayed",)  # rules run at the workers-alike condition alone (spread 0, drop-out 0)
 SPREADS = (0.0, 0.5)  # log-normal sigma of the workers' seconds per step
 DROPOUTS = (0.0, 0.1)  # the chance a worker misses a synchronisation
 # Retention's references at the scales F6-LM's tuning chose (dense 4, solo 1).
 REFERENCES = {"dense": 4.0, "solo": 1.0}
-# The aggregators each method takes (compressors.registry's ``aggregates``: Streaming DiLoCo all
-# but eager); a method not listed only syncs with the workers alike (configs import no runner
-# code: tests/test_reproduce_a1_lm.py checks this against the runner's refusal).
-AGGREGATING = {"diloco": RULES, "sparseloco": RULES,
-               "streaming_diloco": ("sync", "quorum", "async", "naive_async")}
+# The aggregators each method takes (compressors.registry's ``aggregates``: all of them); a
+# method not listed only syncs with the workers alike (configs import no runner code:
+# tests/test_reproduce_a1_lm.py checks this against the runner's refusal).
+AGGREGATING = {"diloco": RULES, "sparseloco": RULES, "streaming_diloco": RULES}
 
 
 def conditions() -> list[tuple[float, float]]:
@@ -76,9 +78,10 @@ def refusal(row: str, rule: str, spread: float, dropout: float) -> str | None:
 
 
 def cells() -> dict[str, tuple[str, str, float, float]]:
-  """Label -> ``(row, rule, spread, dropout)`` of every cell, refused ones included."""
+  """Label -> ``(row, rule, spread, dropout)`` of every cell, refused ones included
+  (:data:`ALIKE_ONLY`'s rules at the workers-alike condition alone)."""
   return {label(row, rule, *c): (row, rule, *c) for row in ROWS for rule in RULES
-          for c in conditions()}
+          for c in conditions() if rule not in ALIKE_ONLY or c == (0.0, 0.0)}
 
 
 def config_arg(cell_label: str, seed: int) -> str:

@@ -25,7 +25,8 @@ Targets (``--target=NAME``, several comma-separated, or ``all``):
 * ``f6_lm``, ``f7_lm``: the frontier and the horizon of the CPU tier (retention from 2x to
   1000x, and at longer runs);
 * ``a1_lm``: workers that are slow, late or gone: each aggregator (sync, quorum, async, naive
-  async, eager) for DiLoCo int8 and Streaming DiLoCo at 100x under speed spreads and drop-outs.
+  async, eager; naive delayed with the workers alike) for DiLoCo int8 and Streaming DiLoCo at
+  100x under speed spreads and drop-outs.
 * ``s1_lm``: the scaling grid: retention at 100x fewer bytes against model size, token budget
   and per-worker batch, with the laws fitted to it (``s1_lm_fits.csv``), ``--tier=cpu|gpu``.
 * ``r1``: recommendation models: DLRM's embedding tables placed across 8 devices (replicated,
@@ -149,8 +150,8 @@ ANSWERS = {
     "f7_lm": "local-update methods need long runs (Charles et al. 2025: DiLoCo within 4% of "
              "data parallel at 20 tokens per parameter)",
     "a1_lm": "Async Local-SGD's Delayed Nesterov near sync, naive async worse (Liu et al. 2024); "
-             "eager updates near no overlap (Kale et al. 2025); a quorum keeps more useful "
-             "throughput under failures (Decoupled DiLoCo)",
+             "eager updates near no overlap, naive delay far above (Kale et al. 2025); a quorum "
+             "keeps more useful throughput under failures (Decoupled DiLoCo)",
     "r1": "4-bit all-to-alls without loss (Meta); hot rows take 85-88% off the all-to-all "
           "(FlexShard, HET); embedding communication 25% -> 51% of the step, 8 -> 128 GPUs "
           "(EMBark)",
