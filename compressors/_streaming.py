@@ -67,10 +67,11 @@ both options.
 Slow, late or gone workers (``aggregation=``, any of :mod:`compressors.aggregation`'s rules):
 each fragment's synchronisation is one synchronisation of the simulated workers
 (:mod:`compressors.worker_sim`), whose round is the stretch between two consecutive ones,
-``H / F`` steps (``F`` must divide ``H``; with ``land_at_turn`` the first is shorter). At fragment ``p``'s synchronisation the aggregator
-decides whom it merges, each worker hands the exchange its fragment pseudo-gradient times
-``workers * w_i / sum(w)`` (``w_i``: the inner steps it ran in the round, as DiLoCo's), and the
-fragment's outer step is the aggregator's (``naive_async``: ``m`` outer steps of the fragment).
+``H / F`` steps (``F`` must divide ``H``; with ``land_at_turn`` the first is shorter). At
+fragment ``p``'s synchronisation the aggregator decides whom it merges, each worker hands the
+exchange its fragment pseudo-gradient times ``workers * w_i / sum(w)`` (``w_i``: the inner
+steps it ran in the round, as DiLoCo's), and the fragment's outer step is the aggregator's
+(``naive_async``: ``m`` outer steps of the fragment).
 A worker runs an inner step only where the simulator says it is there and busy (``async``: its
 own step count a round); one that sits a step out moves nothing but a landing fragment. A worker
 that drops out loses its work (its pseudo-gradient of the fragment is not merged) and, while it
@@ -184,7 +185,8 @@ def fragment_layout(shapes, fragments: int) -> tuple[tuple[FragmentPiece, ...], 
     fragments: ``F``.
 
   Returns:
-    ``F`` tuples of :class:`FragmentPiece`, each in leaf order; together they cover every entry once.
+    ``F`` tuples of :class:`FragmentPiece`, each in leaf order; together they cover every entry
+    once.
     A fragment is empty where the pieces are fewer than ``F``.
   """
   shapes = [tuple(s) for s in shapes]
@@ -406,10 +408,11 @@ def streaming_local_updates(inner: optax.GradientTransformation,
     alpha: the weight of a worker's own fragment when the outer result lands (in [0, 1]).
     aggregation: an aggregator (any of :data:`compressors.aggregation.RULES`; with ``eager`` the
       state is an :class:`EagerStreamingState`, with ``delayed`` a
-      :class:`DelayedStreamingState`) and its simulated workers, or None (every worker always there, the plain mean; the state is a
-      :class:`StreamingState`). Each fragment's synchronisation is one synchronisation of the
-      simulator: ``aggregation.round_steps`` is the steps between two consecutive ones
-      (``H / F``). See "Slow, late or gone workers" in the module docstring.
+      :class:`DelayedStreamingState`) and its simulated workers, or None (every worker always
+      there, the plain mean; the state is a :class:`StreamingState`). Each fragment's
+      synchronisation is one synchronisation of the simulator: ``aggregation.round_steps`` is
+      the steps between two consecutive ones (``H / F``). See "Slow, late or gone workers" in
+      the module docstring.
     axis_name: the workers' axis, needed with ``aggregation`` (each worker finds its own row of
       the simulated workers by its index along it).
 

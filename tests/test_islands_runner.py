@@ -299,7 +299,8 @@ def test_a_shard_that_drifts_between_islands_stops_the_run_naming_its_copies(tmp
                                                                              monkeypatch):
   """A bit flipped in device 5's shard (island 1, fsdp position 1): the replica check compares
   it with the same shard on island 0 (device 1), not with the other shards of its island."""
-  test_failures._wrap_train_steps(monkeypatch, test_failures._drift)  # pylint: disable=protected-access
+  test_failures._wrap_train_steps(  # pylint: disable=protected-access
+      monkeypatch, test_failures._drift)  # pylint: disable=protected-access
   config = _config(tmp_path, fsdp=4)
   config.num_steps, config.check_replicas_every = 5, 1
   with pytest.raises(train.ReplicaDriftError,
