@@ -62,6 +62,11 @@ def test_the_smoke_length_and_bad_arguments():
   sweep = sweep_config.get_config("rules=delayed")  # the workers alike only, both rows
   assert [r["name"] for r in sweep.runs][2:] == [
       "a1_diloco_int8_delayed_sp0_do0_lr0.5_s0", "a1_streaming_diloco_delayed_sp0_do0_lr1_s0"]
+  seeded = sweep_config.get_config("seeds=3,seeded=True")  # the seeded condition, three seeds
+  names = [r["name"] for r in seeded.runs]
+  assert len(names) == len(set(names)) == 3 * (2 + 2 * 5)
+  assert all(f"_s{seed}" in n for seed in range(3) for n in names[12 * seed:12 * (seed + 1)])
+  assert all("sp0.5_do0.1" in n for n in names if n.startswith("a1_"))
   with pytest.raises(ValueError, match=r"rules='gossip': 'gossip'; allowed: \['sync', "):
     sweep_config.get_config("rules=gossip")
   assert "a1_lm" in reproduce.TARGETS and "a1_lm" in reproduce.CPU_TIER_TARGETS

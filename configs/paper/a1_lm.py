@@ -21,8 +21,11 @@ The grid at one seed, 40 runs besides F6-LM's 4 (20 a method), about 2 to 3 minu
 cores with 2 jobs (Streaming DiLoCo's a little more: its four fragments' programs to compile):
 about two hours.
 
-Arguments: ``seeds`` (1), ``rows`` and ``rules`` (joined by ``+``; '': all), ``steps`` (0: the
-tier's; a smaller number makes every run that short, a smoke test of the grid in a folder of its
+Seeds: every cell of the :data:`SEEDED` condition (the slowest and least reliable workers) runs
+at seeds 0, 1 and 2 (``seeded=True``: 20 runs more, about 45 minutes), the others at seed 0.
+
+Arguments: ``seeds`` (1), ``rows`` and ``rules`` (joined by ``+``; '': all), ``seeded`` (False;
+True: only the :data:`SEEDED` condition's cells), ``steps`` (0: the tier's; a smaller number makes every run that short, a smoke test of the grid in a folder of its
 own: its runs are not the tier's and must not share the tier's folder).
 """
 
@@ -45,6 +48,9 @@ RULES = ("sync", "quorum", "async", "naive_async", "eager", "delayed")
 ALIKE_ONLY = ("delayed",)  # rules run at the workers-alike condition alone (spread 0, drop-out 0)
 SPREADS = (0.0, 0.5)  # log-normal sigma of the workers' seconds per step
 DROPOUTS = (0.0, 0.1)  # the chance a worker misses a synchronisation
+# The condition whose cells run 3 seeds (the others one): the slowest and least reliable workers,
+# where the aggregators differ most (with the workers alike sync, quorum and async are one run).
+SEEDED = (0.5, 0.1)
 # Retention's references at the scales F6-LM's tuning chose (dense 4, solo 1).
 REFERENCES = {"dense": 4.0, "solo": 1.0}
 # The aggregators each method takes (compressors.registry's ``aggregates``: all of them); a
@@ -114,7 +120,7 @@ def _chosen(text: str, allowed, field: str) -> tuple[str, ...]:
 
 
 def get_config(arg=None):
-  args = common.parse_args(arg, seeds=1, rows="", rules="", steps=0)
+  args = common.parse_args(arg, seeds=1, rows="", rules="", seeded=False, steps=0)
   rows, rules = _chosen(args["rows"], ROWS, "rows"), _chosen(args["rules"], RULES, "rules")
   if args["seeds"] < 1:
     raise ValueError(f"configs/paper/a1_lm.py: seeds={args['seeds']}; allowed: >= 1")
@@ -122,7 +128,8 @@ def get_config(arg=None):
     raise ValueError(f"configs/paper/a1_lm.py: steps={args['steps']}; allowed: 0 (the tier's) "
                      "or a number of steps > 0")
   wanted = [*REFERENCES] + [name for name, (row, rule, *c) in cells().items()
-                            if row in rows and rule in rules and refusal(row, rule, *c) is None]
+                            if row in rows and rule in rules and refusal(row, rule, *c) is None
+                            and (not args["seeded"] or tuple(c) == SEEDED)]
   c = ml_collections.ConfigDict()
   c.runs = [{"name": t1_lm.run_name(name, scale_of(name), seed),
              "config": f"{CONFIG}:{config_arg(name, seed)}"}

@@ -36,10 +36,12 @@ WORKERS = 8
 
 
 def produce(options: common.Options) -> Report:
-  """Runs A1-LM's grid at one seed (unless ``report_only``), then its report."""
+  """Runs A1-LM's grid at one seed and its seeded condition's cells at three (unless
+  ``report_only``), then its report."""
   workdir = t1_lm.runs_dir(options)
   if not options.report_only:
     run(workdir, "", options.jobs)
+    run(workdir, "seeds=3,seeded=True", options.jobs)
   return report(workdir)
 
 
