@@ -139,3 +139,23 @@ def test_kale_et_al_s_claim_is_eager_closing_most_of_naive_delays_gap(tmp_path):
   assert "eager closes 75% of the delayed step's gap" in claims["streaming_diloco"].ours
   assert "no overlap 2.67, naive one-step delayed outer step 3.01, eager 2.69" in (
       claims["diloco_int8"].claim)
+
+
+@pytest.mark.parametrize("fresh, stiffness", [(1.0, 1.0), (1 / 8, 1.0), (0.0, 1.0), (0.5, 0.3)])
+def test_the_linearised_outer_loops_radius_is_the_growth_of_its_recursion(fresh, stiffness):
+  """Iterated in float64 (Nesterov: v <- 0.9 v + g; x <- x - 0.35 (g + 0.9 v), g the mix of this
+  round's and the previous round's pull), the error grows or shrinks by the radius a round."""
+  rate, momentum = 0.35, 0.9
+  x, previous, velocity, sizes = 1.0, 1.0, 0.0, []
+  for _ in range(600):
+    g = stiffness * (fresh * x + (1 - fresh) * previous)
+    velocity = momentum * velocity + g
+    x, previous = x - rate * (g + momentum * velocity), x
+    sizes.append(max(abs(x), abs(previous), abs(velocity)))
+  growth = (sizes[-1] / sizes[-201]) ** (1 / 200)
+  assert growth == pytest.approx(a1_lm.outer_loop_radius(rate, momentum, fresh, stiffness),
+                                 rel=2e-3)
+  # sync is stable at the grid's rate, eager with 8 workers and naive delay are not, and eager
+  # with 2 workers is again
+  radius = lambda f: a1_lm.worst_radius(rate, momentum, f)
+  assert radius(1.0) < 1 < radius(1 / 8) < radius(0.0) and radius(0.5) < 1

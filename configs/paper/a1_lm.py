@@ -25,7 +25,8 @@ Seeds: every cell of the :data:`SEEDED` condition (the slowest and least reliabl
 at seeds 0, 1 and 2 (``seeded=True``: 20 runs more, about 45 minutes), the others at seed 0.
 
 Arguments: ``seeds`` (1), ``rows`` and ``rules`` (joined by ``+``; '': all), ``seeded`` (False;
-True: only the :data:`SEEDED` condition's cells), ``steps`` (0: the tier's; a smaller number makes every run that short, a smoke test of the grid in a folder of its
+True: only the :data:`SEEDED` condition's cells), ``probes`` (False; True: only the off-grid
+probes, :func:`probes`), ``steps`` (0: the tier's; a smaller number makes every run that short, a smoke test of the grid in a folder of its
 own: its runs are not the tier's and must not share the tier's folder).
 """
 
@@ -51,6 +52,11 @@ DROPOUTS = (0.0, 0.1)  # the chance a worker misses a synchronisation
 # The condition whose cells run 3 seeds (the others one): the slowest and least reliable workers,
 # where the aggregators differ most (with the workers alike sync, quorum and async are one run).
 SEEDED = (0.5, 0.1)
+# Off-grid probes of Kale et al.'s comparison (no overlap, naive delay, eager) for DiLoCo int8 with
+# the workers alike at a quarter of its rate, where a linearised outer loop is stable for all three
+# (experiments/reproduce/a1_lm.py's outer_loop_radius): does eager beat naive delay there?
+PROBE_RULES = ("sync", "delayed", "eager")
+PROBE_SCALE = 0.125
 # Retention's references at the scales F6-LM's tuning chose (dense 4, solo 1).
 REFERENCES = {"dense": 4.0, "solo": 1.0}
 # The aggregators each method takes (compressors.registry's ``aggregates``: all of them); a
@@ -98,9 +104,22 @@ def config_arg(cell_label: str, seed: int) -> str:
   args, f6_label, scale = ROWS[row]
   if cell_label == f6_label:
     return f6_lm.config_arg(f6_label, scale, seed)
-  settings = {**args, "tier": "cpu", "lr_scale": scale, "seed": seed, "workers": 8,
+  return _cell_arg(row, rule, spread, dropout, scale, seed)
+
+
+def _cell_arg(row: str, rule: str, spread: float, dropout: float, scale: float,
+              seed: int) -> str:
+  settings = {**ROWS[row][0], "tier": "cpu", "lr_scale": scale, "seed": seed, "workers": 8,
               "aggregation": rule, "speed_spread": spread, "dropout_rate": dropout}
   return ",".join(f"{k}={v}" for k, v in settings.items())
+
+
+def probes() -> dict[str, str]:
+  """Run name -> ``configs/paper/lm.py`` argument of each off-grid probe: Kale et al.'s three
+  rules (:data:`PROBE_RULES`) for DiLoCo int8 with the workers alike at :data:`PROBE_SCALE`
+  (``sync`` through the simulator, which with the workers alike is DiLoCo itself)."""
+  return {f"a1_diloco_int8_{rule}_sp0_do0_lr{PROBE_SCALE:g}_s0":
+          _cell_arg("diloco_int8", rule, 0.0, 0.0, PROBE_SCALE, 0) for rule in PROBE_RULES}
 
 
 def scale_of(cell_label: str) -> float:
@@ -120,7 +139,7 @@ def _chosen(text: str, allowed, field: str) -> tuple[str, ...]:
 
 
 def get_config(arg=None):
-  args = common.parse_args(arg, seeds=1, rows="", rules="", seeded=False, steps=0)
+  args = common.parse_args(arg, seeds=1, rows="", rules="", seeded=False, probes=False, steps=0)
   rows, rules = _chosen(args["rows"], ROWS, "rows"), _chosen(args["rules"], RULES, "rules")
   if args["seeds"] < 1:
     raise ValueError(f"configs/paper/a1_lm.py: seeds={args['seeds']}; allowed: >= 1")
@@ -134,6 +153,8 @@ def get_config(arg=None):
   c.runs = [{"name": t1_lm.run_name(name, scale_of(name), seed),
              "config": f"{CONFIG}:{config_arg(name, seed)}"}
             for seed in range(args["seeds"]) for name in wanted]
+  if args["probes"]:
+    c.runs = [{"name": name, "config": f"{CONFIG}:{arg}"} for name, arg in probes().items()]
   c.overrides = {}
   if args["steps"]:
     c.overrides = {"num_steps": args["steps"], "eval_every": max(1, args["steps"] // 2),

@@ -21,6 +21,7 @@ import numpy as np
 from compressors import aggregation as aggregation_lib
 from compressors.network import topology as topo
 from configs.paper import a1_lm as sweep_config
+from configs.paper import lm as lm_config
 from experiments.reproduce import common
 from experiments.reproduce import f5
 from experiments.reproduce import plots
@@ -42,6 +43,7 @@ def produce(options: common.Options) -> Report:
   if not options.report_only:
     run(workdir, "", options.jobs)
     run(workdir, "seeds=3,seeded=True", options.jobs)
+    run(workdir, "probes=True", options.jobs)
   return report(workdir)
 
 
@@ -201,6 +203,56 @@ def kale_claim(rows: list[dict], row: str) -> Claim:
                ours, yes, why)
 
 
+def outer_loop_radius(rate: float, momentum: float, fresh: float, stiffness: float) -> float:
+  """Spectral radius of DiLoCo's outer loop, linearised, along one direction: the round's
+  pseudo-gradient is ``stiffness * x`` (``x``: the distance to the optimum at the round's start;
+  ``stiffness`` in (0, 1]: the share of it ``H`` inner steps cover), and the outer optimizer
+  (SGD with Nesterov ``momentum`` at ``rate``) takes ``fresh`` of this round's and ``1 - fresh``
+  of the previous round's (sync: 1; eager with ``N`` workers: ``1 / N``, the own term; naive
+  delay: 0). Above 1 the direction's error grows every round. A model, not a measurement: the
+  inner optimizer and the network are not linear."""
+  pull = np.array([stiffness * fresh, stiffness * (1 - fresh), 0.0])  # g from (x, x_prev, v)
+  velocity = momentum * np.array([0.0, 0.0, 1.0]) + pull
+  moved = np.array([1.0, 0.0, 0.0]) - rate * (pull + momentum * velocity)
+  return float(np.abs(np.linalg.eigvals(np.stack([moved, [1.0, 0.0, 0.0], velocity]))).max())
+
+
+def worst_radius(rate: float, momentum: float, fresh: float) -> float:
+  """:func:`outer_loop_radius`'s largest over stiffnesses in (0, 1]."""
+  return max(outer_loop_radius(rate, momentum, fresh, c) for c in np.linspace(0.005, 1, 200))
+
+
+def stability_note(workers: int = WORKERS) -> str:
+  """The linearised outer loop's worst radius for sync, eager and naive delay at DiLoCo int8's
+  outer rate in the grid and at the probes' (:data:`configs.paper.a1_lm.PROBE_SCALE`), with
+  ``workers`` and with 2 workers."""
+  parts = []
+  for arg in (sweep_config.config_arg("a1_diloco_int8_eager_sp0_do0", 0),
+              dict(zip(sweep_config.PROBE_RULES, sweep_config.probes().values()))["eager"]):
+    settings = lm_config.get_config(arg).compression.diloco
+    rate, momentum = settings.outer_learning_rate, settings.outer_momentum
+    radii = {f"eager, {n} workers": worst_radius(rate, momentum, 1 / n) for n in (workers, 2)}
+    parts.append(f"outer rate {rate:g}: sync {worst_radius(rate, momentum, 1.0):.3f}, " +
+                 ", ".join(f"{k} {v:.3f}" for k, v in radii.items()) +
+                 f", naive delay {worst_radius(rate, momentum, 0.0):.3f}")
+  return ("Modelled, not measured: the outer loop linearised (outer_loop_radius: Nesterov "
+          f"{momentum:g} on a pseudo-gradient stiffness x c, c in (0, 1], eager's own term 1/N "
+          "of its step), worst spectral radius over c (above 1: the stiffest directions grow "
+          "every round): " + "; ".join(parts) + ". At N = 8 eager is seven eighths naive delay; "
+          "the model predicts its gain over naive delay shrinks with the workers.")
+
+
+def probe_note(workdir: str) -> str:
+  """The off-grid probes' losses (:func:`configs.paper.a1_lm.probes`), those that have run."""
+  found = []
+  for rule, name in zip(sweep_config.PROBE_RULES, sweep_config.probes()):
+    run = report_lib.read_run(os.path.join(workdir, name))
+    found.append(f"{rule} " + (f"{run.results['test_loss']:.4g}" if run and run.finished
+                               else "not run yet"))
+  return (f"Off-grid probes (DiLoCo int8, workers alike, one seed) at rate scale "
+          f"{sweep_config.PROBE_SCALE:g}, a quarter of the row's: " + ", ".join(found) + ".")
+
+
 def claims(rows: list[dict]) -> list[Claim]:
   """The published figures beside ours, each a direction at our scale (DiLoCo int8 at 100x)."""
   cell = lambda rule, spread, dropout: _cell(rows, "diloco_int8", rule, spread, dropout)
@@ -277,7 +329,8 @@ def report(workdir: str) -> Report:
       name="a1_lm", title=TITLE, columns=COLUMNS, rows=table, claims=claims(rows),
       configs=["configs/paper/a1_lm.py", "configs/paper/lm.py"],
       notes=["The CPU tier's model and recipe (configs/paper/lm.py: 0.24M parameters), "
-             "1,000 steps, 8 simulated workers, one seed a cell. Rates: each row at the scale "
+             "1,000 steps, 8 simulated workers, one seed a cell, three in the condition "
+             f"{sweep_config.SEEDED} (spread, drop-out rate). Rates: each row at the scale "
              "F6-LM's tuning chose for it (DiLoCo int8 at 100x 0.5, Streaming DiLoCo 1; dense "
              "4, solo 1): this grid holds no tuning budget of its own, and an aggregator might "
              "prefer another rate. The cells of sync with the workers alike, dense and solo "
@@ -293,5 +346,6 @@ def report(workdir: str) -> Report:
              "run's modelled seconds on 1 Gbit/s).",
              "Published figures are at 150M-500M parameters and thousands of steps; ours at "
              "0.24M and 1,000: each verdict is a direction, not a number.",
+             probe_note(workdir), stability_note(),
              *t1_lm.provenance_notes(workdir, "cpu")],
       plot=plot_grid(rows))
