@@ -53,10 +53,12 @@ DROPOUTS = (0.0, 0.1)  # the chance a worker misses a synchronisation
 # where the aggregators differ most (with the workers alike sync, quorum and async are one run).
 SEEDED = (0.5, 0.1)
 # Off-grid probes of Kale et al.'s comparison (no overlap, naive delay, eager) for DiLoCo int8 with
-# the workers alike at a quarter of its rate, where a linearised outer loop is stable for all three
-# (experiments/reproduce/a1_lm.py's outer_loop_radius): does eager beat naive delay there?
+# the workers alike, where a linearised outer loop (experiments/reproduce/a1_lm.py's
+# outer_loop_radius) is stable for eager but not naive delay: at a quarter of its rate (all three
+# stable), and with 2 workers (eager's own term half its step) at its rate.
 PROBE_RULES = ("sync", "delayed", "eager")
 PROBE_SCALE = 0.125
+PROBE_WORKERS = 2
 # Retention's references at the scales F6-LM's tuning chose (dense 4, solo 1).
 REFERENCES = {"dense": 4.0, "solo": 1.0}
 # The aggregators each method takes (compressors.registry's ``aggregates``: all of them); a
@@ -107,19 +109,26 @@ def config_arg(cell_label: str, seed: int) -> str:
   return _cell_arg(row, rule, spread, dropout, scale, seed)
 
 
-def _cell_arg(row: str, rule: str, spread: float, dropout: float, scale: float,
-              seed: int) -> str:
-  settings = {**ROWS[row][0], "tier": "cpu", "lr_scale": scale, "seed": seed, "workers": 8,
-              "aggregation": rule, "speed_spread": spread, "dropout_rate": dropout}
+def _cell_arg(row: str, rule: str, spread: float, dropout: float, scale: float, seed: int,
+              workers: int = 8) -> str:
+  settings = {**ROWS[row][0], "tier": "cpu", "lr_scale": scale, "seed": seed,
+              "workers": workers, "aggregation": rule, "speed_spread": spread,
+              "dropout_rate": dropout}
   return ",".join(f"{k}={v}" for k, v in settings.items())
 
 
 def probes() -> dict[str, str]:
-  """Run name -> ``configs/paper/lm.py`` argument of each off-grid probe: Kale et al.'s three
-  rules (:data:`PROBE_RULES`) for DiLoCo int8 with the workers alike at :data:`PROBE_SCALE`
-  (``sync`` through the simulator, which with the workers alike is DiLoCo itself)."""
-  return {f"a1_diloco_int8_{rule}_sp0_do0_lr{PROBE_SCALE:g}_s0":
-          _cell_arg("diloco_int8", rule, 0.0, 0.0, PROBE_SCALE, 0) for rule in PROBE_RULES}
+  """Run name -> ``configs/paper/lm.py`` argument of each off-grid probe of Kale et al.'s three
+  rules (:data:`PROBE_RULES`) for DiLoCo int8 with the workers alike (``sync`` through the
+  simulator, which with the workers alike is DiLoCo itself): 8 workers at :data:`PROBE_SCALE`,
+  and :data:`PROBE_WORKERS` workers (the same global batch) at the row's own scale."""
+  scale = ROWS["diloco_int8"][2]
+  out = {f"a1_diloco_int8_{rule}_sp0_do0_lr{PROBE_SCALE:g}_s0":
+         _cell_arg("diloco_int8", rule, 0.0, 0.0, PROBE_SCALE, 0) for rule in PROBE_RULES}
+  out.update({f"a1_diloco_int8_{rule}_sp0_do0_w{PROBE_WORKERS}_lr{scale:g}_s0":
+              _cell_arg("diloco_int8", rule, 0.0, 0.0, scale, 0, PROBE_WORKERS)
+              for rule in PROBE_RULES})
+  return out
 
 
 def scale_of(cell_label: str) -> float:

@@ -245,12 +245,15 @@ def stability_note(workers: int = WORKERS) -> str:
 def probe_note(workdir: str) -> str:
   """The off-grid probes' losses (:func:`configs.paper.a1_lm.probes`), those that have run."""
   found = []
-  for rule, name in zip(sweep_config.PROBE_RULES, sweep_config.probes()):
+  for rule, name in zip(sweep_config.PROBE_RULES * 2, sweep_config.probes()):
     run = report_lib.read_run(os.path.join(workdir, name))
     found.append(f"{rule} " + (f"{run.results['test_loss']:.4g}" if run and run.finished
                                else "not run yet"))
-  return (f"Off-grid probes (DiLoCo int8, workers alike, one seed) at rate scale "
-          f"{sweep_config.PROBE_SCALE:g}, a quarter of the row's: " + ", ".join(found) + ".")
+  k = len(sweep_config.PROBE_RULES)
+  return ("Off-grid probes (DiLoCo int8, workers alike, one seed), validation loss: 8 workers at "
+          f"rate scale {sweep_config.PROBE_SCALE:g}, a quarter of the row's: " +
+          ", ".join(found[:k]) + f"; {sweep_config.PROBE_WORKERS} workers (the same global "
+          "batch) at the row's rate: " + ", ".join(found[k:]) + ".")
 
 
 def claims(rows: list[dict]) -> list[Claim]:
