@@ -223,22 +223,26 @@ def worst_radius(rate: float, momentum: float, fresh: float) -> float:
 
 
 def stability_note(workers: int = WORKERS) -> str:
-  """The linearised outer loop's worst radius for sync, eager and naive delay at DiLoCo int8's
-  outer rate in the grid and at the probes' (:data:`configs.paper.a1_lm.PROBE_SCALE`), with
+  """The linearised outer loop's worst radius for sync, eager and naive delay at each row's outer
+  rate in the grid and at the probes' (:data:`configs.paper.a1_lm.PROBE_SCALE`), with
   ``workers`` and with 2 workers."""
+  probe = dict(zip(sweep_config.PROBE_RULES, sweep_config.probes().values()))["eager"]
+  sources = [(row, sweep_config.config_arg(f"a1_{row}_eager_sp0_do0", 0))
+             for row in sweep_config.ROWS] + [("diloco_int8 probe", probe)]
   parts = []
-  for arg in (sweep_config.config_arg("a1_diloco_int8_eager_sp0_do0", 0),
-              dict(zip(sweep_config.PROBE_RULES, sweep_config.probes().values()))["eager"]):
-    settings = lm_config.get_config(arg).compression.diloco
+  for name, arg in sources:
+    config = lm_config.get_config(arg)
+    settings = config.compression[config.method]
     rate, momentum = settings.outer_learning_rate, settings.outer_momentum
     radii = {f"eager, {n} workers": worst_radius(rate, momentum, 1 / n) for n in (workers, 2)}
-    parts.append(f"outer rate {rate:g}: sync {worst_radius(rate, momentum, 1.0):.3f}, " +
+    parts.append(f"{name} (outer rate {rate:g}, momentum {momentum:g}): sync "
+                 f"{worst_radius(rate, momentum, 1.0):.3f}, " +
                  ", ".join(f"{k} {v:.3f}" for k, v in radii.items()) +
                  f", naive delay {worst_radius(rate, momentum, 0.0):.3f}")
-  return ("Modelled, not measured: the outer loop linearised (outer_loop_radius: Nesterov "
-          f"{momentum:g} on a pseudo-gradient stiffness x c, c in (0, 1], eager's own term 1/N "
-          "of its step), worst spectral radius over c (above 1: the stiffest directions grow "
-          "every round): " + "; ".join(parts) + ". At N = 8 eager is seven eighths naive delay; "
+  return ("Modelled, not measured: the outer loop linearised (outer_loop_radius: Nesterov on a "
+          "pseudo-gradient stiffness x c, c in (0, 1], eager's own term 1/N of its step), worst "
+          "spectral radius over c (above 1: the stiffest directions grow every round): " +
+          "; ".join(parts) + f". At N = {workers} eager is {workers - 1}/{workers} naive delay; "
           "the model predicts its gain over naive delay shrinks with the workers.")
 
 
