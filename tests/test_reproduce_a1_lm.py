@@ -139,6 +139,17 @@ def test_kale_et_al_s_claim_is_eager_closing_most_of_naive_delays_gap(tmp_path):
   assert "eager closes 75% of the delayed step's gap" in claims["streaming_diloco"].ours
   assert "no overlap 2.67, naive one-step delayed outer step 3.01, eager 2.69" in (
       claims["diloco_int8"].claim)
+  assert "2 workers (probe, one seed), loss: sync not run yet" in claims["diloco_int8 with 2 "
+                                                                         "workers (probe"].ours
+  # The probes with 2 workers: their own claim, from their run directories.
+  probes = list(sweep_config.probes().items())[len(sweep_config.PROBE_RULES):]
+  for (name, arg), loss in zip(probes, (4.4, 6.0, 4.5)):
+    config = lm_runs.solved(arg)
+    reproduce_report.write_run(f"{workdir}/{name}", config, [{"step": 1000, "test_loss": loss}],
+                               {"test_loss": loss, "step": 1000})
+  probe = [c for c in a1_lm.report(workdir).claims if "2 workers" in c.source]
+  assert len(probe) == 1 and probe[0].reproduced is True
+  assert "sync (no overlap) 4.4, delayed 6, eager 4.5: eager closes 93.8%" in probe[0].ours
 
 
 @pytest.mark.parametrize("fresh, stiffness", [(1.0, 1.0), (1 / 8, 1.0), (0.0, 1.0), (0.5, 0.3)])

@@ -180,27 +180,44 @@ def gap_closed(sync: float, delayed: float, eager: float) -> float:
   return (delayed - eager) / (delayed - sync) if delayed != sync else math.nan
 
 
-def kale_claim(rows: list[dict], row: str) -> Claim:
-  """Kale et al.'s comparison with the workers alike, for one row: the direction is reproduced
-  where naive delay loses to no overlap and eager closes most (over half) of that gap."""
-  cells = [_cell(rows, row, rule, 0.0, 0.0) for rule in KALE]
+def _kale(cells: list, ours_label: str, here: str) -> Claim:
+  """Kale et al.'s comparison on ``cells`` (sync, delayed, eager; None where one has not run):
+  the direction is reproduced where naive delay loses to no overlap and eager closes most (over
+  half) of that gap."""
   if None not in cells:
     cells[2]["gap_closed"] = 100 * gap_closed(*(c["loss_mean"] for c in cells))
   ours, yes, why = _verdict(
       cells, lambda s, d, e: d["loss_mean"] > s["loss_mean"] and e["gap_closed"] > 50,
-      f"{row}, loss with the workers alike: sync (no overlap) {{0[loss_mean]:.4g}}, delayed "
-      "{1[loss_mean]:.4g}, eager {2[loss_mean]:.4g}: eager closes {2[gap_closed]:.3g}% of the "
-      "delayed step's gap", "naive delay loses to no overlap and eager closes most of its gap",
+      f"{ours_label}: sync (no overlap) {{0[loss_mean]:.4g}}, delayed {{1[loss_mean]:.4g}}, "
+      "eager {2[loss_mean]:.4g}: eager closes {2[gap_closed]:.3g}% of the delayed step's gap",
+      "naive delay loses to no overlap and eager closes most of its gap",
       "eager does not close most of naive delay's gap (or naive delay does not lose)")
   if None in cells:  # what has run so far
-    ours = f"{row}, loss with the workers alike: " + ", ".join(
+    ours = f"{ours_label}: " + ", ".join(
         f"{rule} " + ("not run yet" if c is None else f"{c['loss_mean']:.4g}")
         for rule, c in zip(KALE, cells))
   theirs = ", ".join(f"{name} {KALE[rule]}" for rule, name in zip(
       KALE, ("no overlap", "naive one-step delayed outer step", "eager")))
   return Claim(f"{theirs} loss: eager closes {100 * gap_closed(*KALE.values()):.3g}% of the "
-               "naive delay's gap", f"Kale et al. 2025 (eager updates), 500M model; here {row}",
+               "naive delay's gap", f"Kale et al. 2025 (eager updates), 500M model; here {here}",
                ours, yes, why)
+
+
+def kale_claim(rows: list[dict], row: str) -> Claim:
+  """Kale et al.'s comparison with the workers alike, for one row of the grid (8 workers)."""
+  return _kale([_cell(rows, row, rule, 0.0, 0.0) for rule in KALE],
+               f"{row}, loss with the workers alike", row)
+
+
+def kale_probe_claim(workdir: str) -> Claim:
+  """Kale et al.'s comparison on the probes with :data:`configs.paper.a1_lm.PROBE_WORKERS`
+  workers (eager's own term half its step), DiLoCo int8 at its rate."""
+  names = list(sweep_config.probes())[len(sweep_config.PROBE_RULES):]
+  runs = [report_lib.read_run(os.path.join(workdir, name)) for name in names]
+  workers = sweep_config.PROBE_WORKERS
+  return _kale([{"loss_mean": r.results["test_loss"]} if r and r.finished else None
+                for r in runs], f"diloco_int8 with {workers} workers (probe, one seed), loss",
+               f"diloco_int8 with {workers} workers")
 
 
 def outer_loop_radius(rate: float, momentum: float, fresh: float, stiffness: float) -> float:
@@ -333,7 +350,8 @@ def report(workdir: str) -> Report:
   rows = grid_rows(workdir)
   table = [{k: v for k, v in r.items() if k != "losses"} for r in rows]
   return Report(
-      name="a1_lm", title=TITLE, columns=COLUMNS, rows=table, claims=claims(rows),
+      name="a1_lm", title=TITLE, columns=COLUMNS, rows=table,
+      claims=[*claims(rows), kale_probe_claim(workdir)],
       configs=["configs/paper/a1_lm.py", "configs/paper/lm.py"],
       notes=["The CPU tier's model and recipe (configs/paper/lm.py: 0.24M parameters), "
              "1,000 steps, 8 simulated workers, one seed a cell, three in the condition "
