@@ -116,7 +116,7 @@ def test_the_report_prices_time_and_useful_throughput_and_marks_the_claims(tmp_p
   assert rows[quorum]["to_dense_1g"] == "not reached" and rounds > 0
   streaming_eager = rows[sweep_config.label("streaming_diloco", "eager", 0.0, 0.0)]
   assert streaming_eager["status"] == "not run yet"
-  assert [c.reproduced for c in report.claims] == [None] * 4  # cells not run yet
+  assert [c.reproduced for c in report.claims] == [None] * 5  # cells not run yet
   written = reproduce_report.write_report(report, lm_runs.PROV, tmp_path / "out")
   assert "a1_lm.md" in [p.name for p in written]
   assert not math.isnan(rows["dense"]["seconds_1g"]) and "seconds_1g" not in rows["solo"]
