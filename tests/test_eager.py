@@ -63,6 +63,13 @@ def _nesterov(p, velocity, g):
   return {k: p[k] - OUTER_LR * (g[k] + MOMENTUM * velocity[k]) for k in g}, velocity
 
 
+def _inner_step(workers, t):
+  """Each worker's inner SGD step on its own share of step ``t``'s batch, in float64."""
+  x, y = (np.asarray(a, np.float64).reshape(N, -1, *a.shape[1:]) for a in _batch(t))
+  return [{k: w[k] - INNER_LR * g for k, g in _grads(w, x[i], y[i]).items()}
+          for i, w in enumerate(workers)]
+
+
 def _numpy_eager(steps):
   """Kale et al.'s eager recursion in float64: worker ``i`` applies ``(Delta_i^t + sum_{j != i}
   Delta_j^{t-1}) / N`` to its own outer parameters through its own Nesterov state."""
@@ -71,10 +78,7 @@ def _numpy_eager(steps):
       [dict(zero) for _ in range(N)]
   workers = [dict(zero) for _ in range(N)]
   for t in range(steps):
-    x, y = (np.asarray(a, np.float64).reshape(N, -1, *a.shape[1:]) for a in _batch(t))
-    for i in range(N):
-      g = _grads(workers[i], x[i], y[i])
-      workers[i] = {k: workers[i][k] - INNER_LR * g[k] for k in g}
+    workers = _inner_step(workers, t)
     if t % EVERY == EVERY - 1:
       fresh = [{k: own[i][k] - workers[i][k] for k in own[i]} for i in range(N)]
       for i in range(N):
@@ -93,10 +97,7 @@ def _numpy_delayed(steps):
   anchor, velocity, pending = dict(zero), dict(zero), None
   workers = [dict(zero) for _ in range(N)]
   for t in range(steps):
-    x, y = (np.asarray(a, np.float64).reshape(N, -1, *a.shape[1:]) for a in _batch(t))
-    for i in range(N):
-      g = _grads(workers[i], x[i], y[i])
-      workers[i] = {k: workers[i][k] - INNER_LR * g[k] for k in g}
+    workers = _inner_step(workers, t)
     if t % EVERY == EVERY - 1:
       mean = {k: np.mean([anchor[k] - w[k] for w in workers], axis=0) for k in zero}
       if pending is not None:
