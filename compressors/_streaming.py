@@ -288,10 +288,13 @@ class AggregatedStreamingState(NamedTuple):
   workers: worker_sim.WorkerSimState
 
   def land(self, params: chex.ArrayTree, applied: chex.ArrayTree) -> chex.ArrayTree:
-    """:meth:`StreamingState.land`, and the whole :attr:`anchor` where this worker is gone."""
+    """:meth:`StreamingState.land` onto where this worker's fragments land (:func:`_target`:
+    the anchor, or under ``eager`` its own outer parameters), and the whole of it where this
+    worker is gone."""
     del params  # applied already holds them moved (not at all where this worker sat out)
-    return jax.tree.map(lambda a, p: jnp.where(self.gone, a, p).astype(p.dtype), self.anchor,
-                        _landed_rows(self.on_anchor, self.anchor, applied))
+    target = _target(self)
+    return jax.tree.map(lambda a, p: jnp.where(self.gone, a, p).astype(p.dtype), target,
+                        _landed_rows(self.on_anchor, target, applied))
 
   def landed(self, params: chex.ArrayTree) -> chex.ArrayTree:
     """As :meth:`StreamingState.landed` (a worker that is gone holds the anchor everywhere)."""
@@ -360,12 +363,7 @@ class EagerStreamingState(NamedTuple):
   sent: tuple
   pending: tuple
 
-  def land(self, params: chex.ArrayTree, applied: chex.ArrayTree) -> chex.ArrayTree:
-    """``applied``, with the rows that land with ``alpha = 0`` :attr:`own`'s, bit for bit, and
-    the whole :attr:`own` where this worker is gone."""
-    del params  # applied already holds them moved (not at all where this worker sat out)
-    return jax.tree.map(lambda o, p: jnp.where(self.gone, o, p).astype(p.dtype), self.own,
-                        _landed_rows(self.on_anchor, self.own, applied))
+  land = AggregatedStreamingState.land  # onto own (alpha = 0 rows, and all while gone)
 
   def landed(self, params: chex.ArrayTree) -> chex.ArrayTree:
     """:attr:`anchor`: no fragment of the workers' parameters is shared (each applied its own
