@@ -28,8 +28,8 @@ The model (:func:`predict`), per device and step:
   it hidden like the dense buckets is this model's assumption, stated here.
 
 The expected distinct keys of a device's batch (:func:`compressors.parallel.embeddings.
-expected_unique`, less the hot rows') size the capacity (:func:`capacity`): its expected count
-per owner ``mu`` times ``max(1.5, 1 + 4 / sqrt(mu))``, so that a small count keeps four
+expected_unique`, less the hot rows') size the capacity (:func:`capacity`): the busiest owner's
+expected count ``mu`` times ``max(1.5, 1 + 4 / sqrt(mu))``, so that a small count keeps four
 standard deviations of room (a count of independent rare events varies by about ``sqrt(mu)``).
 
 The search (:func:`choose`): placements by coordinate descent from every table row-placed (each
@@ -114,18 +114,29 @@ def probabilities_from_sample(ids: np.ndarray, rows: int) -> np.ndarray:
 
 def capacity(w: Workload, p: embeddings.Plan, hot: hot_rows.HotRows) -> int:
   """Keys per bucket of the exchange for ``w``'s batch: the expected distinct cold keys of the
-  fetched tables per owner, or the column-placed tables' per device, with room (see the module
-  docstring); at most the lookups, at least 1."""
-  def room(unique, owners):
-    mu = unique / owners
+  fetched tables that the busiest owner holds, or the column-placed tables' per device, with
+  room (see the module docstring); at most the lookups, at least 1. Per owner, not the mean
+  over owners: a table placed whole puts all its keys in one owner's bucket."""
+  def room(mu):
     margin = max(MARGIN, 1 + SIGMAS / math.sqrt(mu)) if mu > 0 else MARGIN
-    return embeddings.capacity_from_skew(unique, owners, margin)
-  cold = sum(w.presence[t].sum() - w.presence[t][list(hot.ids[t])].sum() for t in p.fetched)
+    return embeddings.capacity_from_skew(mu, 1, margin)
   columns = sum(w.presence[t].sum() for t in p.tables("column"))
   lookups = w.batch * max(sum(w.hotness[t] for t in p.fetched),
                           sum(w.hotness[t] for t in p.tables("column")))
-  return max(1, min(max(room(cold, p.devices) if p.fetched else 0,
-                        room(columns, 1) if p.tables("column") else 0), lookups))
+  return max(1, min(max(room(_cold_per_owner(w, p, hot).max()) if p.fetched else 0,
+                        room(columns) if p.tables("column") else 0), lookups))
+
+
+def _cold_per_owner(w: Workload, p: embeddings.Plan, hot: hot_rows.HotRows) -> np.ndarray:
+  """Per owner of the bank, the expected distinct keys of the fetched tables' cold rows that a
+  device's batch asks of it."""
+  per_owner = np.zeros(p.devices)
+  for t in p.fetched:
+    presence = w.presence[t].copy()
+    presence[list(hot.ids[t])] = 0.0
+    owner, _ = embeddings.bank_address(p, t, np.arange(p.rows[t]))
+    per_owner += np.bincount(owner, weights=presence, minlength=p.devices)
+  return per_owner
 
 
 @dataclasses.dataclass(frozen=True)

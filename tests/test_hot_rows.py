@@ -207,6 +207,32 @@ def test_the_planners_hot_rows_cut_the_all_to_all_bytes_by_80_percent_on_the_syn
   assert "hot rows: " in hot.report() and "embedding_forward" in hot.report()
 
 
+@pytest.mark.parametrize("placement", ["table", "row"])
+def test_the_capacity_from_the_skew_holds_every_owners_bucket_of_sampled_batches(placement):
+  """The planner's capacity is sized for the busiest owner, not the mean over owners: with whole
+  tables on one owner (table placement) some owners get far more keys than others, and 40
+  sampled steps of the synthetic logs on 8 devices (320 buckets per owner) fit it, where a
+  capacity from the mean over owners (the same margin) would overflow."""
+  generator = criteo.Generator(SYNTHETIC_ROWS, SYNTHETIC_HOTNESS, seed=0)
+  workload = embedding_planner.Workload(
+      SYNTHETIC_ROWS, 8, SYNTHETIC_HOTNESS, 64,
+      tuple(generator.probabilities(t) for t in range(len(SYNTHETIC_ROWS))))
+  choice = embedding_planner.choose(workload, topology.Topology.flat(DEVICES, topology.CLOUD_10G),
+                                    0, 0.05, (placement,) * 26, (0,) * 26)
+  p, ids = choice.plan, generator.sample(40 * DEVICES * 64, seed=1)["sparse"]
+  tables = np.split(ids, np.cumsum(SYNTHETIC_HOTNESS)[:-1], axis=1)
+  busiest = 0
+  for rows in np.split(np.arange(len(ids)), 40 * DEVICES):  # a device's batch of one step
+    keys = np.unique(np.concatenate([
+        (lambda owner, local: owner * p.bank_rows + local)(
+            *embeddings.bank_address(p, t, tables[t][rows].reshape(-1))) for t in p.fetched]))
+    busiest = max(busiest, np.bincount(keys // p.bank_rows, minlength=DEVICES).max())
+  assert busiest <= choice.capacity
+  if placement == "table":
+    mean = sum(workload.presence[t].sum() for t in p.fetched) / DEVICES
+    assert busiest > embeddings.capacity_from_skew(mean, 1, embedding_planner.MARGIN)
+
+
 @pytest.mark.slow  # about 25 s on 2 cores: two lookups of 26 tables compiled, 20 run
 def test_the_synthetic_tables_lookups_send_the_predicted_bytes_and_do_not_overflow():
   """The compiled lookups of the test above send the predicted forward bytes, and no key

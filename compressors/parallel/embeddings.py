@@ -204,7 +204,7 @@ def check_budget(p: Plan, budget_bytes: int, itemsize: int = 4, residual_bytes: 
                      f"{budget_bytes:,}")
 
 
-def _bank_address(p: Plan, t: int, ids):
+def bank_address(p: Plan, t: int, ids):
   """``(owner, local row)`` of table ``t``'s IDs in the bank (numpy or jax)."""
   if p.placements[t] == "row":
     return ids % p.devices, p.offsets[t] + ids // p.devices
@@ -221,7 +221,7 @@ def shard(p: Plan, tables: Sequence[jax.Array]) -> dict:
   bank = jnp.zeros((p.devices * p.bank_rows, p.width), dtype)
   columns = jnp.zeros((p.column_rows, p.devices * p.column_width), dtype)
   for t in p.tables("row", "table"):
-    owner, local = _bank_address(p, t, np.arange(p.rows[t]))
+    owner, local = bank_address(p, t, np.arange(p.rows[t]))
     bank = bank.at[owner * p.bank_rows + local].set(tables[t])
   for t in p.tables("column"):
     columns = columns.at[p.offsets[t]:p.offsets[t] + p.rows[t], :p.width].set(tables[t])
@@ -242,7 +242,7 @@ def unshard(p: Plan, params: dict) -> list[np.ndarray]:
     elif placement == "column":
       tables.append(columns[p.offsets[t]:p.offsets[t] + p.rows[t], :p.width])
     else:
-      owner, local = _bank_address(p, t, np.arange(p.rows[t]))
+      owner, local = bank_address(p, t, np.arange(p.rows[t]))
       tables.append(bank[owner * p.bank_rows + local])
   return tables
 
@@ -388,7 +388,7 @@ def _reduce_scattered_bags(p: Plan, bank, sparse, axis):
   me, partial, start = axes.worker_index(axis), [], 0
   for t in tables:
     ids = everyone[:, start:start + sparse[t].shape[1]]
-    owner, local = _bank_address(p, t, ids)
+    owner, local = bank_address(p, t, ids)
     partial.append(jnp.where((owner == me)[..., None], bank[local], 0).sum(axis=1))
     start += sparse[t].shape[1]
   return axes.psum_scatter(jnp.stack(partial, axis=1), axis)
@@ -441,7 +441,7 @@ def pooled_lookup(p: Plan, params: dict, sparse: Sequence[jax.Array], axis,
     # past the bank, the de-duplication's padding, which sends nothing and gives a zero row.
     keys = _concatenated_keys(p, sparse, bank_tables, lambda t, ids: jnp.where(
         ids < 0, p.devices * p.bank_rows,
-        (lambda owner, local: owner * p.bank_rows + local)(*_bank_address(p, t, ids))))
+        (lambda owner, local: owner * p.bank_rows + local)(*bank_address(p, t, ids))))
     rows, lost = _bank_rows(p, params["bank"], keys, axis, capacity or keys.shape[0],
                             rows_exchange)
     _split_bags(p, rows, sparse, bank_tables, pooled)

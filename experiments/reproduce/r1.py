@@ -448,8 +448,7 @@ def notes(seeds: int) -> list[str]:
       "step; the tables' access probabilities are those the run's planner estimated from its "
       "first 8 training batches. A cell's placements and hot rows are its own, or the "
       "planner's choice on the run's 8 devices and 10 Gbit/s link (auto, hot rows auto), held "
-      "on the larger clusters; the buckets' capacity is the planner's for each cluster "
-      "(table's: every lookup of a device).",
+      "on the larger clusters; the buckets' capacity is the planner's for each cluster.",
       "The gaps are the mean's minus the baseline's: float32 is the row placement's float32 "
       "cell (each placement gives the replicated tables' losses to float rounding), bf16 the "
       "row placement's bf16 cell.",
@@ -459,11 +458,9 @@ def notes(seeds: int) -> list[str]:
       "not a number for theirs. At 64 steps the float32 interval of AUC is wide (the seeds' "
       "orders differ): within it is a weak test.",
       "Capacity: every placed cell sizes its all-to-all's buckets from the skew of its "
-      "training IDs (embedding.capacity=-1, the planner's) except table, which keeps room for "
-      "every lookup of a device (capacity=0): the planner's capacity assumes a batch's keys "
-      "spread over the owners, as row-wise sharding spreads them, and whole tables on one "
-      "owner overflowed it (seed 0, step 35: 2 IDs, refused by the runner in one line). "
-      "Table's bytes are therefore not comparable with the others'.",
+      "training IDs (embedding.capacity=-1, the planner's): the busiest owner's expected "
+      "distinct keys with room, so that whole tables on one owner (table) get larger buckets "
+      "than rows spread over all (row).",
       "Negative results are stated as found: the hot rows' all-reduce makes the total bytes "
       "a device a step grow (hot rows against row-wise) even as the all-to-all's fall; the "
       "model counts it hidden behind the backward pass, which holds on 8 and 64 devices but "
