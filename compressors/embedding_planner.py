@@ -4,9 +4,9 @@ throughput within a memory budget (SCARS, FlexShard).
 Inputs (:class:`Workload`, :func:`choose`): the tables' rows and width, the IDs a row of the
 batch looks up per table (hotness), a device's batch, each table's access probabilities (a
 measured sample: :func:`probabilities_from_sample`, or a declared law), the parameters
-all-reduced besides the tables (the dense part), the memory budget of a device for the tables,
-the link of each mesh axis (a :class:`compressors.network.topology.Topology`) and the compute
-time of a step.
+all-reduced besides the tables (the dense part), the memory budget of a device for the tables
+and what their exchanges keep beside them (:meth:`Workload.held`), the link of each mesh axis
+(a :class:`compressors.network.topology.Topology`) and the compute time of a step.
 
 The model (:func:`predict`), per device and step:
 
@@ -78,6 +78,11 @@ class Workload:
     hot_exchange: ``(shape, topology) -> Cost`` of one exchange of the hot bank's gradient
       ``[hot rows, width]`` by the per-step method that runs it
       (:func:`compressors.registry.cost`); None: a float32 ``psum``.
+    residual_bytes: ``plan -> bytes`` of one device's error-feedback residuals of the rows'
+      all-to-alls (:func:`compressors.embedding_codecs.residual_bytes_per_device`); None: none.
+    hot_state_bytes: ``shape -> bytes`` of one device's state of the method that exchanges
+      the hot bank's gradient ``[hot rows, width]`` (its error-feedback residual among them);
+      None: none.
   """
   rows: tuple[int, ...]
   width: int
@@ -88,6 +93,20 @@ class Workload:
   itemsize: int = 4
   payload_bytes: Callable[[str, int, int], int] | None = None
   hot_exchange: Callable[[tuple[int, int], topo.Topology], topo.Cost] | None = None
+  residual_bytes: Callable[[embeddings.Plan], int] | None = None
+  hot_state_bytes: Callable[[tuple[int, int]], int] | None = None
+
+  def held(self, p: embeddings.Plan, hot: hot_rows.HotRows) -> int:
+    """Bytes of a device that the memory budget bounds: the tables as ``p`` lays them out, the
+    hot bank, and the memories of their exchanges (the rows' error-feedback residuals, the hot
+    exchange's state). The tables' optimizer state is not among them: it scales the tables by
+    the optimizer's factor whatever the placement (the run's ``max_state_bytes_per_device``
+    bounds everything)."""
+    residual = self.residual_bytes(p) if self.residual_bytes else 0
+    state = (self.hot_state_bytes((hot.total, p.width))
+             if self.hot_state_bytes and hot.total else 0)
+    return (p.bytes_per_device(self.itemsize) + hot.bytes_per_device(p.width, self.itemsize)
+            + residual + state)
 
   @functools.cached_property
   def presence(self) -> tuple[np.ndarray, ...]:
@@ -142,8 +161,8 @@ def _cold_per_owner(w: Workload, p: embeddings.Plan, hot: hot_rows.HotRows) -> n
 @dataclasses.dataclass(frozen=True)
 class Prediction:
   """The model's figures per device and step: ``bytes`` and ``seconds`` per collective (keys
-  :data:`COLLECTIVES`), the ``compute``, the ``step`` (modelled wall-clock) and the tables'
-  ``memory`` (bytes of a device)."""
+  :data:`COLLECTIVES`), the ``compute``, the ``step`` (modelled wall-clock) and the
+  ``memory`` the budget bounds (bytes of a device, :meth:`Workload.held`)."""
   bytes: dict
   seconds: dict
   compute: float
@@ -200,8 +219,7 @@ def predict(w: Workload, topology: topo.Topology, p: embeddings.Plan, hot: hot_r
   exposed = max(0.0, seconds["hot_rows_all_reduce"] + seconds["dense_all_reduce"] - hidden)
   step = (compute_seconds + seconds["embedding_forward"] + seconds["embedding_backward"]
           + exposed)
-  memory = p.bytes_per_device(size) + hot.bytes_per_device(p.width, size)
-  return Prediction(sent, seconds, compute_seconds, step, memory)
+  return Prediction(sent, seconds, compute_seconds, step, w.held(p, hot))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -232,14 +250,22 @@ class Choice:
     return "\n".join(lines)
 
 
-def _fits(p: embeddings.Plan, hot: hot_rows.HotRows, budget: float, itemsize: int) -> bool:
+def _fits(w: Workload, p: embeddings.Plan, hot: hot_rows.HotRows, budget: float) -> bool:
   if math.isinf(budget):
     return True
   try:
-    embeddings.check_budget(p, int(budget) - hot.bytes_per_device(p.width, itemsize), itemsize)
+    _check_budget(w, p, hot, budget)
   except ValueError:
     return False
   return True
+
+
+def _check_budget(w: Workload, p: embeddings.Plan, hot: hot_rows.HotRows, budget: float) -> None:
+  """:func:`embeddings.check_budget` of what :meth:`Workload.held` counts: the hot bank and the
+  hot exchange's state taken off the budget, the rows' residuals charged beside the tables."""
+  residual = w.residual_bytes(p) if w.residual_bytes else 0
+  beside = w.held(p, hot) - p.bytes_per_device(w.itemsize) - residual
+  embeddings.check_budget(p, int(budget) - beside, w.itemsize, residual)
 
 
 def _placements(w: Workload, topology: topo.Topology, budget: float, compute: float,
@@ -249,7 +275,7 @@ def _placements(w: Workload, topology: topo.Topology, budget: float, compute: fl
   def seconds(placements):
     p = embeddings.plan(w.rows, w.width, placements, topology.num_devices, row_reduction)
     none = hot_rows.none(p)
-    if not _fits(p, none, budget, w.itemsize):
+    if not _fits(w, p, none, budget):
       return math.inf
     return predict(w, topology, p, none, capacity(w, p, none), compute).step
   current = ["row"] * len(w.rows)
@@ -285,9 +311,17 @@ def _hot(w: Workload, topology: topo.Topology, p: embeddings.Plan, budget: float
   presence = np.concatenate([w.presence[t] for t in p.fetched])
   order = np.argsort(-presence, kind="stable")
   ranked = (tables[order], ids[order])
-  room = budget - p.bytes_per_device(w.itemsize)
+  room = budget - w.held(p, hot_rows.none(p))
   most = len(order) if math.isinf(room) else min(len(order),
-                                                 int(room // (w.width * w.itemsize)))
+                                                 max(0, int(room // (w.width * w.itemsize))))
+  # The hot exchange's state grows with the hot bank too: the most that fit with it, bisected.
+  least = 0
+  while least < most:
+    middle = (least + most + 1) // 2
+    if _fits(w, p, _hot_of(p, ranked, middle), budget):
+      least = middle
+    else:
+      most = middle - 1
   counts = sorted({0, most, *np.geomspace(1, max(most, 1), HOT_COUNTS).astype(int).tolist()})
   counts = [c for c in counts if c <= most]
   best, chosen = math.inf, 0
@@ -313,7 +347,8 @@ def choose(w: Workload, topology: topo.Topology, budget_bytes: float, compute_se
   Args:
     w: the workload.
     topology: the devices the tables are placed on, a link per mesh axis.
-    budget_bytes: bytes of a device for the tables (the hot bank included).
+    budget_bytes: bytes of a device for the tables, the hot bank and their exchanges' memories
+      (:meth:`Workload.held`).
     compute_seconds: the compute time of a step.
     placements: the tables' placements (None: chosen).
     hot_counts: hot rows per table, its most probable ones, on fetched tables (None: chosen).
@@ -347,7 +382,6 @@ def _chosen(w: Workload, topology: topo.Topology, budget: float, compute: float,
     hot = hot_rows.hot_rows(p, hot_rows.hottest(w.presence, counts))
     why = "as given"
   if not math.isinf(budget):
-    embeddings.check_budget(p, int(budget) - hot.bytes_per_device(p.width, w.itemsize),
-                            w.itemsize)
+    _check_budget(w, p, hot, budget)
   cap = capacity(w, p, hot)
   return Choice(p, hot, cap, predict(w, topology, p, hot, cap, compute), budget, why)

@@ -36,8 +36,8 @@ without per-step inputs, e.g. ``topk``, ``int8``, ``qsgd``, ``bf16``, with its s
 planner prices it by the method's cost model), and the planner's inputs
 (``auto``, ``hot_rows`` other than ``"0"`` or ``capacity=-1`` run it; it logs what it chose and
 why, and results.json's ``embedding_planner`` has its predicted bytes and seconds per
-collective): ``budget_bytes`` (a device's bytes for the tables, the hot rows included; 0:
-none), ``link_gbit`` (the link between devices) and ``compute_seconds`` (a step's compute,
+collective): ``budget_bytes`` (a device's bytes for the tables, the hot rows and their
+exchanges' error-feedback memories included; 0: none), ``link_gbit`` (the link between devices) and ``compute_seconds`` (a step's compute,
 behind whose backward pass the all-reduces hide). Without compression each placement, with or
 without hot rows, gives the replicated tables' losses to float rounding
 (tests/test_dlrm_runner.py, tests/test_hot_rows.py).

@@ -14,8 +14,11 @@ import dataclasses
 import functools
 import math
 import re
+from collections.abc import Callable
 
 from absl import logging
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from compressors import embedding_codecs
@@ -108,25 +111,40 @@ def link(gbit: float) -> topology_lib.Link:
 
 
 def workload(rows, width: int, hotness, batch_per_device: int, probabilities,
-             dense_params: int, codecs_: embedding_codecs.Codecs,
-             hot_exchange=None) -> embedding_planner.Workload:
+             dense_params: int, codecs_: embedding_codecs.Codecs, hot_exchange=None,
+             hot_state_bytes=None) -> embedding_planner.Workload:
   """The planner's workload of tables of ``rows`` rows of ``width`` looked up ``hotness`` times
-  a row of the batch, their rows' payloads priced as ``codecs_`` encodes them, the hot rows'
-  gradient as ``hot_exchange`` (None: the lookup's psum)."""
+  a row of the batch, their rows' payloads priced as ``codecs_`` encodes them and their
+  residuals charged to the budget, the hot rows' gradient as ``hot_exchange`` (None: the
+  lookup's psum) with ``hot_state_bytes`` (:func:`state_bytes` of its method; None: none)."""
   return embedding_planner.Workload(
       tuple(rows), width, tuple(hotness), batch_per_device, tuple(probabilities), dense_params,
       payload_bytes=functools.partial(embedding_codecs.payload_bytes, codecs_),
-      hot_exchange=hot_exchange)
+      hot_exchange=hot_exchange,
+      residual_bytes=functools.partial(embedding_codecs.residual_bytes_per_device, c=codecs_),
+      hot_state_bytes=hot_state_bytes)
+
+
+def state_bytes(tx) -> Callable[[tuple[int, int]], int]:
+  """``shape -> bytes`` of ``tx``'s state for a float32 leaf of ``shape``, from shapes alone
+  (the hot exchange's: :attr:`compressors.embedding_planner.Workload.hot_state_bytes`)."""
+  @functools.lru_cache(maxsize=None)
+  def of(shape: tuple[int, int]) -> int:
+    state = jax.eval_shape(tx.init, jax.ShapeDtypeStruct(shape, jnp.float32))
+    return sum(math.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(state))
+  return of
 
 
 def choose(block, model, devices: int, batch_per_device: int, dataset, dense_params: int,
-           placements, codecs_: embedding_codecs.Codecs,
-           hot_exchange=None) -> embedding_planner.Choice:
+           placements, codecs_: embedding_codecs.Codecs, hot_exchange=None,
+           hot_state_bytes=None) -> embedding_planner.Choice:
   """The planner's choice for the run (``placements`` None: chosen too; the rows' payloads
   priced as ``codecs_`` encodes them, the hot rows' gradient as ``hot_exchange``, a
-  :attr:`compressors.embedding_planner.Workload.hot_exchange`), logged with its report."""
+  :attr:`compressors.embedding_planner.Workload.hot_exchange`, its state as
+  ``hot_state_bytes``), logged with its report."""
   load = workload(model.cardinalities, model.embedding_dim, model.hotness, batch_per_device,
-                  probabilities(model, dataset), dense_params, codecs_, hot_exchange)
+                  probabilities(model, dataset), dense_params, codecs_, hot_exchange,
+                  hot_state_bytes)
   choice = plan(block, load, devices, placements)
   logging.warning("%s", choice.report())
   return choice

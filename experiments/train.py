@@ -294,7 +294,8 @@ def _placed(config, model, workers, learning_rate, dataset, init_variables):
     tables = sum(r * model.embedding_dim for r in model.cardinalities)
     choice = table_planning.choose(
         block, model, workers.count, config.batch_size // workers.count, dataset,
-        sum(x.size for x in jax.tree.leaves(params)) - tables, chosen, codecs, hot_cost)
+        sum(x.size for x in jax.tree.leaves(params)) - tables, chosen, codecs, hot_cost,
+        table_planning.state_bytes(hot_exchange))
     chosen, hot, predicted = choice.plan.placements, choice.hot, table_planning.summary(choice)
     capacity = choice.capacity if block.capacity == -1 else capacity
   plan = compressors.parallel.embeddings.plan(model.cardinalities, model.embedding_dim, chosen,

@@ -233,6 +233,37 @@ def test_the_capacity_from_the_skew_holds_every_owners_bucket_of_sampled_batches
     assert busiest > embeddings.capacity_from_skew(mean, 1, embedding_planner.MARGIN)
 
 
+def test_the_budget_holds_the_exchanges_memories():
+  """The rows' error-feedback residual (a whole bank a device) and the hot exchange's state
+  (top-k's residual: as large as the hot bank) count in the budget: a budget the residual
+  exceeds is refused in one line naming it, and the hot rows chosen with top-k's state fit the
+  budget with it, half as many as a dense exchange's (which keeps no per-row memory)."""
+  from experiments import methods  # pylint: disable=import-outside-toplevel
+  generator = criteo.Generator(SYNTHETIC_ROWS, SYNTHETIC_HOTNESS, seed=0)
+  probabilities = tuple(generator.probabilities(t) for t in range(len(SYNTHETIC_ROWS)))
+  link = topology.Topology.flat(DEVICES, topology.CLOUD_10G)
+  config = __import__("configs.dlrm", fromlist=["get_config"]).get_config("smoke")
+  config.update_from_flattened_dict({"embedding.hot_rows": "auto"})
+
+  def workload(codecs, hot_exchange):
+    config.embedding.hot_exchange = hot_exchange
+    tx, cost = methods.hot_exchange(config)
+    return table_planning.workload(SYNTHETIC_ROWS, 8, SYNTHETIC_HOTNESS, 64, probabilities, 0,
+                                   codecs, cost, table_planning.state_bytes(tx))
+  plain = embedding_codecs.codecs()
+  residual = workload(embedding_codecs.codecs("dense", "int4", True), "dense")
+  with pytest.raises(ValueError, match=r"^the embedding tables need 1,257,984 bytes of one device as "
+                                       r"placed \(1,118,208 of them the residual\); allowed: at "
+                                       r"most the budget of 262,144$") as error:
+    embedding_planner.choose(residual, link, BUDGET, 0.05, ("row",) * 26, (0,) * 26)
+  assert "\n" not in str(error.value)
+  dense = embedding_planner.choose(workload(plain, "dense"), link, BUDGET, 0.05, ("row",) * 26)
+  topk = embedding_planner.choose(workload(plain, "topk"), link, BUDGET, 0.05, ("row",) * 26)
+  assert topk.prediction.memory == (139_776 + 2 * 4 * 8 * topk.hot.total + 12) <= BUDGET
+  assert dense.prediction.memory == 139_776 + 4 * 8 * dense.hot.total + 12 <= BUDGET
+  assert topk.hot.total == (BUDGET - 139_776 - 12) // 64 < dense.hot.total
+
+
 @pytest.mark.slow  # about 25 s on 2 cores: two lookups of 26 tables compiled, 20 run
 def test_the_synthetic_tables_lookups_send_the_predicted_bytes_and_do_not_overflow():
   """The compiled lookups of the test above send the predicted forward bytes, and no key

@@ -11,7 +11,8 @@ initialisation and the batches' order; the click logs are the same):
 * exchange precision at the row placement: ``bf16`` and ``int8`` both ways (no error feedback:
   as TorchRec's quantised all-to-all), ``int4`` both ways with and without error feedback, and
   the forward rows in float32 with the gradients' ``topk`` at 0.1 of a bucket with error
-  feedback;
+  feedback (these two without a memory budget: their residual is a whole bank a device,
+  8x the row-placed tables, over the config's 256 KiB);
 * hot rows at the row placement: none (the ``row`` cell) and ``auto`` (the planner's, within
   the config's 256 KiB a device for the tables).
 
@@ -52,9 +53,11 @@ CELLS = {
     "row_int4": ("exchange", dict(_PLACED, placement="row", exchange="int4",
                                   gradient_exchange="int4")),
     "row_int4_ef": ("exchange", dict(_PLACED, placement="row", exchange="int4",
-                                     gradient_exchange="int4", error_feedback=True)),
+                                     gradient_exchange="int4", error_feedback=True,
+                                     budget_bytes=0)),
     "row_topk0.1_ef": ("exchange", dict(_PLACED, placement="row", gradient_exchange="topk",
-                                        topk_fraction=0.1, error_feedback=True)),
+                                        topk_fraction=0.1, error_feedback=True,
+                                        budget_bytes=0)),
     "row_hot_auto": ("hot rows", dict(_PLACED, placement="row", hot_rows="auto")),
 }
 

@@ -35,6 +35,7 @@ from compressors import embedding_planner
 from compressors.network import topology as topo
 from configs.paper import r1 as sweep_config
 from experiments import data
+from experiments import methods
 from experiments import table_planning
 from experiments.data import criteo
 from experiments.models import placed_dlrm
@@ -133,9 +134,11 @@ def modelled_inputs(config: dict, results: dict) -> Modelled:
   probabilities = _probabilities(json.dumps(
       {k: config[k] for k in ("dataset", "data", "seed", "batch_size", "eval_batch_size",
                               "num_devices")}, sort_keys=True))
+  hot_exchange, hot_cost = methods.hot_exchange(ml_collections.ConfigDict(config))
   workload = table_planning.workload(
       rows, width, hotness, config["batch_size"] // config["num_devices"], probabilities,
-      results["num_params"] - sum(rows) * width, table_planning.codecs(block))
+      results["num_params"] - sum(rows) * width, table_planning.codecs(block), hot_cost,
+      table_planning.state_bytes(hot_exchange))
   fixed = block.placement != "auto"
   placements = (placed_dlrm.placements(rows, block.placement, block.overrides)
                 if fixed else None)
@@ -236,8 +239,9 @@ def cell_row(workdir: str, cell: str, seeds: int) -> dict:
 
 
 def _modelled(inputs: Modelled, run_devices: int) -> dict:
-  """The modelled step (ms) on each cluster, the tables' memory of a device and the capacity on
-  the run's 8 devices, and the planner's predicted all-to-all bytes beside the compiled ones."""
+  """The modelled step (ms) on each cluster, the memory of a device that the budget bounds
+  (tables, hot bank, residuals) and the capacity on the run's 8 devices, and the planner's
+  predicted all-to-all bytes beside the compiled ones."""
   out = {}
   for devices in DEVICES:
     for gbit in LINKS_GBIT:
@@ -426,7 +430,7 @@ COLUMNS = [("cell", "cell"), ("group", "group"), ("placements", "placements"),
            ("hot_rows_all_reduce", "hot-row all-reduce B"),
            ("dense_all_reduce", "dense all-reduce B"), ("total_bytes", "total B"),
            ("predicted_all_to_all", "all-to-all B, planner's prediction"),
-           ("memory_bytes", "tables' B a device"),
+           ("memory_bytes", "tables' and residuals' B a device"),
            ("step_ms_8d_10g", "modelled step ms, 8 dev 10 Gbit/s"),
            ("step_ms_512d_1g", "modelled step ms, 512 dev 1 Gbit/s")]
 
