@@ -5,9 +5,11 @@ shares are F6-LM's runs, and the report's time model and claims on fake runs."""
 
 import math
 
+import numpy as np
 import pytest
 
 from compressors import registry
+from compressors import worker_sim
 from compressors.network import topology as topo
 from configs.paper import a1_lm as sweep_config
 from configs.paper import f6_lm
@@ -109,8 +111,12 @@ def test_the_report_prices_time_and_useful_throughput_and_marks_the_claims(tmp_p
   counts = a1_lm.t1_lm.kind_counts(run.config, 1000)
   expected = 800 * compute + sum(t.exposed * counts[k] for k, t in ten.items())
   assert rows[quorum]["seconds_10g"] == pytest.approx(expected)
-  assert rows[quorum]["useful_pct"] == pytest.approx(
-      100 * 4000 * compute / (8 * rows[quorum]["seconds_1g"]))
+  # The workers' own capacity: each at the speed the simulator drew for the run's seed.
+  drawn = worker_sim.init(worker_sim.WorkerSim(8, 1.0, 0.5, dropout_rate=0.1,
+                                               seed=run.config["seed"])).seconds_per_step
+  capacity = np.sum(rows[quorum]["seconds_1g"] / (compute * np.asarray(drawn, np.float64)))
+  assert rows[quorum]["useful_pct"] == pytest.approx(100 * 4000 / capacity)
+  assert capacity != pytest.approx(8 * rows[quorum]["seconds_1g"] / compute, rel=1e-3)
   assert rows["diloco_int8_100x"]["useful_pct"] == pytest.approx(
       100 * 1000 * compute / rows["diloco_int8_100x"]["seconds_1g"])
   assert rows[quorum]["to_dense_1g"] == "not reached" and rounds > 0
