@@ -74,15 +74,16 @@ def test_the_smoke_length_and_bad_arguments():
   assert "a1_lm" in reproduce.TARGETS and "a1_lm" in reproduce.CPU_TIER_TARGETS
 
 
-def _fake(workdir, label, loss, *, step_s=0.5, **results):
-  """A finished run of a cell or reference, with ``results`` added to its results.json."""
+def _fake(workdir, label, loss, *, step_s=0.5, scale=None, **results):
+  """A finished run of a cell or reference (at ``scale``, None: its grid's), with ``results``
+  added to its results.json."""
   arg = sweep_config.config_arg(label, 0)
   config = lm_runs.solved(arg)
   steps = [500, 1000]
   records = [{"step": s, "loss": loss, "examples_per_sec": config["batch_size"] / step_s}
              for s in steps] + [{"step": s, "test_loss": v} for s, v in zip(steps, [6.0, loss])]
   reproduce_report.write_run(
-      f"{workdir}/{t1_lm_config.run_name(label, sweep_config.scale_of(label), 0)}",
+      f"{workdir}/{t1_lm_config.run_name(label, scale or sweep_config.scale_of(label), 0)}",
       config, records, {"test_loss": loss, "step": 1000, "wire_bytes": 1.0, "dense_bytes": 1.0,
                         **results})
 
@@ -176,3 +177,26 @@ def test_the_linearised_outer_loops_radius_is_the_growth_of_its_recursion(fresh,
   # with 2 workers is again
   radius = lambda f: a1_lm.worst_radius(rate, momentum, f)
   assert radius(1.0) < 1 < radius(1 / 8) < radius(0.0) and radius(0.5) < 1
+
+
+def test_every_rule_gets_t1_lm_s_tuning_budget_and_the_page_says_what_it_chose(tmp_path):
+  runs = sweep_config.tuning_runs("grid")
+  assert len(runs) == len(sweep_config.ROWS) * len(sweep_config.RULES) * 3
+  seeded = sweep_config.label("diloco_int8", "eager", *sweep_config.SEEDED)
+  # The row's own scale is the seeded cell's seed 0: the same run.
+  assert runs[t1_lm_config.run_name(seeded, 0.5, 0)] == sweep_config.config_arg(seeded, 0)
+  delayed = sweep_config.label("streaming_diloco", "delayed", 0.0, 0.0)  # the workers alike
+  assert t1_lm_config.run_name(delayed, 2.0, 0) in runs
+  assert list(sweep_config.tuning_runs(f"{seeded}@0.25")) == [
+      t1_lm_config.run_name(seeded, 0.25, 0)]
+  assert len(sweep_config.get_config(f"tuning={seeded}@0.25").runs) == 1
+  with pytest.raises(ValueError, match=r"^configs/paper/a1_lm.py: tuning='x@0.3': 'x@0.3'; "
+                                       r"allowed: 'grid' or label@scale"):
+    sweep_config.tuning_runs("x@0.3")
+  workdir = str(tmp_path)
+  for scale, loss in ((0.5, 5.0), (1.0, 4.0), (2.0, 4.5)):
+    _fake(workdir, seeded, loss, scale=scale)
+  note = a1_lm.tuning_note(workdir)
+  assert ("diloco_int8 eager (spread 0.5, drop-outs 0.1): 0.5: 5.000 / 1: 4.000 * / 2: 4.500 "
+          "(chose 1, the grid runs 0.5)") in note
+  assert "streaming_diloco sync (spread 0.5, drop-outs 0.1): none run (tuning: 0 of 3" in note

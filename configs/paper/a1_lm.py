@@ -8,7 +8,8 @@ The CPU tier's model, steps and recipe (``configs/paper/lm.py``: 0.24M parameter
 64 sequences of 64 tokens, 8 workers), so that dense, solo and the rows' runs with every worker
 alike and ``sync`` are F6-LM's own (the same arguments, the same run directories: nothing runs
 twice). The rows run at the rate scale F6-LM's tuning chose for them (:data:`ROWS`; dense's and
-solo's as well): the grid holds no tuning budget of its own, which the page says. A cell is a
+solo's as well). Each rule then gets T1-LM's tuning budget of its own at its tuning condition
+(:func:`tuning_runs`; the page reports each rule's choice beside the grid's scale). A cell is a
 row, an aggregator and a condition (:data:`SPREADS` x :data:`DROPOUTS`); a run is
 ``a1_<row>_<rule>_sp<spread>_do<dropout>_lr<scale>_s<seed>``, and the cell of ``sync`` with the
 workers alike is F6-LM's ``<row>_100x``. Both methods take every aggregator (Streaming DiLoCo's
@@ -26,9 +27,13 @@ at seeds 0, 1 and 2 (``seeded=True``: 20 runs more, about 45 minutes), the other
 
 Arguments: ``seeds`` (1), ``rows`` and ``rules`` (joined by ``+``; '': all), ``seeded`` (False;
 True: only the :data:`SEEDED` condition's cells), ``probes`` (False; True: only the off-grid
-probes, :func:`probes`), ``steps`` (0: the tier's; a smaller number makes every run that short, a smoke test of the grid in a folder of its
-own: its runs are not the tier's and must not share the tier's folder).
+probes, :func:`probes`), ``tuning`` ('': none; ``grid`` or ``label@scale`` joined by ``+``: only
+the tuning budget's runs, :func:`tuning_runs`), ``steps`` (0: the tier's; a smaller number makes
+every run that short, a smoke test of the grid in a folder of its own: its runs are not the
+tier's and must not share the tier's folder).
 """
+
+import math
 
 import ml_collections
 
@@ -56,6 +61,11 @@ SEEDED = (0.5, 0.1)
 # the workers alike, where a linearised outer loop (experiments/reproduce/a1_lm.py's
 # outer_loop_radius) is stable for eager but not naive delay: at a quarter of its rate (all three
 # stable), and with 2 workers (eager's own term half its step) at its rate.
+# The tuning budget (T1-LM's, configs/paper/t1_lm.py: its LR_SCALES, past an end that wins along
+# its LR_LADDER, one seed, the lowest mean training loss over the last tenth): every rule of every
+# row at its tuning condition, the SEEDED one (where the rules differ most), or with the workers
+# alike for ALIKE_ONLY's rules. The row's own scale (F6-LM's choice for sync) is one of
+# LR_SCALES, so each rule's run there is its seeded cell's seed 0.
 PROBE_RULES = ("sync", "delayed", "eager")
 PROBE_SCALE = 0.125
 PROBE_WORKERS = 2
@@ -131,6 +141,41 @@ def probes() -> dict[str, str]:
   return out
 
 
+def tuning_condition(rule: str) -> tuple[float, float]:
+  """``(speed spread, drop-out rate)`` at which ``rule``'s rate scale is tuned."""
+  return (0.0, 0.0) if rule in ALIKE_ONLY else SEEDED
+
+
+def tuning_labels() -> list[str]:
+  """The cells whose rate scales the tuning budget tries: each row's every rule at its tuning
+  condition."""
+  return [label(row, rule, *tuning_condition(rule)) for row in ROWS for rule in RULES]
+
+
+def tuning_runs(text: str) -> dict[str, str]:
+  """Run name -> ``configs/paper/lm.py`` argument of seed 0 of each ``label@scale`` of ``text``
+  (joined by ``+``; ``grid``: every tuning label at each of T1-LM's ``LR_SCALES``).
+
+  Raises:
+    ValueError: an item that is not a tuning label at a scale of T1-LM's ``LR_LADDER``.
+  """
+  items = ([(name, scale) for name in tuning_labels() for scale in t1_lm.LR_SCALES]
+           if text == "grid" else [])
+  for item in ([] if text == "grid" else filter(None, str(text).split("+"))):
+    name, _, scale = item.partition("@")
+    try:
+      value = float(scale)
+    except ValueError:
+      value = math.nan
+    if name not in tuning_labels() or value not in t1_lm.LR_LADDER:
+      raise ValueError(f"configs/paper/a1_lm.py: tuning={text!r}: {item!r}; allowed: 'grid' or "
+                       f"label@scale joined by '+', a label of {tuning_labels()} at a scale of "
+                       f"{list(t1_lm.LR_LADDER)}")
+    items.append((name, value))
+  return {t1_lm.run_name(name, scale, 0): _cell_arg(*cells()[name], scale, 0)
+          for name, scale in items}
+
+
 def scale_of(cell_label: str) -> float:
   """The rate scale a cell's or a reference's runs train at."""
   if cell_label in REFERENCES:
@@ -148,7 +193,8 @@ def _chosen(text: str, allowed, field: str) -> tuple[str, ...]:
 
 
 def get_config(arg=None):
-  args = common.parse_args(arg, seeds=1, rows="", rules="", seeded=False, probes=False, steps=0)
+  args = common.parse_args(arg, seeds=1, rows="", rules="", seeded=False, probes=False, steps=0,
+                           tuning="")
   rows, rules = _chosen(args["rows"], ROWS, "rows"), _chosen(args["rules"], RULES, "rules")
   if args["seeds"] < 1:
     raise ValueError(f"configs/paper/a1_lm.py: seeds={args['seeds']}; allowed: >= 1")
@@ -164,6 +210,9 @@ def get_config(arg=None):
             for seed in range(args["seeds"]) for name in wanted]
   if args["probes"]:
     c.runs = [{"name": name, "config": f"{CONFIG}:{arg}"} for name, arg in probes().items()]
+  if args["tuning"]:
+    c.runs = [{"name": name, "config": f"{CONFIG}:{arg}"}
+              for name, arg in tuning_runs(args["tuning"]).items()]
   c.overrides = {}
   if args["steps"]:
     c.overrides = {"num_steps": args["steps"], "eval_every": max(1, args["steps"] // 2),

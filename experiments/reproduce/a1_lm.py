@@ -47,7 +47,37 @@ def produce(options: common.Options) -> Report:
     run(workdir, "", options.jobs)
     run(workdir, "seeds=3,seeded=True", options.jobs)
     run(workdir, "probes=True", options.jobs)
+    tune(workdir, options.jobs)
   return report(workdir)
+
+
+def tune(workdir: str, jobs: int) -> None:
+  """Each rule's tuning budget (:func:`configs.paper.a1_lm.tuning_runs`): T1-LM's rate scales,
+  then past an end that wins, round by round (:func:`experiments.reproduce.t1_lm.extend_tuning`)."""
+  run(workdir, "tuning=grid", jobs)
+  t1_lm.extend_tuning(workdir, sweep_config.tuning_labels(),
+                      lambda chosen: run(workdir, f"tuning={chosen}", jobs))
+
+
+def tuning_note(workdir: str) -> str:
+  """Each rule's tuning: training loss by rate scale (``*`` the choice), its choice against
+  the scale the grid runs at, or how far it has got."""
+  parts = []
+  for name in sweep_config.tuning_labels():
+    tried = t1_lm.tuning(workdir, name)
+    chosen, pending = t1_lm.reported_scale(workdir, name)
+    row, rule, spread, dropout = sweep_config.cells()[name]
+    grid = sweep_config.scale_of(name)
+    losses = " / ".join(f"{s:g}: {v:.3f}" + (" *" if s == chosen else "")
+                        for s, v in tried.items())
+    state = (t1_lm.tuning_status(tried) if chosen is None else
+             f"provisional, {pending:g} next" if pending is not None else
+             "chose the grid's scale" if chosen == grid else
+             f"chose {chosen:g}, the grid runs {grid:g}")
+    parts.append(f"{row} {rule} (spread {spread:g}, drop-outs {dropout:g}): "
+                 f"{losses or 'none run'} ({state})")
+  return ("Tuning (T1-LM's budget for every rule, at its tuning condition, seed 0; training "
+          "loss over the last tenth by rate scale): " + "; ".join(parts) + ".")
 
 
 def run(workdir: str, arg: str, jobs: int) -> None:
@@ -374,9 +404,9 @@ def report(workdir: str) -> Report:
              "1,000 steps, 8 simulated workers, one seed a cell, three in the condition "
              f"{sweep_config.SEEDED} (spread, drop-out rate). Rates: each row at the scale "
              "F6-LM's tuning chose for it (DiLoCo int8 at 100x 0.5, Streaming DiLoCo 1; dense "
-             "4, solo 1): this grid holds no tuning budget of its own, and an aggregator might "
-             "prefer another rate. The cells of sync with the workers alike, dense and solo "
-             "are F6-LM's own runs.",
+             "4, solo 1); each rule's own tuning (below) says whether it would choose another. "
+             "The cells of sync with the workers alike, dense and solo are F6-LM's own runs.",
+             tuning_note(workdir),
              "Streaming DiLoCo takes every aggregator, each fragment's synchronisation one of "
              "the simulator's rounds (H/F steps); under eager each worker keeps its own outer "
              "parameters of every fragment. The delayed rule (Kale et al.'s naive "
