@@ -469,10 +469,9 @@ def notes(seeds: int) -> list[str]:
       "a device a step grow (hot rows against row-wise) even as the all-to-all's fall; the "
       "model counts it hidden behind the backward pass, which holds on 8 and 64 devices but "
       "not on 512, where the ring's 2 x 511 latencies make the hot rows chosen for 8 devices "
-      "the slowest placed cell. On this model's 64 rows a device the modelled step is "
-      "latency-bound: the codecs change it by well under 1%, and only the replicated "
-      "tables' all-reduce (1 Gbit/s, 512 devices) and the table cell's every-lookup buckets "
-      "are bandwidth-bound."]
+      "slower than row-wise sharding without them. On this model's 64 rows a device the "
+      "modelled step is latency-bound: the codecs change it by well under 1%, and only the "
+      "replicated tables' all-reduce (1 Gbit/s, 512 devices) is bandwidth-bound."]
 
 
 def report(workdir: str, seeds: int = 3) -> Report:
