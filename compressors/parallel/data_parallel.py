@@ -596,11 +596,14 @@ class _Programs(NamedTuple):
 
   def init(self):
     state_axes = workers_lib.per_worker_axes(self.specs)
-    each = self.layout.each(self.worker.tx.init, (self.params_axis,), state_axes)
+    # Replicated parameters, the same on every worker; sharded ones, each worker's block.
+    params_axes = None if self.sharded is None else self.sharded.worker_axes()
+    each = self.layout.each(self.worker.tx.init, (params_axes,), state_axes)
     if self.param_layout is None:
       # init takes replicated parameters (placed tables sharded as they are).
+      params_in = P() if self.sharded is None else self.params_spec
       return jax.jit(self.shard_map(lambda params: each(self.worker_blocks(params)),
-                                    in_specs=(self.params_spec,), out_specs=self.specs))
+                                    in_specs=(params_in,), out_specs=self.specs))
     shards = self.shard_map(each, in_specs=(self.param_layout.shard_specs,),
                             out_specs=self.specs)
     return jax.jit(lambda params: shards(self.param_layout.to_stored(params)))
