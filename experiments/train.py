@@ -302,15 +302,13 @@ def _placed(config, model, workers, learning_rate, dataset, init_variables):
                                               workers.count, block.row_reduction)
   if all(p == "replicated" for p in chosen):
     return model
-  for refused, field in ((workers.per_device > 1,
-                          f"config.workers_per_device={config.workers_per_device}"),
-                         (workers.shard_axis is not None, f"config.mesh.fsdp={config.mesh.fsdp}"),
+  for refused, field in ((workers.shard_axis is not None, f"config.mesh.fsdp={config.mesh.fsdp}"),
                          (methods.per_worker_params(config), f"config.method={config.method!r} "
                                                              "(local updates)")):
     if refused:
       raise ValueError(f"config.embedding places tables across devices ({block.placement!r}, "
-                       f"overrides {block.overrides!r}) with {field}; allowed: one worker per "
-                       "device, no islands, a per-step method (or every table replicated)")
+                       f"overrides {block.overrides!r}) with {field}; allowed: no islands, a "
+                       "per-step method (or every table replicated)")
   return placed_dlrm.PlacedDLRM(model, plan, workers.axis_name,
                                 _table_optimizer(config, block, chosen, learning_rate),
                                 capacity, hot, predicted, codecs, hot_exchange)
@@ -391,7 +389,7 @@ def _init_state(init_variables, dp: compressors.DataParallel, seed) -> TrainStat
   # otherwise take tens of seconds to compile on CPU for a ResNet).
   if dp.param_layout is None:
     placed = replicated if dp.sharded is None else jax.tree.map(  # tables sharded as placed
-        lambda spec: NamedSharding(layout.mesh, spec), dp.sharded.specs,
+        lambda spec: NamedSharding(layout.mesh, spec), dp.params_spec,
         is_leaf=lambda x: isinstance(x, P))
     init = jax.jit(init_variables, out_shardings=(placed, per_worker)).lower(seed).compile(
         compiler_options=_FAST_COMPILE)
@@ -548,28 +546,35 @@ def _bytes_by_collective(model, task, dp, state: TrainState, batch, step_sent,
   leaves', by the run's method: an all-reduce, or a sparsifier's all-gather; the non-finite
   flag taken out), all from compiled programs on the training batch: the loss alone gives the
   forward, its gradient (the dense leaves' summed by an all-reduce, not counted) forward and
-  backward, and the step less both the dense exchange."""
+  backward, and the step less both the dense exchange. With simulated workers, the programs of
+  one worker per device (:meth:`compressors.Workers.equivalent_mesh`), as ``step_sent``'s."""
   def loss_sum(params, model_state, batch):  # as the training step runs it (its capacity)
     outcomes, _ = _forward(model, task, {"params": params, **model_state}, batch, train=True,
                            rng=None)
     return outcomes.loss.sum()
+  one_each = dp.equivalent() if dp.workers.per_device > 1 else dp
+  laid_out = lambda tree, spec: compressors.parallel.step_bytes.abstract(tree, one_each.mesh,
+                                                                         spec)
+  args = (laid_out(state.params, one_each.params_spec),
+          laid_out(state.model_state, one_each.workers.spec),
+          laid_out(batch, one_each.workers.spec))
+  def sent(fn):
+    return compressors.parallel.hlo_bytes.wire_bytes(one_each.reduce(fn), *args)
   def exchanged(fn):
-    sent = compressors.parallel.hlo_bytes.wire_bytes(dp.reduce(fn), state.params,
-                                                     state.model_state, batch)
-    return sum(sent.by_kind.get(kind, 0.0) for kind in _EXCHANGE_KINDS)
+    return sum(sent(fn).by_kind.get(kind, 0.0) for kind in _EXCHANGE_KINDS)
   forward, both = exchanged(loss_sum), exchanged(jax.grad(loss_sum))
-  hot = _hot_rows_all_reduce(model, dp, state, batch, loss_sum)
+  hot = _hot_rows_all_reduce(model, sent, loss_sum)
   return {"embedding_forward": forward, "embedding_backward": both - forward,
           **({"hot_rows_all_reduce": hot} if hot is not None else {}),
           "dense_exchange": step_sent.total - in_step_guard - both - (hot or 0.0)}
 
 
-def _hot_rows_all_reduce(model, dp, state: TrainState, batch, loss_sum) -> float | None:
+def _hot_rows_all_reduce(model, sent, loss_sum) -> float | None:
   """Placed tables with hot rows: the bytes per device per step of the hot rows' gradient
   exchange (``config.embedding.hot_exchange``'s method, run in the step), from compiled
-  programs: every collective of the loss's gradient with respect to the hot bank (each
-  device's own) exchanged by that method (its state fresh), less those of the same gradient
-  unexchanged; None without hot rows."""
+  programs (``sent``: a function's summed over the workers -> its bytes): every collective of
+  the loss's gradient with respect to the hot bank (each device's own) exchanged by that method
+  (its state fresh), less those of the same gradient unexchanged; None without hot rows."""
   if not isinstance(model, placed_dlrm.PlacedDLRM) or not model.hot_or_none.total:
     return None
   def hot_gradient(params, model_state, batch):
@@ -580,10 +585,7 @@ def _hot_rows_all_reduce(model, dp, state: TrainState, batch, loss_sum) -> float
   def exchanged(params, model_state, batch):
     gradient = hot_gradient(params, model_state, batch)
     return model.hot_exchange.update(gradient, model.hot_exchange.init(gradient))[0].sum()
-  def sent(fn):
-    return compressors.parallel.hlo_bytes.wire_bytes(dp.reduce(fn), state.params,
-                                                     state.model_state, batch).total
-  return sent(exchanged) - sent(lambda *args: hot_gradient(*args).sum())
+  return sent(exchanged).total - sent(lambda *args: hot_gradient(*args).sum()).total
 
 
 def _peak_bytes(dp, state: TrainState, batch, steps: int) -> dict[str, Any]:
@@ -710,13 +712,18 @@ def _scorer(model, task, dp) -> _Scorer | None:
   """The :class:`_Scorer` of ``task``, None when it has no such metrics."""
   if task.scores is None:
     return None
-  if dp.sharded is not None:  # placed tables: each device's rows, their lookups exchanged
+  if dp.sharded is not None:  # placed tables: each worker's rows, their lookups exchanged
     layout = dp.workers
-    each = lambda params, model_state, batch: model.apply(
-        {"params": params, **jax.tree.map(lambda x: jax.lax.pmean(x[0], layout.axis_name),
+    worker = lambda params, model_state, batch: model.apply(
+        {"params": params, **jax.tree.map(lambda x: jax.lax.pmean(x, layout.worker_axes),
                                           model_state)}, *task.inputs(batch), train=False)
-    return _Scorer(jax.jit(layout.shard_map(each, in_specs=(dp.params_spec, layout.spec,
-                                                            layout.spec),
+
+    def device(params, model_state, batch):
+      logits = layout.each(worker, (dp.sharded.worker_axes(), 0, 0), 0)(
+          dp.sharded.worker_blocks(params, layout.per_device), model_state, layout.rows(batch))
+      return logits.reshape((-1,) + logits.shape[2:])  # the device's workers' rows in turn
+    return _Scorer(jax.jit(layout.shard_map(device, in_specs=(dp.params_spec, layout.spec,
+                                                              layout.spec),
                                             out_specs=layout.spec)), task.scores)
 
   @jax.jit

@@ -118,7 +118,7 @@ def test_each_placement_through_the_runner_gives_the_replicated_trajectory(
     ("embedding.placement", "rows", "config.embedding.placement='rows' is not allowed; allowed: "
                                     r"\['replicated', 'table', 'row', 'column', 'auto'\]"),
     ("embedding.optimizer", "adagrad", "config.embedding.optimizer='adagrad' is not allowed"),
-    ("workers_per_device", 2, "with config.workers_per_device=2; allowed: one worker per device"),
+    ("mesh.fsdp", 2, r"with config.mesh.fsdp=2; allowed: no islands, a per-step method"),
     ("method", "diloco", "with config.method='diloco' .local updates.; allowed")])
 def test_a_bad_placement_is_refused_in_one_line(tmp_path, field, value, message):
   config = _config("smoke", tmp_path / "cache", **{field: value})
@@ -168,3 +168,50 @@ def test_a_capacity_sends_fewer_bytes_and_an_overflow_is_refused_in_one_line(rep
   with pytest.raises(ValueError, match=r"training step 1: \d+ de-duplicated IDs did not fit the "
                                        "all-to-all's capacity"):
     train.train_and_evaluate(config, str(tmp_path / "overflows"))
+
+
+def _simulated_config(cache_dir, num_devices, workers_per_device, **fields):
+  """4 steps of :func:`_placed_config`'s DLRM on 8 workers (``num_devices x
+  workers_per_device``): tables by rows, one by table, one by columns, hot rows."""
+  config = _placed_config("row", cache_dir, "3:table,5:column")
+  config.update_from_flattened_dict({"num_steps": 4, "num_devices": num_devices,
+                                     "workers_per_device": workers_per_device,
+                                     "embedding.hot_rows": "4", **fields})
+  return config
+
+
+@pytest.mark.slow  # about 4 min on 2 cores: three runs, each with its planner, step and bytes
+@pytest.mark.usefixtures("fast_compiles")
+def test_simulated_workers_train_placed_tables_and_send_as_eight_devices(tmp_path):
+  """8 workers as 4 devices x 2 simulated workers, the rows' all-to-alls in int4 with error
+  feedback and the hot rows' gradient exchanged by top-k: the losses of 8 devices to float
+  rounding, the same bytes per collective (read from the program of 8 devices), and a run
+  resumed from its step-2 checkpoint ends as the whole run."""
+  codecs = {"embedding.exchange": "int4", "embedding.gradient_exchange": "int4",
+            "embedding.hot_exchange": "topk", "checkpoint_every": 2}
+  devices = train.train_and_evaluate(_simulated_config(tmp_path / "cache", 8, 1, **codecs),
+                                     str(tmp_path / "devices"))
+  config = _simulated_config(tmp_path / "cache", 4, 2, **codecs)
+  simulated = train.train_and_evaluate(config, str(tmp_path / "simulated"))
+  expected = _losses(tmp_path / "devices")
+  assert expected[-1] < expected[0] - 0.05  # it learns: the comparison is not of constants
+  np.testing.assert_allclose(_losses(tmp_path / "simulated"), expected, rtol=1e-5)
+  assert simulated["workers_per_device"] == 2 and simulated["num_workers"] == 8
+  assert simulated["bytes_by_collective"] == devices["bytes_by_collective"]
+  assert set(simulated["bytes_by_collective"]) == {"embedding_forward", "embedding_backward",
+                                                   "hot_rows_all_reduce", "dense_exchange"}
+  assert simulated["auc"] == pytest.approx(devices["auc"], abs=1e-4)
+  # The error-feedback residuals and the hot rows' top-k memory are checkpointed per worker.
+  shutil.rmtree(tmp_path / "simulated" / "checkpoints" / "4")
+  resumed = train.train_and_evaluate(config, str(tmp_path / "simulated"))
+  assert resumed["auc"] == simulated["auc"]
+  assert resumed["test_loss"] == simulated["test_loss"]
+
+
+@pytest.mark.slow  # about 40 s on 2 cores
+@pytest.mark.usefixtures("fast_compiles")
+def test_simulated_workers_overflow_is_refused_in_one_line(tmp_path):
+  config = _simulated_config(tmp_path / "cache", 4, 2, **{"embedding.capacity": 2})
+  with pytest.raises(ValueError, match=r"^training step 1: \d+ de-duplicated IDs did not fit "
+                                       "the all-to-all's capacity"):
+    train.train_and_evaluate(config, str(tmp_path / "run"))

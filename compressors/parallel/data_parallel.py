@@ -273,10 +273,11 @@ def data_parallel(loss_fn: Callable[..., Any], tx: optax.GradientTransformation,
       take them as ``worker_params`` lays them out.
     sharded: parameters sharded over ``axis_name`` (embedding tables) beside the replicated
       ones, and their optimizer (:mod:`compressors.parallel.sharded_params`): the step and
-      ``init`` take them as ``sharded.specs`` lay them out, ``loss_fn`` reads each device's
-      block (and others' through its own collectives over ``axis_name``), ``tx`` updates the
-      replicated leaves only. Needs a mesh, one worker per device, no islands and no
-      per-worker parameters.
+      ``init`` take them as ``sharded.specs`` lay them out (over ``axis_name``: with
+      simulated workers a device holds its workers' blocks, :meth:`Workers.on_mesh`),
+      ``loss_fn`` reads each worker's block (and others' through its own collectives over
+      ``axis_name``), ``tx`` updates the replicated leaves only. Needs a mesh, no islands and
+      no per-worker parameters.
     **deprecated: ``step_inputs=``, now ``kinds=`` (a DeprecationWarning for one release).
 
   Returns:
@@ -297,8 +298,10 @@ def data_parallel(loss_fn: Callable[..., Any], tx: optax.GradientTransformation,
   if kinds is None or isinstance(kinds, StepInputs):
     kinds = method_protocol.step_kinds(kinds)
   kinds = kinds_lib.checked(kinds)
+  layout = (None if mesh is None
+            else workers_lib.Workers.on(mesh, axis_name, workers_per_device, shard_axis))
   if sharded is not None:
-    sharded_lib.check(sharded, params, mesh, workers_per_device, per_worker_params, shard_axis)
+    sharded_lib.check(sharded, params, layout, per_worker_params, shard_axis)
   if mesh is None:
     _check_pmap(shard_axis, workers_per_device, model_state, batch)
     if skip_nonfinite:
@@ -307,7 +310,6 @@ def data_parallel(loss_fn: Callable[..., Any], tx: optax.GradientTransformation,
     return _on_pmap(_WorkerStep(loss_fn, tx, axis_name, axis_name, has_aux, False, rng,
                                 skip_nonfinite, lambda params: params), kinds, axis_name, donate,
                     per_worker_params)
-  layout = workers_lib.Workers.on(mesh, axis_name, workers_per_device, shard_axis)
   _check_batch(batch, layout.count)
   one_each = functools.partial(
       data_parallel, loss_fn, tx, params=params, batch=batch, axis_name=axis_name,
@@ -320,7 +322,7 @@ def data_parallel(loss_fn: Callable[..., Any], tx: optax.GradientTransformation,
   model_state = () if model_state is None else model_state
   # Shapes and dtypes, laid out as the step takes them (a mesh of explicit axes checks that);
   # the parameters as init takes them (with islands: stored, one shard per device).
-  params = _init_params(params, mesh, param_layout, sharded)
+  params = _init_params(params, layout, param_layout, sharded)
   batch = step_bytes.abstract(batch, mesh, layout.spec)
   model_state = step_bytes.abstract(model_state, mesh, layout.spec)
   specs = layout.layout(_state_specs(worker, kinds, layout, params, model_state, batch,
@@ -350,9 +352,9 @@ def _worker_step(loss_fn, tx, layout, params, axis_name, has_aux, stateful, rng,
   if sharded is not None:
     # The replicated leaves' updates must agree on every worker: checked with the sharded
     # leaves' (which differ by design) left out.
+    equivalent = layout.equivalent_mesh(abstract=True)
     per_worker.state_specs(protect(sharded.without_sharded_updates(tx)),
-                           sharded.block_shapes(params, layout.mesh), layout.mesh.abstract_mesh,
-                           axis_name)
+                           sharded.block_shapes(params, equivalent), equivalent, axis_name)
     own_copy = functools.partial(sharded.own_copy, layout.own_copy)
     tx = sharded.combined(tx)
   return _WorkerStep(loss_fn, protect(tx), axis_name, layout.worker_axes, has_aux, stateful, rng,
@@ -364,11 +366,11 @@ def _params_spec(layout: workers_lib.Workers, per_worker_params: bool,
                  sharded: sharded_lib.ShardedParams | None = None) -> chex.ArrayTree:
   """The parameters' specs: ``P()`` replicated, the workers' spec with per-worker parameters,
   with islands a tree (sharded over the fast axis, a row per island), with sharded parameters
-  their specs."""
+  their specs on the mesh."""
   if param_layout is not None:
     return param_layout.specs
   if sharded is not None:
-    return sharded.specs
+    return layout.on_mesh(sharded.specs)
   return layout.spec if per_worker_params else P()
 
 
@@ -386,12 +388,13 @@ def _check_pmap(shard_axis, workers_per_device, model_state, batch) -> None:
   _check_batch(batch, jax.local_device_count())
 
 
-def _init_params(params, mesh, param_layout, sharded=None) -> chex.ArrayTree:
+def _init_params(params, layout, param_layout, sharded=None) -> chex.ArrayTree:
   """The parameters' shapes as ``init`` takes them: replicated (sharded ones as their specs
   say), or with islands stored and sharded over the fast axis (a shard per device)."""
   if param_layout is None:
-    return step_bytes.abstract(params, mesh, P() if sharded is None else sharded.specs)
-  return step_bytes.abstract(jax.eval_shape(param_layout.to_stored, params), mesh,
+    return step_bytes.abstract(params, layout.mesh,
+                               _params_spec(layout, False, None, sharded))
+  return step_bytes.abstract(jax.eval_shape(param_layout.to_stored, params), layout.mesh,
                              param_layout.shard_specs)
 
 
@@ -418,7 +421,8 @@ def _state_specs(worker, kinds, layout, params, model_state, batch, per_worker_p
   if param_layout is not None:
     params_in, analysed = param_layout.shard_specs, param_layout.shard_shapes(params)
   if sharded is not None:
-    params_in, analysed = sharded.specs, sharded.block_shapes(params, layout.mesh)
+    params_in = sharded.specs
+    analysed = sharded.block_shapes(params, layout.equivalent_mesh(abstract=True))
   if layout.per_device == 1:  # the mesh itself, with the inputs laid out on it
     mesh = layout.mesh
   else:
@@ -564,8 +568,23 @@ class _Programs(NamedTuple):
 
   @property
   def params_axis(self):
-    """The parameters' ``in_axes``/``out_axes`` for :meth:`Workers.each`."""
+    """The parameters' ``in_axes``/``out_axes`` for :meth:`Workers.each` (sharded ones: as
+    :meth:`worker_blocks` lays them out)."""
+    if self.sharded is not None:
+      return self.sharded.worker_axes()
     return 0 if self.per_worker_params else None
+
+  def worker_blocks(self, params):
+    """One device's parameters as :meth:`Workers.each` takes them: a sharded leaf's block of
+    each of its workers along a leading axis
+    (:meth:`compressors.parallel.sharded_params.ShardedParams.worker_blocks`)."""
+    if self.sharded is None:
+      return params
+    return self.sharded.worker_blocks(params, self.layout.per_device)
+
+  def device_blocks(self, params):
+    """:meth:`worker_blocks` undone."""
+    return params if self.sharded is None else self.sharded.device_blocks(params)
 
   def shard_map(self, fn, in_specs, out_specs):
     return self.layout.shard_map(fn, in_specs, out_specs)
@@ -573,16 +592,18 @@ class _Programs(NamedTuple):
   def reduce(self, fn):
     """As :attr:`DataParallel.reduce`: on the model's parameters, natural ones with islands,
     placed tables sharded as they are."""
-    return evaluation.reduce_over_workers(
-        self.layout, fn, params_spec=P() if self.sharded is None else self.sharded.specs)
+    return evaluation.reduce_over_workers(self.layout, fn, sharded=self.sharded)
 
   def init(self):
     state_axes = workers_lib.per_worker_axes(self.specs)
-    each = self.layout.each(self.worker.tx.init, None, state_axes)
+    # Replicated parameters, the same on every worker; sharded ones, each worker's block.
+    params_axes = None if self.sharded is None else self.sharded.worker_axes()
+    each = self.layout.each(self.worker.tx.init, (params_axes,), state_axes)
     if self.param_layout is None:
       # init takes replicated parameters (placed tables sharded as they are).
-      params_in = P() if self.sharded is None else self.sharded.specs
-      return jax.jit(self.shard_map(each, in_specs=(params_in,), out_specs=self.specs))
+      params_in = P() if self.sharded is None else self.params_spec
+      return jax.jit(self.shard_map(lambda params: each(self.worker_blocks(params)),
+                                    in_specs=(params_in,), out_specs=self.specs))
     shards = self.shard_map(each, in_specs=(self.param_layout.shard_specs,),
                             out_specs=self.specs)
     return jax.jit(lambda params: shards(self.param_layout.to_stored(params)))
@@ -605,7 +626,7 @@ class _Programs(NamedTuple):
       islands = self.layout.count // self.layout.shards
       return jax.jit(lambda params: self.param_layout.to_stored(params, islands),
                      out_shardings=sharding)
-    if self.params_axis is None:
+    if not self.per_worker_params:
       return lambda params: params
     count = self.layout.count
     return jax.jit(lambda params: jax.tree.map(
@@ -618,9 +639,10 @@ class _Programs(NamedTuple):
                             (None, self.params_axis, 0, state_axes, 0),
                             (self.params_axis, 0, state_axes, 0))
     params, model_state, opt_state, metrics = each(
-        state.step, state.params, state.model_state, state.opt_state,
+        state.step, self.worker_blocks(state.params), state.model_state, state.opt_state,
         self.layout.rows(batch))
-    return TrainState(state.step + 1, params, model_state, opt_state), metrics
+    return TrainState(state.step + 1, self.device_blocks(params), model_state,
+                      opt_state), metrics
 
   def train_step(self):
     layout, by_name = self.layout, {k.name: k for k in self.kinds}

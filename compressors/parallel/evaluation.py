@@ -7,17 +7,19 @@ from typing import Any
 import jax
 from jax.sharding import PartitionSpec as P
 
+from compressors.parallel import sharded_params as sharded_lib
 from compressors.parallel import workers as workers_lib
 
 
 def reduce_over_workers(layout: workers_lib.Workers, fn: Callable[..., Any], *,
-                        params_spec: Any = P()) -> Callable[..., Any]:
+                        sharded: sharded_lib.ShardedParams | None = None) -> Callable[..., Any]:
   """``fn`` summed over the workers of ``layout``.
 
   Args:
     layout: where the workers run.
     fn: ``(params, model_state, batch) -> pytree`` of one worker on its share of the batch.
-    params_spec: the parameters' specs (sharded parameters: ``fn`` reads its device's blocks).
+    sharded: the parameters sharded over the workers' axes (``fn`` reads its worker's blocks,
+      :meth:`compressors.parallel.sharded_params.ShardedParams.worker_blocks`), or None.
 
   Returns:
     A jitted ``(params, model_state, batch) -> sum over workers of fn(params, mean model_state,
@@ -31,7 +33,11 @@ def reduce_over_workers(layout: workers_lib.Workers, fn: Callable[..., Any], *,
     return jax.lax.psum(fn(params, model_state, batch), axis)
 
   def body(params, model_state, batch):
-    each = layout.each(worker, (None, 0, 0), None)
-    return each(params, model_state, layout.rows(batch))
+    if sharded is None:
+      return layout.each(worker, (None, 0, 0), None)(params, model_state, layout.rows(batch))
+    each = layout.each(worker, (sharded.worker_axes(), 0, 0), None)
+    return each(sharded.worker_blocks(params, layout.per_device), model_state,
+                layout.rows(batch))
+  params_spec = P() if sharded is None else layout.on_mesh(sharded.specs)
   return jax.jit(layout.shard_map(body, in_specs=(params_spec, layout.spec, layout.spec),
                                   out_specs=P()))

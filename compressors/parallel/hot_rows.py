@@ -9,7 +9,8 @@ for the cold keys (:func:`compressors.parallel.embedding_planner.capacity`) send
 :class:`HotRows` names, per table, its hot IDs (ascending). They form the *hot bank*
 ``[hot rows, width]``, the tables' hot rows one table after the other, which every device holds
 whole. As a parameter it is laid out ``[n * hot rows, width]`` and sharded over the axis
-(:func:`specs`), each device's block its own copy: a data-parallel step then treats it like the
+(:func:`specs`), each device's block its own copy (each worker's, with simulated workers: ``n``
+counts workers): a data-parallel step then treats it like the
 bank (:mod:`compressors.parallel.sharded_params`: its gradient needs no exchange from the
 step, its optimizer runs on each device's block). The exchange is in the lookup instead: the
 hot bank enters it through an identity whose transpose all-reduces (``psum``) its gradient, the

@@ -19,12 +19,18 @@ owner and sums it there. So the step (:func:`compressors.data_parallel` with ``s
   row per worker, like any per-worker state;
 * skips a step with a non-finite gradient anywhere, sharded leaves included
   (:func:`compressors.skip_nonfinite` wraps both).
+
+Simulated workers (``workers_per_device > 1``, :mod:`compressors.parallel.workers`): the specs
+name the workers' axes (``P(("data", "worker"))``), a block per worker as on as many devices;
+on the mesh a device holds its workers' blocks one after the other, and each worker's step
+reads its own (:meth:`ShardedParams.worker_blocks`).
 """
 
 from typing import NamedTuple
 
 import chex
 import jax
+import jax.numpy as jnp
 import optax
 from jax.sharding import PartitionSpec as P
 
@@ -73,7 +79,8 @@ class ShardedParams(NamedTuple):
     return jax.tree.map(lambda g, s: g if s == P() else g / workers, grads, self.specs)
 
   def block_shapes(self, params: chex.ArrayTree, mesh: jax.sharding.Mesh) -> chex.ArrayTree:
-    """``ShapeDtypeStruct``s of one device's block of each leaf (replicated: the whole)."""
+    """``ShapeDtypeStruct``s of one device's block of each leaf (replicated: the whole); with
+    simulated workers, ``mesh`` is the equivalent one (one worker's block)."""
     def block(x, spec):
       shape = list(x.shape)
       for dim, names in enumerate(spec):
@@ -82,20 +89,51 @@ class ShardedParams(NamedTuple):
       return jax.ShapeDtypeStruct(tuple(shape), x.dtype)
     return jax.tree.map(block, params, self.specs)
 
+  def worker_axes(self) -> chex.ArrayTree:
+    """``in_axes``/``out_axes`` of :meth:`worker_blocks`' layout for
+    :meth:`compressors.parallel.workers.Workers.each`: 0 sharded, None replicated."""
+    return jax.tree.map(lambda s: None if s == P() else 0, self.specs, is_leaf=_is_spec)
+
+  def worker_blocks(self, params: chex.ArrayTree, workers: int) -> chex.ArrayTree:
+    """One device's blocks of the sharded leaves (its ``workers`` workers' blocks one after the
+    other along the sharded axis, ranks row-major) -> one block per worker along a new leading
+    axis; the replicated leaves as they are (traceable)."""
+    def split(x, spec):
+      if spec == P():
+        return x
+      dim = _sharded_dim(spec)
+      shape = x.shape[:dim] + (workers, x.shape[dim] // workers) + x.shape[dim + 1:]
+      return jnp.moveaxis(x.reshape(shape), dim, 0)
+    return jax.tree.map(split, params, self.specs)
+
+  def device_blocks(self, blocks: chex.ArrayTree) -> chex.ArrayTree:
+    """:meth:`worker_blocks` undone: one device's blocks of the sharded leaves."""
+    def join(x, spec):
+      if spec == P():
+        return x
+      dim = _sharded_dim(spec)
+      x = jnp.moveaxis(x, 0, dim)
+      return x.reshape(x.shape[:dim] + (x.shape[dim] * x.shape[dim + 1],) + x.shape[dim + 2:])
+    return jax.tree.map(join, blocks, self.specs)
+
   def replicated_leaves(self, params: chex.ArrayTree) -> list:
     """The replicated leaves of ``params`` (those every device must hold alike)."""
     return [x for x, s in zip(jax.tree.leaves(params),
                               jax.tree.leaves(self.specs, is_leaf=_is_spec)) if s == P()]
 
 
-def check(sharded: ShardedParams, params: chex.ArrayTree, mesh, workers_per_device: int,
-          per_worker_params: bool, shard_axis) -> None:
-  """Refuses, in one line, what the sharded step does not run: no mesh (pmap), simulated
-  workers, per-worker parameters, islands, specs not shaped like the parameters, or a sharded
-  leaf whose blocks do not divide evenly."""
-  for value, field, allowed in ((mesh is None, "mesh=None", "a mesh (shard_map)"),
-                                (workers_per_device != 1,
-                                 f"workers_per_device={workers_per_device}", "1"),
+def _sharded_dim(spec: P) -> int:
+  """The axis of a leaf that ``spec`` shards."""
+  return next(dim for dim, names in enumerate(spec) if names)
+
+
+def check(sharded: ShardedParams, params: chex.ArrayTree, workers, per_worker_params: bool,
+          shard_axis) -> None:
+  """Refuses, in one line, what the sharded step does not run: no mesh (pmap: ``workers`` is
+  None, else a :class:`compressors.parallel.workers.Workers`), per-worker parameters, islands,
+  specs not shaped like the parameters, or a sharded leaf whose blocks do not divide evenly
+  (over the axes of the equivalent mesh, which name the simulated workers')."""
+  for value, field, allowed in ((workers is None, "mesh=None", "a mesh (shard_map)"),
                                 (per_worker_params, "per_worker_params=True", "False"),
                                 (shard_axis is not None, f"shard_axis={shard_axis!r}", "None")):
     if value:
@@ -105,8 +143,15 @@ def check(sharded: ShardedParams, params: chex.ArrayTree, mesh, workers_per_devi
       != jax.tree.structure(jax.tree.map(lambda s: 0, sharded.specs, is_leaf=_is_spec))):
     raise ValueError("data_parallel(sharded=...): sharded.specs must be shaped like the "
                      "parameters, one PartitionSpec per leaf (P() for a replicated one)")
+  mesh, along = workers.equivalent_mesh(abstract=True), workers.axis_name
   for (path, x), spec in zip(jax.tree_util.tree_leaves_with_path(params),
                              jax.tree.leaves(sharded.specs, is_leaf=_is_spec)):
+    sharded_axes = [names for names in spec if names]
+    if spec != P() and sharded_axes != [along] and sharded_axes != [(along,)]:
+      # A block per worker, as worker_blocks reads it: one axis, over every workers' axis.
+      raise ValueError(f"data_parallel(sharded=...): parameter {jax.tree_util.keystr(path)} "
+                       f"with spec {spec}; allowed: P() or one axis sharded over "
+                       f"axis_name={along!r}")
     for dim, names in enumerate(spec):
       count = 1
       for name in (names if isinstance(names, tuple) else (names,) if names else ()):

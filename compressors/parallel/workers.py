@@ -18,7 +18,9 @@ devices, compiled, never run; the CPU backend's devices when the accelerator has
 
 Layout: an array that differs between workers has one row per worker, sharded over the mesh axes
 of ``axis_name`` (``per_device`` rows on each device), which is the layout of the equivalent
-program: state and checkpoints are the same arrays in either.
+program: state and checkpoints are the same arrays in either. So is an array sharded over the
+workers (a block per worker: embedding tables, :mod:`compressors.parallel.sharded_params`), each
+device holding its workers' blocks one after the other (:meth:`Workers.on_mesh`).
 
 Islands (``shard_axis``): on a mesh ``("islands", "fsdp")`` the transformation's collectives span
 the slow axis ``axis_name="islands"`` while every device is a worker with its own batch shard,
@@ -136,6 +138,18 @@ class Workers(NamedTuple):
       return specs
     return jax.tree.map(lambda s: P() if s == P() else self.spec, specs,
                         is_leaf=lambda s: isinstance(s, P))
+
+  def on_mesh(self, specs: chex.ArrayTree) -> chex.ArrayTree:
+    """Specs over ``axis_name`` (the equivalent program's: a block per worker, e.g. an
+    embedding bank's ``P(("data", "worker"))``) -> specs on :attr:`mesh`, the simulated axis
+    dropped: its workers' blocks one after the other on their device (ranks row-major, the
+    simulated axis last)."""
+    if self.per_device == 1:
+      return specs
+    def kept(names):
+      names = tuple(a for a in axes.as_tuple(names) if a != self.simulated_axis)
+      return names[0] if len(names) == 1 else names or None
+    return jax.tree.map(lambda s: P(*map(kept, s)), specs, is_leaf=lambda s: isinstance(s, P))
 
   def equivalent_mesh(self, *, abstract: bool = False) -> Any:
     """The mesh of one worker per device that this layout simulates: the mesh's axes, then the

@@ -6,10 +6,14 @@ they call any model), run inside ``shard_map`` over ``axis``: the tables' pooled
 through the embedding exchange, then :class:`experiments.models.dlrm.DLRMTower`. Its parameters
 are ``{"tower": ..., "tables": hot_rows.shard(...)}`` (:meth:`PlacedDLRM.place` lays out the
 model's ``embedding_<t>`` tables so); the bank, the column bank and the hot bank (the hot rows,
-:mod:`compressors.parallel.hot_rows`, a copy per device) are sharded over ``axis``
+:mod:`compressors.parallel.hot_rows`, a copy per worker) are sharded over ``axis``
 (:meth:`PlacedDLRM.sharded_params`), updated by their own optimizer (the hot bank's gradient
 first exchanged by :attr:`PlacedDLRM.hot_exchange`, a registered per-step method), the rest
 replicated and updated by the run's chain.
+
+``axis`` is the workers' (``("data", "worker")`` with simulated workers): the plan's devices
+are the workers, each with its own block of every bank, as on as many devices; a device holds
+its workers' blocks (:meth:`compressors.Workers.on_mesh`).
 """
 
 from collections.abc import Sequence
@@ -51,7 +55,7 @@ def placements(rows: Sequence[int], placement: str, overrides: str) -> tuple[str
 
 
 class PlacedDLRM(NamedTuple):
-  """``model``'s tables placed by ``plan`` over the mesh axis ``axis``; ``tx`` updates the
+  """``model``'s tables placed by ``plan`` over the workers' axis ``axis``; ``tx`` updates the
   sharded ones (the bank and the column bank). With ``capacity``, a training step's exchange
   counts the keys beyond it in the model state (:meth:`overflow_state`, one count per worker),
   which :meth:`check_step` refuses; evaluation batches fetch every lookup (no capacity).
@@ -143,7 +147,7 @@ class PlacedDLRM(NamedTuple):
                                 f"training step {step}")
 
   def apply(self, variables, dense, sparse, train: bool = False, rngs=None, mutable=None):
-    """The logits of one device's rows, inside ``shard_map`` over :attr:`axis` (with
+    """The logits of one worker's rows, inside ``shard_map`` over :attr:`axis` (with
     ``mutable``, and the step's overflow count)."""
     del rngs
     params = variables["params"]
