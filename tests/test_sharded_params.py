@@ -63,17 +63,29 @@ def test_each_placement_through_the_step_gives_the_replicated_trajectory(problem
   expected, trained = replicated
   plan = embeddings.plan(ROWS, WIDTH, placement, DEVICES)
   dp, params = _data_parallel(problem, plan)
-  state, losses = dp.init(params), []
-  for _ in range(20):
-    params, state, metrics = dp.step(params, state, problem[1])
-    losses.append(float(metrics["loss"]))
-    assert int(jnp.sum(metrics["aux"])) == 0  # no overflow
+  params, losses, overflow = _train(dp, params, problem[1], 20)
+  assert overflow == 0
   assert expected[-1] < expected[0] - 0.05  # it learns: the comparison is not of constants
   np.testing.assert_allclose(losses, expected, rtol=2e-6, atol=2e-6)
+  _assert_trained_as_whole(dp, plan, params, trained)
+
+
+def _train(dp, params, batch, steps):
+  """``(params, losses, overflowed keys in all)`` after ``steps`` steps of ``dp`` on ``batch``."""
+  state, losses, overflow = dp.init(params), [], 0
+  for _ in range(steps):
+    params, state, metrics = dp.step(params, state, batch)
+    losses.append(float(metrics["loss"]))
+    overflow += int(jnp.sum(metrics["aux"]))
+  return params, losses, overflow
+
+
+def _assert_trained_as_whole(dp, plan, params, trained):
+  """The placed tables of ``params`` are the tables trained whole, and the replica check
+  passes (it compares the replicated leaves only: the bank differs by design)."""
   for got, want in zip(embeddings.unshard(plan, jax.device_get(params["tables"])),
                        trained["tables"]):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
-  # The replica check compares the replicated leaves only (the bank differs by design).
   assert bool(dp.replicas_agree(params))
 
 
@@ -155,16 +167,10 @@ def test_simulated_workers_train_the_placed_tables_as_devices_do(problem, per_de
   dp, params = _data_parallel(problem, plan, per_device=per_device)
   assert dp.params_spec["tables"]["bank"] == P("data")  # the simulated axis is inside a device
   assert dp.params_spec["tables"]["column_bank"] == P(None, "data")
-  state, losses = dp.init(params), []
-  for _ in range(3):
-    params, state, metrics = dp.step(params, state, problem[1])
-    losses.append(float(metrics["loss"]))
+  params, losses, _ = _train(dp, params, problem[1], 3)
   assert losses[-1] < losses[0] - 0.005  # it learns: the comparison is not of constants
   np.testing.assert_allclose(losses, expected, rtol=1e-5, atol=1e-6)
-  for got, want in zip(embeddings.unshard(plan, jax.device_get(params["tables"])),
-                       trained["tables"]):
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
-  assert bool(dp.replicas_agree(params))
+  _assert_trained_as_whole(dp, plan, params, trained)
 
 
 def test_simulated_workers_count_their_own_overflow(problem):
