@@ -102,11 +102,17 @@ class Workload:
     exchange's state). The tables' optimizer state is not among them: it scales the tables by
     the optimizer's factor whatever the placement (the run's ``max_state_bytes_per_device``
     bounds everything)."""
-    residual = self.residual_bytes(p) if self.residual_bytes else 0
+    return p.bytes_per_device(self.itemsize) + self.residual(p) + self.hot_held(p, hot)
+
+  def residual(self, p: embeddings.Plan) -> int:
+    """Bytes of a device's error-feedback residuals of the rows' all-to-alls."""
+    return self.residual_bytes(p) if self.residual_bytes else 0
+
+  def hot_held(self, p: embeddings.Plan, hot: hot_rows.HotRows) -> int:
+    """Bytes of a device's hot bank and its exchange's state."""
     state = (self.hot_state_bytes((hot.total, p.width))
              if self.hot_state_bytes and hot.total else 0)
-    return (p.bytes_per_device(self.itemsize) + hot.bytes_per_device(p.width, self.itemsize)
-            + residual + state)
+    return hot.bytes_per_device(p.width, self.itemsize) + state
 
   @functools.cached_property
   def presence(self) -> tuple[np.ndarray, ...]:
@@ -263,9 +269,7 @@ def _fits(w: Workload, p: embeddings.Plan, hot: hot_rows.HotRows, budget: float)
 def _check_budget(w: Workload, p: embeddings.Plan, hot: hot_rows.HotRows, budget: float) -> None:
   """:func:`embeddings.check_budget` of what :meth:`Workload.held` counts: the hot bank and the
   hot exchange's state taken off the budget, the rows' residuals charged beside the tables."""
-  residual = w.residual_bytes(p) if w.residual_bytes else 0
-  beside = w.held(p, hot) - p.bytes_per_device(w.itemsize) - residual
-  embeddings.check_budget(p, int(budget) - beside, w.itemsize, residual)
+  embeddings.check_budget(p, int(budget) - w.hot_held(p, hot), w.itemsize, w.residual(p))
 
 
 def _placements(w: Workload, topology: topo.Topology, budget: float, compute: float,

@@ -148,17 +148,18 @@ def timing(runs, compute: float, target: float | None) -> dict:
   """A cell's modelled seconds to ``target`` (dense's final loss) on each link, and its useful
   throughput on 1 Gbit/s (the share of the workers' own compute that reached the model:
   :func:`capacity_steps`), the mean of its runs'."""
-  out = {}
+  out, seconds = {}, {}
   steps, loss = runs[0].series("test_loss")
   for name, link in LINKS.items():
-    total = float(np.mean([seconds_at(r, link, compute) for r in runs]))
+    seconds[name] = [seconds_at(r, link, compute) for r in runs]
+    total = float(np.mean(seconds[name]))
     key = name.split()[0]
     out[f"seconds_{key}g"] = total
     reached = (math.nan if target is None or not len(steps) else
                f5.time_to(steps, loss, total / runs[0].results["step"], target))
     out[f"to_dense_{key}g"] = "not reached" if math.isnan(reached) else f"{reached:.3g}"
-  useful = [useful_steps(r) / capacity_steps(r, seconds_at(r, LINKS["1 Gbit/s"], compute),
-                                             compute) for r in runs]
+  useful = [useful_steps(r) / capacity_steps(r, t, compute)
+            for r, t in zip(runs, seconds["1 Gbit/s"])]
   out["useful_pct"] = 100 * float(np.mean(useful)) if out["seconds_1g"] else None
   return out
 
