@@ -198,5 +198,32 @@ def test_every_rule_gets_t1_lm_s_tuning_budget_and_the_page_says_what_it_chose(t
     _fake(workdir, seeded, loss, scale=scale)
   note = a1_lm.tuning_note(workdir)
   assert ("diloco_int8 eager (spread 0.5, drop-outs 0.1): 0.5: 5.000 / 1: 4.000 * / 2: 4.500 "
-          "(chose 1, the grid runs 0.5)") in note
+          "(chose 1, its cells run there; the row's is 0.5)") in note
   assert "streaming_diloco sync (spread 0.5, drop-outs 0.1): none run (tuning: 0 of 3" in note
+
+
+def test_each_rules_cells_run_and_report_at_the_scale_its_tuning_chose(tmp_path):
+  eager = sweep_config.tuning_label("diloco_int8", "eager")
+  sync = sweep_config.tuning_label("diloco_int8", "sync")
+  names = {r["name"] for r in sweep_config.get_config(f"chosen={eager}@0.25+{sync}@1").runs}
+  assert {n for n in names if n.startswith("a1_diloco_int8_eager")} == {
+      f"a1_diloco_int8_eager_sp{spread:g}_do{dropout:g}_lr0.25_s0"
+      for spread, dropout in sweep_config.conditions()}
+  # sync's cell with the workers alike is F6-LM's row at sync's scale; other rules keep the row's
+  assert {"diloco_int8_100x_lr1_s0", "a1_diloco_int8_sync_sp0.5_do0.1_lr1_s0",
+          "a1_diloco_int8_quorum_sp0_do0_lr0.5_s0", "a1_streaming_diloco_eager_sp0_do0_lr1_s0"
+          } <= names
+  # The tuning's run at the chosen scale is the seeded cell's seed 0: the same arguments.
+  assert sweep_config.config_arg(eager, 0, {eager: 0.25}) == sweep_config.tuning_runs(
+      f"{eager}@0.25")[t1_lm_config.run_name(eager, 0.25, 0)]
+  with pytest.raises(ValueError, match=r"^configs/paper/a1_lm.py: chosen='diloco_int8_100x@1': "
+                                       r"'diloco_int8_100x' is not a tuning label"):
+    sweep_config.get_config("chosen=diloco_int8_100x@1")
+  workdir = str(tmp_path)
+  for scale, loss in ((0.5, 5.0), (1.0, 4.0), (2.0, 4.5)):  # eager's tuning chooses 1
+    _fake(workdir, eager, loss, scale=scale)
+  _fake(workdir, sync, 4.2, scale=0.5)  # sync's tuning has not finished: the row's scale
+  assert a1_lm.tuned_scales(workdir) == {eager: 1.0}
+  rows = {r["label"]: r for r in a1_lm.grid_rows(workdir)}
+  assert rows[eager]["lr_scale"] == 1.0 and rows[eager]["losses"] == [4.0]
+  assert rows[sync]["lr_scale"] == 0.5 and rows[sync]["losses"] == [4.2]

@@ -7,9 +7,9 @@ worker speed spreads and drop-outs; runs of ``configs/paper/lm.py`` in T1-LM's f
 The CPU tier's model, steps and recipe (``configs/paper/lm.py``: 0.24M parameters, 1,000 steps of
 64 sequences of 64 tokens, 8 workers), so that dense, solo and the rows' runs with every worker
 alike and ``sync`` are F6-LM's own (the same arguments, the same run directories: nothing runs
-twice). The rows run at the rate scale F6-LM's tuning chose for them (:data:`ROWS`; dense's and
-solo's as well). Each rule then gets T1-LM's tuning budget of its own at its tuning condition
-(:func:`tuning_runs`; the page reports each rule's choice beside the grid's scale). A cell is a
+twice). Each rule gets T1-LM's tuning budget of its own at its tuning condition
+(:func:`tuning_runs`), and its cells run at the scale it chose (``chosen``); without a choice, at
+the rate scale F6-LM's tuning chose for the row (:data:`ROWS`; dense's and solo's as well). A cell is a
 row, an aggregator and a condition (:data:`SPREADS` x :data:`DROPOUTS`); a run is
 ``a1_<row>_<rule>_sp<spread>_do<dropout>_lr<scale>_s<seed>``, and the cell of ``sync`` with the
 workers alike is F6-LM's ``<row>_100x``. Both methods take every aggregator (Streaming DiLoCo's
@@ -28,9 +28,10 @@ at seeds 0, 1 and 2 (``seeded=True``: 20 runs more, about 45 minutes), the other
 Arguments: ``seeds`` (1), ``rows`` and ``rules`` (joined by ``+``; '': all), ``seeded`` (False;
 True: only the :data:`SEEDED` condition's cells), ``probes`` (False; True: only the off-grid
 probes, :func:`probes`), ``tuning`` ('': none; ``grid`` or ``label@scale`` joined by ``+``: only
-the tuning budget's runs, :func:`tuning_runs`), ``steps`` (0: the tier's; a smaller number makes
-every run that short, a smoke test of the grid in a folder of its own: its runs are not the
-tier's and must not share the tier's folder).
+the tuning budget's runs, :func:`tuning_runs`), ``chosen`` ('': none; ``label@scale`` joined by
+``+``: each tuning label's rule's cells at that scale, :func:`scale_of`), ``steps`` (0: the
+tier's; a smaller number makes every run that short, a smoke test of the grid in a folder of its
+own: its runs are not the tier's and must not share the tier's folder).
 """
 
 import math
@@ -108,14 +109,15 @@ def cells() -> dict[str, tuple[str, str, float, float]]:
           for c in conditions() if rule not in ALIKE_ONLY or c == (0.0, 0.0)}
 
 
-def config_arg(cell_label: str, seed: int) -> str:
-  """The ``configs/paper/lm.py`` argument of a run of a cell or a reference."""
+def config_arg(cell_label: str, seed: int, chosen: dict[str, float] | None = None) -> str:
+  """The ``configs/paper/lm.py`` argument of a run of a cell or a reference, at
+  :func:`scale_of`'s scale."""
+  scale = scale_of(cell_label, chosen)
   if cell_label in REFERENCES:
-    return f6_lm.config_arg(cell_label, REFERENCES[cell_label], seed)
+    return f6_lm.config_arg(cell_label, scale, seed)
   row, rule, spread, dropout = cells()[cell_label]
-  args, f6_label, scale = ROWS[row]
-  if cell_label == f6_label:
-    return f6_lm.config_arg(f6_label, scale, seed)
+  if cell_label == ROWS[row][1]:
+    return f6_lm.config_arg(cell_label, scale, seed)
   return _cell_arg(row, rule, spread, dropout, scale, seed)
 
 
@@ -146,10 +148,15 @@ def tuning_condition(rule: str) -> tuple[float, float]:
   return (0.0, 0.0) if rule in ALIKE_ONLY else SEEDED
 
 
+def tuning_label(row: str, rule: str) -> str:
+  """The cell whose rate scales the tuning budget tries for ``row``'s ``rule``: the rule at its
+  tuning condition."""
+  return label(row, rule, *tuning_condition(rule))
+
+
 def tuning_labels() -> list[str]:
-  """The cells whose rate scales the tuning budget tries: each row's every rule at its tuning
-  condition."""
-  return [label(row, rule, *tuning_condition(rule)) for row in ROWS for rule in RULES]
+  """Every row's every rule's :func:`tuning_label`."""
+  return [tuning_label(row, rule) for row in ROWS for rule in RULES]
 
 
 def tuning_runs(text: str) -> dict[str, str]:
@@ -176,11 +183,23 @@ def tuning_runs(text: str) -> dict[str, str]:
           for name, scale in items}
 
 
-def scale_of(cell_label: str) -> float:
-  """The rate scale a cell's or a reference's runs train at."""
+def scale_of(cell_label: str, chosen: dict[str, float] | None = None) -> float:
+  """The rate scale a cell's or a reference's runs train at: its row and rule's in ``chosen``
+  (:func:`tuning_label` -> the scale that rule's tuning chose), else the row's (F6-LM's)."""
   if cell_label in REFERENCES:
     return REFERENCES[cell_label]
-  return ROWS[cells()[cell_label][0]][2]
+  row, rule, _, _ = cells()[cell_label]
+  return (chosen or {}).get(tuning_label(row, rule), ROWS[row][2])
+
+
+def parse_chosen(text: str) -> dict[str, float]:
+  """``label@scale`` joined by ``+`` -> {tuning label: scale}.
+
+  Raises:
+    ValueError: a label that is not a :func:`tuning_label` or a scale off T1-LM's ladder.
+  """
+  return t1_lm.parse_chosen(str(text), tuning_labels(), where="configs/paper/a1_lm.py",
+                            noun=f"a tuning label (one of {tuning_labels()})")
 
 
 def _chosen(text: str, allowed, field: str) -> tuple[str, ...]:
@@ -194,7 +213,8 @@ def _chosen(text: str, allowed, field: str) -> tuple[str, ...]:
 
 def get_config(arg=None):
   args = common.parse_args(arg, seeds=1, rows="", rules="", seeded=False, probes=False, steps=0,
-                           tuning="")
+                           tuning="", chosen="")
+  chosen = parse_chosen(args["chosen"])
   rows, rules = _chosen(args["rows"], ROWS, "rows"), _chosen(args["rules"], RULES, "rules")
   if args["seeds"] < 1:
     raise ValueError(f"configs/paper/a1_lm.py: seeds={args['seeds']}; allowed: >= 1")
@@ -205,8 +225,8 @@ def get_config(arg=None):
                             if row in rows and rule in rules and refusal(row, rule, *c) is None
                             and (not args["seeded"] or tuple(c) == SEEDED)]
   c = ml_collections.ConfigDict()
-  c.runs = [{"name": t1_lm.run_name(name, scale_of(name), seed),
-             "config": f"{CONFIG}:{config_arg(name, seed)}"}
+  c.runs = [{"name": t1_lm.run_name(name, scale_of(name, chosen), seed),
+             "config": f"{CONFIG}:{config_arg(name, seed, chosen)}"}
             for seed in range(args["seeds"]) for name in wanted]
   if args["probes"]:
     c.runs = [{"name": name, "config": f"{CONFIG}:{arg}"} for name, arg in probes().items()]

@@ -40,14 +40,16 @@ WORKERS = 8
 
 
 def produce(options: common.Options) -> Report:
-  """Runs A1-LM's grid at one seed and its seeded condition's cells at three (unless
-  ``report_only``), then its report."""
+  """Runs (unless ``report_only``) each rule's tuning budget, then A1-LM's grid at one seed and its
+  seeded condition's cells at three, each cell at its rule's chosen scale, and the probes; then
+  its report."""
   workdir = t1_lm.runs_dir(options)
   if not options.report_only:
-    run(workdir, "", options.jobs)
-    run(workdir, "seeds=3,seeded=True", options.jobs)
-    run(workdir, "probes=True", options.jobs)
     tune(workdir, options.jobs)
+    chosen = "+".join(f"{name}@{scale:g}" for name, scale in tuned_scales(workdir).items())
+    run(workdir, f"chosen={chosen}", options.jobs)
+    run(workdir, f"seeds=3,seeded=True,chosen={chosen}", options.jobs)
+    run(workdir, "probes=True", options.jobs)
   return report(workdir)
 
 
@@ -57,6 +59,13 @@ def tune(workdir: str, jobs: int) -> None:
   run(workdir, "tuning=grid", jobs)
   t1_lm.extend_tuning(workdir, sweep_config.tuning_labels(),
                       lambda chosen: run(workdir, f"tuning={chosen}", jobs))
+
+
+def tuned_scales(workdir: str) -> dict[str, float]:
+  """Tuning label -> the rate scale its rule's finished tuning chose (a rule still tuning, or
+  diverged at every scale, is absent: its cells run at the row's scale)."""
+  return {name: scale for name in sweep_config.tuning_labels()
+          if (scale := t1_lm.chosen_scale(workdir, name)) is not None}
 
 
 def tuning_note(workdir: str) -> str:
@@ -72,8 +81,8 @@ def tuning_note(workdir: str) -> str:
                         for s, v in tried.items())
     state = (t1_lm.tuning_status(tried) if chosen is None else
              f"provisional, {pending:g} next" if pending is not None else
-             "chose the grid's scale" if chosen == grid else
-             f"chose {chosen:g}, the grid runs {grid:g}")
+             "chose the row's scale" if chosen == grid else
+             f"chose {chosen:g}, its cells run there; the row's is {grid:g}")
     parts.append(f"{row} {rule} (spread {spread:g}, drop-outs {dropout:g}): "
                  f"{losses or 'none run'} ({state})")
   return ("Tuning (T1-LM's budget for every rule, at its tuning condition, seed 0; training "
@@ -89,9 +98,11 @@ def run(workdir: str, arg: str, jobs: int) -> None:
   common.run_sweep_config(sweep, workdir, jobs=jobs)
 
 
-def runs_of(workdir: str, cell_label: str) -> list[report_lib.Run]:
-  """The finished runs of a cell or a reference at its scale (seeds 0, 1, 2)."""
-  return t1_lm.label_runs(workdir, cell_label, sweep_config.scale_of(cell_label), 3)
+def runs_of(workdir: str, cell_label: str,
+            chosen: dict[str, float] | None = None) -> list[report_lib.Run]:
+  """The finished runs of a cell or a reference at its scale (:func:`configs.paper.a1_lm.scale_of`
+  with ``chosen``; seeds 0, 1, 2)."""
+  return t1_lm.label_runs(workdir, cell_label, sweep_config.scale_of(cell_label, chosen), 3)
 
 
 def seconds_at(run: report_lib.Run, link: topo.Link, compute: float) -> float:
@@ -164,16 +175,18 @@ def timing(runs, compute: float, target: float | None) -> dict:
   return out
 
 
-def cell_row(workdir: str, cell_label: str, references: dict) -> dict:
-  """One cell of the grid (or a reference): its status, loss, retention and time columns."""
+def cell_row(workdir: str, cell_label: str, references: dict,
+             chosen: dict[str, float] | None = None) -> dict:
+  """One cell of the grid (or a reference), at its rule's chosen scale (``chosen``, as
+  :func:`tuned_scales`): its status, loss, retention and time columns."""
   if cell_label in sweep_config.REFERENCES:
     row, rule, spread, dropout = None, "-", 0.0, 0.0
   else:
     row, rule, spread, dropout = sweep_config.cells()[cell_label]
   out = {"row": row or cell_label, "aggregation": rule, "spread": spread, "dropout": dropout,
-         "label": cell_label, "lr_scale": sweep_config.scale_of(cell_label)}
+         "label": cell_label, "lr_scale": sweep_config.scale_of(cell_label, chosen)}
   refused = None if row is None else sweep_config.refusal(row, rule, spread, dropout)
-  runs = [] if refused else runs_of(workdir, cell_label)
+  runs = [] if refused else runs_of(workdir, cell_label, chosen)
   if refused or not runs:
     out["status"] = refused or "not run yet"
     return out
@@ -201,7 +214,8 @@ def grid_rows(workdir: str) -> list[dict]:
   references = {name: [r.results["test_loss"] for r in runs]
                 for name in sweep_config.REFERENCES if (runs := runs_of(workdir, name))}
   labels = [*sweep_config.REFERENCES, *sweep_config.cells()]
-  return [cell_row(workdir, label, references) for label in labels]
+  chosen = tuned_scales(workdir)
+  return [cell_row(workdir, label, references, chosen) for label in labels]
 
 
 def _cell(rows: list[dict], row: str, rule: str, spread: float, dropout: float) -> dict | None:
@@ -403,10 +417,11 @@ def report(workdir: str) -> Report:
       configs=["configs/paper/a1_lm.py", "configs/paper/lm.py"],
       notes=["The CPU tier's model and recipe (configs/paper/lm.py: 0.24M parameters), "
              "1,000 steps, 8 simulated workers, one seed a cell, three in the condition "
-             f"{sweep_config.SEEDED} (spread, drop-out rate). Rates: each row at the scale "
-             "F6-LM's tuning chose for it (DiLoCo int8 at 100x 0.5, Streaming DiLoCo 1; dense "
-             "4, solo 1); each rule's own tuning (below) says whether it would choose another. "
-             "The cells of sync with the workers alike, dense and solo are F6-LM's own runs.",
+             f"{sweep_config.SEEDED} (spread, drop-out rate). Rates: each rule's cells at the "
+             "scale its own tuning chose (below; the table's lr_scale); a rule still tuning at "
+             "the scale F6-LM's tuning chose for the row (DiLoCo int8 at 100x 0.5, Streaming "
+             "DiLoCo 1; dense 4, solo 1). The cells of sync with the workers alike, dense and "
+             "solo at F6-LM's scales are F6-LM's own runs.",
              tuning_note(workdir),
              "Streaming DiLoCo takes every aggregator, each fragment's synchronisation one of "
              "the simulator's rounds (H/F steps); under eager each worker keeps its own outer "
