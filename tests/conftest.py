@@ -42,6 +42,17 @@ def fast_compiles():
   jax.config.update("jax_disable_most_optimizations", previous)
 
 
+@pytest.fixture(scope="session")
+def tokenizer_cache(tmp_path_factory):
+  """One tokenizer and token-stream cache folder for the whole run, shared by xdist's workers: the
+  standard library's BPE is trained and its corpus encoded about once a run, not once a module
+  (some 15 s each). Tests of the cache itself keep folders of their own."""
+  root = tmp_path_factory.getbasetemp()
+  folder = (root.parent if os.environ.get("PYTEST_XDIST_WORKER") else root) / "tokenizers"
+  folder.mkdir(exist_ok=True)
+  return str(folder)
+
+
 @pytest.fixture
 def small_disk(tmp_path):
   """A 120 KiB tmpfs: room for one tiny checkpoint and part of a second (needs root)."""

@@ -467,7 +467,8 @@ CHECKS = (check_nothing_lost, check_nothing_lost_after_the_optimizer,
 
 # The costliest checks, in the slow suite: pmap's legacy path, islands and simulated workers,
 # each method's most expensive programs (half of the shared test's time, measured).
-SLOW_CHECKS = (check_pmap_equals_shard_map, check_islands_with_fsdp_inside,
+SLOW_CHECKS = (check_pmap_equals_shard_map, check_fused_equals_per_leaf,
+               check_islands_with_fsdp_inside,
                check_simulated_workers_match_devices)
 
 

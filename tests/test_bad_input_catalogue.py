@@ -519,8 +519,15 @@ def _command_line(argv, tmp_path, *extra, verbose_env=None):
                         text=True, timeout=180, env=env)
 
 
-@pytest.mark.parametrize("name, argv, pattern",
-                         [pytest.param(*case, id=case[0]) for case in _ONE_LINE])
+# Slow: config validation's messages, each checked in-process above; on the command line they
+# take the same one-line path as "run-typo-nested-field".
+_ONE_LINE_SLOW = {"run-huge-device-count", "run-learning-rate-nan", "run-method-settings",
+                  "run-seed-above-uint32", "run-seed-above-2**32"}
+
+
+@pytest.mark.parametrize("name, argv, pattern", [
+    pytest.param(*case, id=case[0], marks=[pytest.mark.slow] if case[0] in _ONE_LINE_SLOW else [])
+    for case in _ONE_LINE])
 def test_bad_input_on_a_command_line_is_one_line_without_a_traceback(name, argv, pattern,
                                                                       tmp_path):
   busy = name == "run-busy-workdir"

@@ -50,7 +50,7 @@ class _Runs(dict):
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def runs(tmp_path_factory, tokenizer_cache):
   """Smoke runs: plain dense, and dense and DiLoCo (int8) across 2 islands of 4 (top-k's bytes
   across islands are checked on the step itself, tests/test_islands.py), as
   ``(root, configs, results)``; a test that reads a run's directory reads its results first."""
@@ -60,6 +60,8 @@ def runs(tmp_path_factory):
   # Less than the model's parameters: the islands' quarter of the state fits, the whole does not.
   configs["dense"].max_state_bytes_per_device = SMOKE_BUDGET
   configs["diloco"].compression.diloco.every = 1
+  for config in configs.values():
+    config.data.cache_dir = tokenizer_cache
   return root, configs, _Runs(root, configs)
 
 
@@ -164,6 +166,7 @@ def test_dense_with_a_trust_ratio_across_islands_trains_as_eight_way_data_parall
                *(checkpoint.load_params(str(tmp_path / name)) for name in ("plain", "islands")))
 
 
+@pytest.mark.slow  # DiLoCo's run; tests/test_islands.py checks DiLoCo across islands on the step
 def test_diloco_across_islands_synchronises_its_shards_in_int8(runs):
   root, _, results = runs
   diloco, dense = results["diloco"], results["dense"]

@@ -138,7 +138,9 @@ def test_replicas_stay_bit_identical_with_topk(mesh, name):
                             np.asarray(residual["hidden"]["kernel"])[1])
 
 
-@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+# LAMB's case is slow: LARS's takes the same path through the chain at a fifth of the cost.
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n == "lamb" else n
+                                  for n in sorted(OPTIMIZERS)])
 def test_trust_ratio_uses_the_aggregated_gradient(mesh, name):
   params = make_params()
   batches = make_batches(3)

@@ -47,11 +47,6 @@ def _fake_stdlib(folder, files=40):
   return folder
 
 
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-  return str(tmp_path_factory.mktemp("tokenizers"))
-
-
 def test_the_corpus_is_the_stdlib_source_outside_test_folders(tmp_path):
   corpus = stdlib.read_corpus(str(_fake_stdlib(tmp_path)))
   assert len(corpus.paths) == 40 and not any("test" in p for p in corpus.paths)
@@ -116,11 +111,12 @@ def test_the_tokenizer_is_trained_once_and_cached(tmp_path, monkeypatch):
   assert third.info["tokenizer_sha256"] != first.info["tokenizer_sha256"]
 
 
-def test_a_run_that_loses_the_race_to_cache_the_tokens_keeps_the_winners_file(tmp_path, cache):
+def test_a_run_that_loses_the_race_to_cache_the_tokens_keeps_the_winners_file(tmp_path,
+                                                                             tokenizer_cache):
   """Runs started together (``--jobs=2``) all miss the token cache and all write it: each must
   get its stream, one whole file must stay, and no temporary file may be left behind."""
   texts = ["def f(x):\n    return x\n"] * 20
-  shared = stdlib.build_tokenizer(texts, 300, cache)
+  shared = stdlib.build_tokenizer(texts, 300, tokenizer_cache)
   folder = tmp_path / "tokens"
   folder.mkdir()
   first = stdlib.token_stream(shared, texts, folder)
@@ -138,12 +134,14 @@ def test_a_run_that_loses_the_race_to_cache_the_tokens_keeps_the_winners_file(tm
   np.testing.assert_array_equal(np.load(folder / cached), first)
 
 
-def test_windows_overlap_by_one_and_bits_per_byte_count_the_source_bytes(tmp_path, cache):
-  dataset = data.load(_config(_fake_stdlib(tmp_path), cache_dir=cache), SHARDS)
+def test_windows_overlap_by_one_and_bits_per_byte_count_the_source_bytes(tmp_path,
+                                                                          tokenizer_cache):
+  dataset = data.load(_config(_fake_stdlib(tmp_path), cache_dir=tokenizer_cache), SHARDS)
   assert dataset.task == "causal_lm"
   np.testing.assert_array_equal(stdlib.windows(np.arange(10), 3),
                                 [[0, 1, 2, 3], [3, 4, 5, 6], [6, 7, 8, 9]])
-  shared = stdlib.build_tokenizer(stdlib.read_corpus(str(tmp_path)).split(0.05)[0], 300, cache)
+  shared = stdlib.build_tokenizer(stdlib.read_corpus(str(tmp_path)).split(0.05)[0], 300,
+                                  tokenizer_cache)
   assert shared.sha256 == dataset.info["tokenizer_sha256"]  # the one data.load cached
   # The vocabulary is what the merges could make of a tiny corpus: at most the size asked.
   assert dataset.model_fields == {"vocab_size": shared.tokenizer.get_vocab_size()}
@@ -156,11 +154,11 @@ def test_windows_overlap_by_one_and_bits_per_byte_count_the_source_bytes(tmp_pat
       2.0 * info["eval_tokens"] / (np.log(2) * info["eval_bytes"]))
 
 
-def test_the_config_pins_the_python_and_the_corpus(tmp_path, cache):
+def test_the_config_pins_the_python_and_the_corpus(tmp_path, tokenizer_cache):
   config = lm_stdlib.get_config("smoke")
   assert config.data.python_version == stdlib.read_corpus().python_version
   assert config.data.corpus_sha256 == ""  # the loader hashes the corpus; the config may pin it
-  config.data.cache_dir = cache
+  config.data.cache_dir = tokenizer_cache
   config.data.corpus_sha256 = "0" * 64
   with pytest.raises(ValueError, match=r"config.data.corpus_sha256='0000.*but the corpus read "
                                        r"from .* has corpus_sha256 '[0-9a-f]{64}'"):
@@ -173,8 +171,8 @@ def test_the_config_pins_the_python_and_the_corpus(tmp_path, cache):
     data.load(_config(vocab_size=100), SHARDS)
 
 
-def test_the_smoke_config_trains_and_records_the_corpus(tmp_path, cache):
-  config = lm_stdlib.get_config(f"smoke,cache={cache}")
+def test_the_smoke_config_trains_and_records_the_corpus(tmp_path, tokenizer_cache):
+  config = lm_stdlib.get_config(f"smoke,cache={tokenizer_cache}")
   results, _ = train.train(config, str(tmp_path))
   assert results["step"] == 2 and np.isfinite(results["test_loss"])
   assert results["test_bits_per_byte"] > 0
@@ -187,9 +185,9 @@ def test_the_smoke_config_trains_and_records_the_corpus(tmp_path, cache):
 
 
 @pytest.mark.slow  # a variant of the smoke config's run
-def test_diloco_with_int8_pseudo_gradients_trains_the_language_model(tmp_path, cache):
+def test_diloco_with_int8_pseudo_gradients_trains_the_language_model(tmp_path, tokenizer_cache):
   """INTELLECT-1's form: DiLoCo's pseudo-gradient in 8 bits, on the LM's smoke config."""
-  config = lm_stdlib.get_config(f"smoke,cache={cache}")
+  config = lm_stdlib.get_config(f"smoke,cache={tokenizer_cache}")
   config.update_from_flattened_dict({"method": "diloco", "num_steps": 4,
                                      "compression.diloco.every": 2,
                                      "compression.diloco.carrier": "int8"})
@@ -201,8 +199,8 @@ def test_diloco_with_int8_pseudo_gradients_trains_the_language_model(tmp_path, c
 @pytest.mark.slow
 @pytest.mark.parametrize("method", ["diloco", "sparseloco", "streaming_diloco", "demo",
                                     "onebit_adam", "int4"])
-def test_every_new_method_trains_the_language_model_smoke(method, tmp_path, cache):
-  config = lm_stdlib.get_config(f"smoke,cache={cache}")
+def test_every_new_method_trains_the_language_model_smoke(method, tmp_path, tokenizer_cache):
+  config = lm_stdlib.get_config(f"smoke,cache={tokenizer_cache}")
   config.update_from_flattened_dict({"method": method, "num_steps": 4,
                                      **test_method_families.SHORT.get(method, {})})
   results, _ = train.train(config, str(tmp_path))

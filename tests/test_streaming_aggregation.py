@@ -300,7 +300,10 @@ def reference_overlapped(rule, params, x, y, steps, *, workers, overlap, alpha):
   return ws, anchor
 
 
-@pytest.mark.parametrize("rule, alpha", [("eager", 0.5), ("delayed", 0.5),
+# delayed's per-fragment cases are slow: eager's run the same per-fragment state, and
+# tests/test_eager.py checks delayed's recursion against float64.
+@pytest.mark.parametrize("rule, alpha", [("eager", 0.5),
+                                         pytest.param("delayed", 0.5, marks=pytest.mark.slow),
                                          pytest.param("eager", 0.0, marks=pytest.mark.slow)])
 def test_eager_and_delayed_match_a_float64_reference_of_the_per_fragment_recursion(rule, alpha):
   """Two workers alike, H = 6 over 2 fragments, tau = 1, three rounds: each worker's
@@ -331,7 +334,7 @@ def test_eager_and_delayed_match_a_float64_reference_of_the_per_fragment_recursi
     assert not np.allclose(compressors.synchronised_params(synced)["w0"], anchor["w0"])
 
 
-@pytest.mark.parametrize("rule", ["eager", "delayed"])
+@pytest.mark.parametrize("rule", ["eager", pytest.param("delayed", marks=pytest.mark.slow)])
 def test_eager_and_delayed_resume_from_their_state_bit_for_bit_with_spread_and_drop_outs(
     optimised, rule):
   """Stopped after 7 steps (fragment 0 sent, not landed) and restarted from the host's copy of
