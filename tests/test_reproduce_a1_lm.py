@@ -227,3 +227,12 @@ def test_each_rules_cells_run_and_report_at_the_scale_its_tuning_chose(tmp_path)
   rows = {r["label"]: r for r in a1_lm.grid_rows(workdir)}
   assert rows[eager]["lr_scale"] == 1.0 and rows[eager]["losses"] == [4.0]
   assert rows[sync]["lr_scale"] == 0.5 and rows[sync]["losses"] == [4.2]
+  # A cell not yet rerun at its rule's scale shows the row's scale's runs, and says so.
+  alike = sweep_config.label("diloco_int8", "eager", 0.0, 0.0)
+  _fake(workdir, alike, 5.5)
+  row = {r["label"]: r for r in a1_lm.grid_rows(workdir)}[alike]
+  assert row["lr_scale"] == 0.5 and row["losses"] == [5.5]
+  assert row["status"] == "1 seed(s); at the row's scale: its rule's 1 not run yet"
+  _fake(workdir, alike, 5.0, scale=1.0)
+  row = {r["label"]: r for r in a1_lm.grid_rows(workdir)}[alike]
+  assert (row["lr_scale"], row["losses"], row["status"]) == (1.0, [5.0], "1 seed(s)")

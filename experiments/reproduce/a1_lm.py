@@ -178,20 +178,28 @@ def timing(runs, compute: float, target: float | None) -> dict:
 def cell_row(workdir: str, cell_label: str, references: dict,
              chosen: dict[str, float] | None = None) -> dict:
   """One cell of the grid (or a reference), at its rule's chosen scale (``chosen``, as
-  :func:`tuned_scales`): its status, loss, retention and time columns."""
+  :func:`tuned_scales`): its status, loss, retention and time columns. Until the cell's seeds
+  at that scale have all finished, the row's scale's runs stand in, and the status says so."""
   if cell_label in sweep_config.REFERENCES:
     row, rule, spread, dropout = None, "-", 0.0, 0.0
   else:
     row, rule, spread, dropout = sweep_config.cells()[cell_label]
+  scale = sweep_config.scale_of(cell_label, chosen)
   out = {"row": row or cell_label, "aggregation": rule, "spread": spread, "dropout": dropout,
-         "label": cell_label, "lr_scale": sweep_config.scale_of(cell_label, chosen)}
+         "label": cell_label, "lr_scale": scale}
   refused = None if row is None else sweep_config.refusal(row, rule, spread, dropout)
-  runs = [] if refused else runs_of(workdir, cell_label, chosen)
+  runs, pending = ([] if refused else runs_of(workdir, cell_label, chosen)), ""
+  seeds = 3 if row is None or (spread, dropout) == sweep_config.SEEDED else 1
+  if not refused and len(runs) < seeds and scale != sweep_config.scale_of(cell_label):
+    stand_in = runs_of(workdir, cell_label)
+    if len(stand_in) > len(runs):
+      runs, out["lr_scale"] = stand_in, sweep_config.scale_of(cell_label)
+      pending = f"; at the row's scale: its rule's {scale:g} not run yet"
   if refused or not runs:
     out["status"] = refused or "not run yet"
     return out
   losses = [r.results["test_loss"] for r in runs]
-  out.update(status=f"{len(runs)} seed(s)", losses=losses,
+  out.update(status=f"{len(runs)} seed(s){pending}", losses=losses,
              loss_mean=float(np.mean(losses)),
              val_loss=report_lib.format_mean_std(losses, 1, 3),
              run_dirs=" ".join(report_lib.relative(r.path) for r in runs))
