@@ -9,8 +9,8 @@ The CPU tier's model, steps and recipe (``configs/paper/lm.py``: 0.24M parameter
 alike and ``sync`` are F6-LM's own (the same arguments, the same run directories: nothing runs
 twice). Each rule gets T1-LM's tuning budget of its own at its tuning condition
 (:func:`tuning_runs`), and its cells run at the scale it chose (``chosen``); without a choice, at
-the rate scale F6-LM's tuning chose for the row (:data:`ROWS`; dense's and solo's as well). A cell is a
-row, an aggregator and a condition (:data:`SPREADS` x :data:`DROPOUTS`); a run is
+the rate scale F6-LM's tuning chose for the row (:data:`ROWS`; dense's and solo's as well). A
+cell is a row, an aggregator and a condition (:data:`SPREADS` x :data:`DROPOUTS`); a run is
 ``a1_<row>_<rule>_sp<spread>_do<dropout>_lr<scale>_s<seed>``, and the cell of ``sync`` with the
 workers alike is F6-LM's ``<row>_100x``. Both methods take every aggregator (Streaming DiLoCo's
 each fragment's synchronisation is one of the simulator's). ``delayed`` (Kale et al.'s naive

@@ -190,10 +190,11 @@ def cell_row(workdir: str, cell_label: str, references: dict,
   refused = None if row is None else sweep_config.refusal(row, rule, spread, dropout)
   runs, pending = ([] if refused else runs_of(workdir, cell_label, chosen)), ""
   seeds = 3 if row is None or (spread, dropout) == sweep_config.SEEDED else 1
-  if not refused and len(runs) < seeds and scale != sweep_config.scale_of(cell_label):
+  row_scale = sweep_config.scale_of(cell_label)
+  if not refused and len(runs) < seeds and scale != row_scale:
     stand_in = runs_of(workdir, cell_label)
     if len(stand_in) > len(runs):
-      runs, out["lr_scale"] = stand_in, sweep_config.scale_of(cell_label)
+      runs, out["lr_scale"] = stand_in, row_scale
       pending = f"; at the row's scale: its rule's {scale:g} not run yet"
   if refused or not runs:
     out["status"] = refused or "not run yet"
