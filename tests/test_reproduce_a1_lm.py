@@ -85,7 +85,7 @@ def _fake(workdir, label, loss, *, step_s=0.5, scale=None, **results):
   reproduce_report.write_run(
       f"{workdir}/{t1_lm_config.run_name(label, scale or sweep_config.scale_of(label), 0)}",
       config, records, {"test_loss": loss, "step": 1000, "wire_bytes": 1.0, "dense_bytes": 1.0,
-                        **results})
+                        "num_params": 1000, "num_workers": config["num_devices"], **results})
 
 
 def test_the_report_prices_time_and_useful_throughput_and_marks_the_claims(tmp_path):
@@ -106,6 +106,9 @@ def test_the_report_prices_time_and_useful_throughput_and_marks_the_claims(tmp_p
   rows = {r["label"]: r for r in report.rows}
   assert len(report.rows) == 2 + len(sweep_config.cells())
   assert rows[quorum]["retention"] == pytest.approx(0.3)
+  # The scale the retention holds at: 64 sequences of 64 tokens a step over 8 workers.
+  assert rows[quorum]["tokens_per_param"] == 1000 * 64 * 64 / 1000
+  assert rows[quorum]["per_worker_tokens"] == 64 * 64 // 8
   run = a1_lm.runs_of(workdir, quorum)[0]
   compute = 0.5  # the row's run with the workers alike: 0.5 s a step
   ten = f5.kind_times(run.config, topo.CLOUD_10G, 8, compute)

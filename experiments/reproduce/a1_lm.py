@@ -203,7 +203,8 @@ def cell_row(workdir: str, cell_label: str, references: dict,
   out.update(status=f"{len(runs)} seed(s){pending}", losses=losses,
              loss_mean=float(np.mean(losses)),
              val_loss=report_lib.format_mean_std(losses, 1, 3),
-             run_dirs=" ".join(report_lib.relative(r.path) for r in runs))
+             run_dirs=" ".join(report_lib.relative(r.path) for r in runs),
+             **t1_lm.scale_fields(runs[0]))
   staleness = [r.results.get("staleness") for r in runs]
   out["staleness"] = ("-" if None in staleness else
                       f"{np.mean([s['mean'] for s in staleness]):.2f} / "
@@ -409,6 +410,7 @@ def plot_grid(rows: list[dict]):
 COLUMNS = [("row", "row"), ("aggregation", "aggregation"), ("spread", "speed spread"),
            ("dropout", "drop-out rate"), ("status", "status"),
            ("val_loss", "val loss nats/token (mean ± std)"), ("retention_text", "retention"),
+           ("tokens_per_param", "tokens/parameter"), ("per_worker_tokens", "tokens/worker/step"),
            ("to_dense_1g", "modelled s to dense's loss, 1 Gbit/s"),
            ("to_dense_10g", "modelled s to dense's loss, 10 Gbit/s"),
            ("seconds_1g", "modelled s of the run, 1 Gbit/s"),
