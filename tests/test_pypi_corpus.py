@@ -3,6 +3,7 @@ sha256, their ``.py`` files extracted offline and deterministically, read by ``s
 a tiny wheel (zip) and sdist (tar.gz) made here stand for PyPI, served by a stand-in for pip."""
 
 import io
+import gzip
 import hashlib
 import os
 import subprocess
@@ -46,17 +47,23 @@ def _sdist_members():
                     ("other-2.0/idle_test/x.py", b"1/0\n"), ("other-2.0/README.md", b"# other\n")]
 
 
+# Archives are built with fixed timestamps: the same members give the same bytes, whatever the
+# clock (a test rebuilds a pinned archive and must get its sha256 again).
+_EPOCH = (1980, 1, 1, 0, 0, 0)
+
+
 def _zip(members) -> bytes:
   buffer = io.BytesIO()
   with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
     for name, content in members:
-      archive.writestr(name, content)
+      archive.writestr(zipfile.ZipInfo(name, date_time=_EPOCH), content,
+                       compress_type=zipfile.ZIP_DEFLATED)
   return buffer.getvalue()
 
 
 def _tar(members, *, links=True) -> bytes:
   buffer = io.BytesIO()
-  with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
+  with tarfile.open(fileobj=buffer, mode="w") as archive:
     folder = tarfile.TarInfo("other-2.0/other")
     folder.type = tarfile.DIRTYPE
     archive.addfile(folder)
@@ -68,7 +75,7 @@ def _tar(members, *, links=True) -> bytes:
       link = tarfile.TarInfo("other-2.0/other/link.py")
       link.type, link.linkname = tarfile.SYMTYPE, "/etc/passwd"
       archive.addfile(link)
-  return buffer.getvalue()
+  return gzip.compress(buffer.getvalue(), mtime=0)
 
 
 def _pinned(name, version, filename, content):
