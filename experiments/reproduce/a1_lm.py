@@ -380,30 +380,35 @@ def claims(rows: list[dict]) -> list[Claim]:
 
 
 def plot_grid(rows: list[dict]):
-  """DiLoCo int8's validation loss by aggregator, one group of bars per condition, with dense's
-  and solo's losses as lines."""
+  """Each row's validation loss by aggregator, a panel a row and a group of bars a condition,
+  the seeds' standard deviation as error bars where a cell has more than one seed (none drawn
+  for one), with dense's and solo's losses as lines."""
   def plot(fig):
-    ax = fig.add_axes([0.08, 0.12, 0.62, 0.8])
+    panels = plots.panels_in_a_row(fig, len(sweep_config.ROWS), step=0.4, bottom=0.14,
+                                   width=0.34, height=0.76)
     width = 0.8 / len(sweep_config.RULES)
-    for i, rule in enumerate(sweep_config.RULES):
-      points = [(k, c["loss_mean"]) for k, cond in enumerate(sweep_config.conditions())
-                if (c := _cell(rows, "diloco_int8", rule, *cond)) is not None]
-      if points:
-        offset = i - (len(sweep_config.RULES) - 1) / 2
-        ax.bar([k + offset * width for k, _ in points], [v for _, v in points], width,
-               label=rule)
-    for name, style in (("dense", "-"), ("solo", "--")):
-      losses = next((r.get("losses") for r in rows if r["row"] == name and r.get("losses")),
-                    None)
-      if losses:
-        ax.axhline(float(np.mean(losses)), color="black", ls=style, lw=0.8, label=name)
-    ax.set_xticks(range(len(sweep_config.conditions())),
-                  [f"spread {s:g}\ndrop-outs {d:g}" for s, d in sweep_config.conditions()])
-    ax.set_ylim(bottom=min([r["loss_mean"] for r in rows if r.get("loss_mean")] or [0]) * 0.98)
-    plots.decorate(ax, ylabel="validation loss, nats/token",
-                   title="A1-LM: DiLoCo int8 at 100x, each aggregator (CPU tier's model)",
-                   title_size=11, grid="y")
-    plots.legend_beside(ax)
+    low = min([r["loss_mean"] for r in rows if r.get("loss_mean")] or [0]) * 0.98
+    for ax, row in zip(panels, sweep_config.ROWS):
+      for i, rule in enumerate(sweep_config.RULES):
+        cells = [(k, c) for k, cond in enumerate(sweep_config.conditions())
+                 if (c := _cell(rows, row, rule, *cond)) is not None]
+        if cells:
+          offset = i - (len(sweep_config.RULES) - 1) / 2
+          ax.bar([k + offset * width for k, _ in cells], [c["loss_mean"] for _, c in cells],
+                 width, yerr=[float(np.std(c["losses"], ddof=1)) if len(c.get("losses") or ())
+                              > 1 else np.nan for _, c in cells], capsize=2, label=rule)
+      for name, style in (("dense", "-"), ("solo", "--")):
+        losses = next((r.get("losses") for r in rows if r["row"] == name and r.get("losses")),
+                      None)
+        if losses:
+          ax.axhline(float(np.mean(losses)), color="black", ls=style, lw=0.8, label=name)
+      ax.set_xticks(range(len(sweep_config.conditions())),
+                    [f"spread {s:g}\ndrop-outs {d:g}" for s, d in sweep_config.conditions()],
+                    fontsize=8)
+      ax.set_ylim(bottom=low)
+      plots.decorate(ax, ylabel="validation loss, nats/token",
+                     title=f"A1-LM: {row} at 100x, each aggregator", title_size=10, grid="y")
+    plots.legend_beside(panels[-1])
   return plot
 
 
