@@ -291,3 +291,12 @@ def test_the_run_config_sets_the_shape_steps_and_per_worker_batch():
   assert solo.batch_size == 32 and solo.num_devices == 1
   assert lm.get_config("method=demo,tile=128").compression.demo.chunk == 128
   assert lm.get_config("").to_dict() == lm.get_config("width=0,steps=0,tile=0").to_dict()
+
+
+def test_the_page_says_what_the_grid_has_still_to_run_and_nothing_once_it_has_finished():
+  done = {"label": "w16_t20_b8_dense", "n": 3, "rate": "tuned"}
+  assert s1_lm.progress_note([done, dict(done, label="w128_t20_b8_dense", n=1)], "cpu", 3) == []
+  rows = [done, dict(done, n=0), dict(done, rate="tuned so far (4 to run)"), dict(done, n=1)]
+  note, = s1_lm.progress_note(rows, "cpu", 3)
+  assert note.startswith("Incomplete: of 4 rows, 1 have no finished run, 1 are still tuning")
+  assert "and 1 lack seeds" in note and "--target=s1_lm --tier=cpu" in note

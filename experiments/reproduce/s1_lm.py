@@ -163,15 +163,17 @@ def point_row(workdir: str, label: str, tier: str, seeds: int, laws) -> dict:
   """One label's row: its point, rate and how it was chosen, and its runs' losses."""
   point, row = sweep_config.split_label(label)
   on_top = point.size == sweep_config.largest(tier)
-  scale = (largest_scale(workdir, label, laws) if on_top
-           else t1_lm.reported_scale(workdir, label)[0])
+  scale, pending = ((largest_scale(workdir, label, laws), None) if on_top
+                    else t1_lm.reported_scale(workdir, label))
   runs = t1_lm.label_runs(workdir, label, scale, seeds) if scale is not None else []
   loss = [r.results["test_loss"] for r in runs]
   out = {"label": label, "point": point.name, "row": row, "size": point.size,
          "params": sweep_config.SIZES[tier][point.size].params,
          "tokens_per_param": point.tokens_per_param, "per_worker_batch": point.per_worker_batch,
          "steps": sweep_config.steps(tier, point), "lr_scale": scale,
-         "rate": "rate law" if on_top else "tuned", "n": len(runs), "losses": loss,
+         "rate": ("rate law" if on_top else "tuned" if pending is None
+                  else f"tuned so far ({pending:g} to run)"),
+         "n": len(runs), "losses": loss,
          "seeds": [r.config.get("seed") for r in runs],
          "val_loss": report_lib.format_mean_std(loss, 1, 3),
          "loss_mean": float(np.mean(loss)) if runs else None}
@@ -340,6 +342,22 @@ def fits_section(fits: list[dict]) -> tuple[str, str]:
            ("loss_A", "loss A"), ("loss_alpha", "loss alpha"), ("note", "note")], fits)))
 
 
+def progress_note(rows: list[dict], tier: str, seeds: int) -> list[str]:
+  """A note saying what the grid has still to run, or none once it has finished: rows with no
+  finished run, rows whose tuning goes on past the grid's scales, and rows short of their
+  seeds; until then the rates, laws and fits are provisional."""
+  missing = sum(1 for r in rows if not r["n"])
+  tuning = sum(1 for r in rows if r["rate"].startswith("tuned so far"))
+  short = sum(1 for r in rows if r["n"] and r["n"] < min(
+      seeds, sweep_config.seeds_of(tier, sweep_config.split_label(r["label"])[0])))
+  if not missing + tuning + short:
+    return []
+  return [f"Incomplete: of {len(rows)} rows, {missing} have no finished run, {tuning} are still "
+          f"tuning (rate 'tuned so far') and {short} lack seeds; the rates, rate laws and fits "
+          "here are provisional until the grid has finished (`python -m experiments.reproduce "
+          f"--target=s1_lm --tier={tier}` resumes it)."]
+
+
 def report(workdir: str, *, tier: str, seeds: int = 3, fits_path: str | None = None) -> Report:
   """The page from the run directories; the fits CSV written to ``fits_path`` where given."""
   rows = point_rows(workdir, tier, seeds)
@@ -355,6 +373,7 @@ def report(workdir: str, *, tier: str, seeds: int = 3, fits_path: str | None = N
       rows=rows, sections=[fits_section(fits), budget_section(tier)],
       configs=[f"configs/paper/s1_lm.py:tier={tier}", "configs/paper/lm.py"],
       notes=[
+          *progress_note(rows, tier, seeds),
           "Sizes: " + ", ".join(f"{k} ({s.width} wide, {s.layers} layers, {s.heads} heads, "
                                 f"{s.params:,} parameters)" for k, s in sizes.items())
           + "; the rule is configs/paper/s1_lm.py's (width doubling, depth with width).",
