@@ -294,9 +294,9 @@ def test_the_run_config_sets_the_shape_steps_and_per_worker_batch():
 
 
 def test_the_page_says_what_the_grid_has_still_to_run_and_nothing_once_it_has_finished():
-  done = {"label": "w16_t20_b8_dense", "n": 3, "rate": "tuned"}
+  done = {"label": "w16_t20_b8_dense", "n": 3, "rate": "tuned", "pending_scale": None}
   assert s1_lm.progress_note([done, dict(done, label="w128_t20_b8_dense", n=1)], "cpu", 3) == []
-  rows = [done, dict(done, n=0), dict(done, rate="tuned so far (4 to run)"), dict(done, n=1)]
+  rows = [done, dict(done, n=0), dict(done, rate="tuned so far (4 to run)", pending_scale=4.0), dict(done, n=1)]
   note, = s1_lm.progress_note(rows, "cpu", 3)
   assert note.startswith("Incomplete: of 4 rows, 1 have no finished run, 1 are still tuning")
   assert "and 1 lack seeds" in note and "--target=s1_lm --tier=cpu" in note

@@ -395,8 +395,8 @@ def plot_grid(rows: list[dict]):
         if cells:
           offset = i - (len(sweep_config.RULES) - 1) / 2
           ax.bar([k + offset * width for k, _ in cells], [c["loss_mean"] for _, c in cells],
-                 width, yerr=[float(np.std(c["losses"], ddof=1)) if len(c.get("losses") or ())
-                              > 1 else np.nan for _, c in cells], capsize=2, label=rule)
+                 width, yerr=[float(np.std(c["losses"], ddof=1)) if len(c["losses"]) > 1
+                              else np.nan for _, c in cells], capsize=2, label=rule)
       for name, style in (("dense", "-"), ("solo", "--")):
         losses = next((r.get("losses") for r in rows if r["row"] == name and r.get("losses")),
                       None)

@@ -173,7 +173,7 @@ def point_row(workdir: str, label: str, tier: str, seeds: int, laws) -> dict:
          "steps": sweep_config.steps(tier, point), "lr_scale": scale,
          "rate": ("rate law" if on_top else "tuned" if pending is None
                   else f"tuned so far ({pending:g} to run)"),
-         "n": len(runs), "losses": loss,
+         "pending_scale": pending, "n": len(runs), "losses": loss,
          "seeds": [r.config.get("seed") for r in runs],
          "val_loss": report_lib.format_mean_std(loss, 1, 3),
          "loss_mean": float(np.mean(loss)) if runs else None}
@@ -347,7 +347,7 @@ def progress_note(rows: list[dict], tier: str, seeds: int) -> list[str]:
   finished run, rows whose tuning goes on past the grid's scales, and rows short of their
   seeds; until then the rates, laws and fits are provisional."""
   missing = sum(1 for r in rows if not r["n"])
-  tuning = sum(1 for r in rows if r["rate"].startswith("tuned so far"))
+  tuning = sum(1 for r in rows if r["pending_scale"] is not None)
   short = sum(1 for r in rows if r["n"] and r["n"] < min(
       seeds, sweep_config.seeds_of(tier, sweep_config.split_label(r["label"])[0])))
   if not missing + tuning + short:
