@@ -269,6 +269,38 @@ def test_the_horizon_runs_the_picked_rows_at_each_length_shorter_first():
     f7_config.get_config("chosen=nope_100x@1")
 
 
+def test_the_horizon_runs_the_seeded_rows_seeds_at_the_shorter_length_before_the_longer():
+  sweep = f7_config.get_config("chosen=dense@2+solo@1+demo_30x@1+diloco_int8_100x@0.5,"
+                               "seeded=dense+solo+diloco_int8_100x")
+  names = [r["name"] for r in sweep.runs]
+  four = [f"{row}_len4_lr{s}_s0" for row, s in
+          (("dense", 2), ("solo", 1), ("demo_30x", 1), ("diloco_int8_100x", 0.5))]
+  seeds = [f"{row}_len4_lr{s}_s{seed}" for seed in (1, 2)
+           for row, s in (("dense", 2), ("solo", 1), ("diloco_int8_100x", 0.5))]
+  assert names[:len(four) + len(seeds)] == four + seeds
+  assert names[len(four) + len(seeds):] == [n.replace("_len4_", "_len16_") for n in four]
+  assert "seed=2" in sweep.runs[len(four) + len(seeds) - 1]["config"]
+  with pytest.raises(ValueError, match="seeded='topk_100x': 'topk_100x' is not a row of chosen"):
+    f7_config.get_config("chosen=dense@2,seeded=topk_100x")
+  with pytest.raises(ValueError, match="seeded_seeds=0; allowed: >= 1"):
+    f7_config.get_config("chosen=dense@2,seeded=dense,seeded_seeds=0")
+
+
+def test_the_horizon_picks_every_familys_100x_point_and_the_two_best_at_30x(tmp_path):
+  workdir = str(tmp_path)
+  losses = {"dense": 3.0, "solo": 5.0, "diloco_int8_100x": 4.9, "demo_100x": 4.5,
+            "topk_100x": 4.7, "demo_30x": 4.2, "diloco_30x": 4.4, "topk_30x": 4.6}
+  for row, loss in losses.items():  # each row's tuning chooses scale 1
+    for scale in t1_config.LR_SCALES:
+      lm_runs.fake_run(workdir, row, 0, scale=scale, val_losses=[6, loss],
+                       train_loss=loss + abs(scale - 1.0))
+  picked = f7_lm.picked_rows(workdir)
+  assert picked == {row: 1.0 for row in ("dense", "solo", "demo_100x", "topk_100x",
+                                         "diloco_int8_100x", "demo_30x", "diloco_30x")}
+  assert f7_lm.seeded_rows(picked) == ["dense", "solo", "demo_100x", "topk_100x",
+                                       "diloco_int8_100x"]
+
+
 def test_a_tuning_that_cannot_see_the_rate_is_said(tmp_path):
   workdir = str(tmp_path)
   for scale in t1_config.LR_SCALES:  # one synchronisation, after every logged training loss

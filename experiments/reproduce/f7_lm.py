@@ -3,10 +3,10 @@ communication's benefit? Retention (:mod:`experiments.reproduce.stats`) at the C
 steps (F6-LM's points) and at 4x and 16x the steps (``configs/paper/f7_lm.py``), the same tokens a
 step and the schedule stretched, with dense and solo run at every length.
 
-The rows are picked from F6-LM's 1,000-step points by training loss (:func:`picked_rows`); every
-run keeps the rate scale its 1,000-step tuning chose. The runs are in T1-LM's folder; a run of
-16,000 steps may span sessions (it resumes from its checkpoints) or run on a lent GPU: each row
-of the table names the device its runs trained on.
+The rows are F6-LM's 1,000-step points at 100x, every family's, and the two best at 30x by
+training loss (:func:`picked_rows`); every run keeps the rate scale its 1,000-step tuning chose.
+The runs are in T1-LM's folder; a run of 16,000 steps may span sessions (it resumes from its
+checkpoints) or run on a lent GPU: each row of the table names the device its runs trained on.
 """
 
 import math
@@ -28,16 +28,16 @@ STEPS = lm.HARDWARE_TIERS["cpu"][1]["num_steps"]
 
 
 def picked_rows(workdir: str) -> dict[str, float]:
-  """Row -> rate scale: dense and solo at their chosen scales, and at each of
-  :data:`configs.paper.f7_lm.PICKED_RATIOS` the F6-LM points (on their ratio) with the lowest
-  training criterion at their chosen scale, :data:`~configs.paper.f7_lm.PICKED_PER_RATIO` of
-  them; only rows whose tuning has finished."""
+  """Row -> rate scale: dense and solo at their chosen scales, and at each ratio of
+  :data:`configs.paper.f7_lm.PICKED` the F6-LM points (on their ratio) with the lowest training
+  criterion at their chosen scale, as many as it says (every family's where it says None); only
+  rows whose tuning has finished."""
   out = {}
   for row in f6_config.REFERENCES:
     scale = t1_lm.chosen_scale(workdir, row)
     if scale is not None:
       out[row] = scale
-  for ratio in sweep_config.PICKED_RATIOS:
+  for ratio, count in sweep_config.PICKED.items():
     candidates = []
     for row in f6_config.rows():
       if f6_config.ratio_of(row) != ratio:
@@ -46,8 +46,15 @@ def picked_rows(workdir: str) -> dict[str, float]:
       if scale is not None:
         candidates.append((t1_lm.tuning(workdir, row)[scale], row, scale))
     finite = sorted(c for c in candidates if math.isfinite(c[0]))
-    out.update({row: scale for _, row, scale in finite[:sweep_config.PICKED_PER_RATIO]})
+    out.update({row: scale for _, row, scale in finite[:count]})
   return out
+
+
+def seeded_rows(picked: dict[str, float]) -> list[str]:
+  """The picked rows whose seeds run at the shortest longer length: dense, solo and those at
+  :data:`configs.paper.f7_lm.SEEDED_RATIO`."""
+  return [row for row in picked if row in f6_config.REFERENCES
+          or f6_config.ratio_of(row) == sweep_config.SEEDED_RATIO]
 
 
 def produce(options: common.Options) -> Report:
@@ -58,7 +65,8 @@ def produce(options: common.Options) -> Report:
     picked = picked_rows(workdir)
     if picked:
       sweep = sweep_config.get_config(
-          "chosen=" + "+".join(f"{row}@{scale:g}" for row, scale in picked.items()))
+          "chosen=" + "+".join(f"{row}@{scale:g}" for row, scale in picked.items())
+          + ",seeded=" + "+".join(seeded_rows(picked)))
       sweep.overrides = {"data": {"cache_dir": os.path.abspath(os.path.join(workdir,
                                                                             "tokenizers"))}}
       common.run_sweep_config(sweep, workdir, jobs=options.jobs)
@@ -158,9 +166,10 @@ def report(workdir: str) -> Report:
              "Each length has its own dense and solo, the schedule (10% warm-up, cosine decay) "
              "stretched with it; retention at a length is against that length's references.",
              "Rates: each row keeps the rate scale its 1,000-step tuning chose (no retuning at "
-             "the longer lengths: a run of 16,000 steps takes about 25 minutes of 2 CPU cores); "
+             "the longer lengths: a run of 16,000 steps takes one to two hours of a CPU core); "
              "a longer run might prefer another rate, which this page does not test.",
-             "Rows: dense, solo and the two points of F6-LM with the lowest training loss at "
-             "30x and at 100x (picked on training loss, never validation).",
+             "Rows: dense, solo, every family's point of F6-LM at 100x, and the two with the "
+             "lowest training loss at 30x (picked on training loss, never validation). Seeds: "
+             "3 for dense, solo and the 100x rows at 4,000 steps, 1 elsewhere.",
              *t1_lm.provenance_notes(workdir, "cpu")],
       plot=plot_horizon(rows))
