@@ -98,7 +98,9 @@ SETTINGS = {
 class Law(NamedTuple):
   """A family's laws: its loss law, dense's and solo's (None where not published), its
   retention law with its coefficients' intervals (None for a published law), the sizes it was
-  fitted on, where it comes from, and the runs it rests on."""
+  fitted on, where it comes from, the runs it rests on, and what the grid had still to run when
+  it was fitted (the fits CSV's ``grid``: '' for a published law and for a fits file without
+  that column)."""
   family: str
   loss: scaling.PowerLaw
   dense: scaling.PowerLaw
@@ -108,6 +110,7 @@ class Law(NamedTuple):
   sizes: tuple[float, float]
   source: str
   runs: str
+  grid: str = ""
 
 
 class Setup(NamedTuple):
@@ -143,6 +146,7 @@ def read_laws(path: str) -> tuple[dict[str, Law], list[str]]:
   laws, missing = {}, []
   for family in (f for f in SETTINGS if f != "diloco"):
     row = rows.get(family)
+    grid = ((row or {}).get("grid") or "").strip()
     if row is None or dense is None or law(row, "") is None or law(row, "loss_") is None:
       missing.append(family)
       continue
@@ -151,10 +155,16 @@ def read_laws(path: str) -> tuple[dict[str, Law], list[str]]:
     laws[family] = Law(family, law(row, "loss_"), dense, solo,
                        scaling.RetentionLaw(*law(row, "")),
                        None if None in sum(bounds, ()) else bounds, (min(sizes), max(sizes)),
-                       f"S1-LM fit ({os.path.basename(path)})",
+                       f"S1-LM fit ({os.path.basename(path)})"
+                       + (", provisional" if provisional(grid) else ""),
                        f"S1-LM's {row['family']} rows at 20 tokens a parameter, "
-                       f"{len(sizes)} sizes {min(sizes):.3g}-{max(sizes):.3g}")
+                       f"{len(sizes)} sizes {min(sizes):.3g}-{max(sizes):.3g}", grid)
   return laws, missing
+
+
+def provisional(grid: str) -> bool:
+  """Whether a fits CSV's ``grid`` says its grid had still to run when it was fitted."""
+  return grid.startswith("incomplete")
 
 
 def stand_in_shapes(params: float) -> list[tuple[int, ...]]:
@@ -281,8 +291,13 @@ def plan_family(law: Law, setup: Setup, dense_loss: float) -> Plan:
 
 def warnings_for(laws: dict[str, Law], setup: Setup) -> list[str]:
   """Where the plan extrapolates: beyond the fitted sizes, off 20 tokens a parameter, or (the
-  published law) off its 8 replicas."""
+  published law) off its 8 replicas; and laws fitted before their grid had finished."""
   out = []
+  unfinished = {law.grid: None for law in laws.values() if provisional(law.grid)}
+  if unfinished:
+    out.append(f"S1-LM's grid had not finished when its laws were fitted ({'; '.join(unfinished)})"
+               ": they are provisional (python -m experiments.reproduce --target=s1_lm resumes "
+               "the grid)")
   per_param = setup.tokens / setup.params
   if not 0.5 <= per_param / TOKENS_PER_PARAM <= 2:
     out.append(f"{per_param:.3g} tokens a parameter: every law is at {TOKENS_PER_PARAM}; the "

@@ -105,6 +105,25 @@ def test_a_plan_from_the_grid_s_fits_has_intervals_and_writes_a_config(tmp_path,
     assert written["compression"]["demo"]["topk"] >= 1
 
 
+def test_a_plan_from_an_unfinished_grid_says_its_laws_are_provisional(tmp_path, capsys):
+  fits = tmp_path / "s1_lm_fits.csv"
+  status = "incomplete: of 56 rows, 7 have no run, 3 are still tuning, 20 lack seeds"
+  header, *rows = FITS.strip().splitlines()
+  fits.write_text("\n".join([header + ",grid", *(f'{r},"{status}"' for r in rows)]) + "\n")
+  plan.main(["--params=2e6", "--tokens=4e7", "--workers=8", "--bandwidth_gbit=1",
+             "--device=cpu", f"--fits={fits}"])
+  lines = capsys.readouterr().out.splitlines()
+  assert "demo (S1-LM fit (s1_lm_fits.csv), provisional):" in lines
+  assert [l for l in lines if "provisional (python" in l] == [
+      f"warning: S1-LM's grid had not finished when its laws were fitted ({status}): they are "
+      "provisional (python -m experiments.reproduce --target=s1_lm resumes the grid)"]
+  complete = tmp_path / "complete.csv"
+  complete.write_text(fits.read_text().replace(f'"{status}"', "complete"))
+  plan.main(["--params=2e6", "--tokens=4e7", "--workers=8", "--bandwidth_gbit=1",
+             "--device=cpu", f"--fits={complete}"])
+  assert "provisional" not in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("change, message", [
     ({"--params": "-1"}, "--params=-1: allowed a number > 0"),
     ({"--params": "0"}, "--params=0: allowed a number > 0"),

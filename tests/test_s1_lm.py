@@ -270,6 +270,8 @@ def test_the_report_path_writes_the_page_and_the_fits_csv(grid_dir, tmp_path):
   assert [f["family"] for f in fits] == list(sweep_config.ROWS)
   demo = next(f for f in fits if f["family"] == "demo")
   assert math.isclose(float(demo["alpha"]), -0.2, abs_tol=0.01)
+  assert {f["grid"] for f in fits} == {s1_lm.grid_status(s1_lm.point_rows(grid_dir, TIER), TIER,
+                                                        3)}
   assert np.isfinite(float(demo["crossing_params"]))
 
 
@@ -300,3 +302,6 @@ def test_the_page_says_what_the_grid_has_still_to_run_and_nothing_once_it_has_fi
   note, = s1_lm.progress_note(rows, "cpu", 3)
   assert note.startswith("Incomplete: of 4 rows, 1 have no finished run, 1 are still tuning")
   assert "and 1 lack seeds" in note and "--target=s1_lm --tier=cpu" in note
+  assert s1_lm.grid_status(rows, "cpu", 3) == (
+      "incomplete: of 4 rows, 1 have no run, 1 are still tuning, 1 lack seeds")
+  assert s1_lm.grid_status([done], "cpu", 3) == "complete"

@@ -43,7 +43,7 @@ FITS_COLUMNS = (
     "family", "description", "sizes", "ratio", "A", "A_low", "A_high", "alpha", "alpha_low",
     "alpha_high", "holdout_residual", "crossing_params", "crossing_low", "crossing_high",
     "crossing_tokens", "crossing", "loss_A", "loss_A_low", "loss_A_high", "loss_alpha",
-    "loss_alpha_low", "loss_alpha_high", "loss_holdout_residual", "note")
+    "loss_alpha_low", "loss_alpha_high", "loss_holdout_residual", "note", "grid")
 
 
 def runs_dir(options: common.Options) -> str:
@@ -342,14 +342,31 @@ def fits_section(fits: list[dict]) -> tuple[str, str]:
            ("loss_A", "loss A"), ("loss_alpha", "loss alpha"), ("note", "note")], fits)))
 
 
-def progress_note(rows: list[dict], tier: str, seeds: int) -> list[str]:
-  """A note saying what the grid has still to run, or none once it has finished: rows with no
-  finished run, rows whose tuning goes on past the grid's scales, and rows short of their
-  seeds; until then the rates, laws and fits are provisional."""
+def progress(rows: list[dict], tier: str, seeds: int) -> tuple[int, int, int]:
+  """What the grid has still to run: ``(rows with no finished run, rows whose tuning goes on
+  past the grid's scales, rows short of their seeds)``; all 0 once it has finished."""
   missing = sum(1 for r in rows if not r["n"])
   tuning = sum(1 for r in rows if r["pending_scale"] is not None)
   short = sum(1 for r in rows if r["n"] and r["n"] < min(
       seeds, sweep_config.seeds_of(tier, sweep_config.split_label(r["label"])[0])))
+  return missing, tuning, short
+
+
+def grid_status(rows: list[dict], tier: str, seeds: int) -> str:
+  """The fits CSV's ``grid`` column: ``complete``, or what is still to run (the fits are then
+  provisional, which ``experiments.plan`` says)."""
+  missing, tuning, short = progress(rows, tier, seeds)
+  if not missing + tuning + short:
+    return "complete"
+  return (f"incomplete: of {len(rows)} rows, {missing} have no run, {tuning} are still tuning, "
+          f"{short} lack seeds")
+
+
+def progress_note(rows: list[dict], tier: str, seeds: int) -> list[str]:
+  """A note saying what the grid has still to run, or none once it has finished: rows with no
+  finished run, rows whose tuning goes on past the grid's scales, and rows short of their
+  seeds; until then the rates, laws and fits are provisional."""
+  missing, tuning, short = progress(rows, tier, seeds)
   if not missing + tuning + short:
     return []
   return [f"Incomplete: of {len(rows)} rows, {missing} have no finished run, {tuning} are still "
@@ -361,7 +378,7 @@ def progress_note(rows: list[dict], tier: str, seeds: int) -> list[str]:
 def report(workdir: str, *, tier: str, seeds: int = 3, fits_path: str | None = None) -> Report:
   """The page from the run directories; the fits CSV written to ``fits_path`` where given."""
   rows = point_rows(workdir, tier, seeds)
-  fits = fit_rows(rows)
+  fits = [dict(fit, grid=grid_status(rows, tier, seeds)) for fit in fit_rows(rows)]
   if fits_path is not None:
     write_fits(fits, fits_path)
   laws = rate_laws(workdir, tier)
