@@ -185,3 +185,8 @@ def test_each_row_reports_its_retention_against_t1_lms_dense_and_solo(tmp_path):
   assert rows[MAGNITUDE]["retention"] == pytest.approx(-0.51)
   assert rows[DEFAULT]["retention_text"].startswith("0.99")
   assert ("retention_text", "retention (vs solo)") in report.columns
+  # The scale the retention holds at, as T1-LM's rows say it: the fake runs' 20 steps of 64
+  # sequences of 64 tokens on 235,264 parameters; 512 tokens a worker a step.
+  assert rows[DEFAULT]["tokens_per_param"] == pytest.approx(20 * 64 * 64 / 235264)
+  assert rows[DEFAULT]["per_worker_tokens"] == 512
+  assert ("tokens_per_param", "tokens/parameter") in report.columns

@@ -122,6 +122,7 @@ def row_for(workdir: str, label: str, factors: tuple[str, int, str] | None, seed
   if runs:
     row["compression_ratio"] = float(np.mean([r.results["compression_ratio"] for r in runs]))
     row["settings"] = t1_lm.settings_text(runs[0].config)
+    row.update(t1_lm.scale_fields(runs[0]))
     if factors is not None:
       row["run_block"] = run_block(runs[0].config)
   return row
@@ -365,6 +366,8 @@ def report(workdir: str, *, tier: str, seeds: int) -> Report:
                ("support", "support"), ("val_loss", "val loss nats/token (mean ± std)"),
                ("loss_ci95", "95% CI ±"), ("vs_default", "vs default"),
                ("retention_text", "retention (vs solo)"), ("seeds", "seeds"),
+               ("tokens_per_param", "tokens/parameter"),
+               ("per_worker_tokens", "tokens/worker/step"),
                ("compression_ratio", "x fewer total bytes (HLO)"), ("settings", "settings"),
                ("status", "status"), ("run_dirs", "run directories")],
       rows=rows, claims=claims(rows), sections=sections(rows),
