@@ -16,10 +16,12 @@ scaling grid's fits, default the S1-LM fits CSV in ``paper_figures``) and ``--wr
 
 The laws: S1-LM's fits (``python -m experiments.reproduce --target=s1_lm`` writes them), a
 retention law ``1 - A N^alpha`` and a loss law ``A N^alpha`` per family, with dense's and
-solo's loss laws; until that grid has run, Charles et al. 2025's published laws for DiLoCo
-alone (data parallel ``L = 18.129 N^-0.0953``, DiLoCo with 8 replicas at H = 30
-``L = 21.051 N^-0.1018``), labelled so; the other families have no law yet. Every law is at 20
-tokens a parameter.
+solo's loss laws (marked provisional where the grid had not finished); and beside them, always,
+Charles et al. 2025's published laws for DiLoCo (data parallel ``L = 18.129 N^-0.0953``, DiLoCo
+with 8 replicas at H = 30 ``L = 21.051 N^-0.1018``), labelled so, each family's loss set against
+its own source's dense (the two are on different data). A family S1-LM has not fitted has no
+law yet. Every law is at 20 tokens a parameter. The recommendation prefers laws used within 10x
+of their fitted sizes; one that rests on a law extrapolated further says so.
 
 The models, reused: bytes a step from :func:`compressors.equal_bytes.solve` on a stand-in of the
 model's shapes (:func:`stand_in_shapes`: bytes depend on the count of parameters, the overlap of
@@ -129,22 +131,25 @@ def _number(row: dict, key: str) -> float | None:
   return float(text) if text else None
 
 
+PUBLISHED_LAW = Law("diloco", PUBLISHED_DILOCO, PUBLISHED_DENSE, None, None, None,
+                    PUBLISHED_RANGE, PUBLISHED,
+                    "Charles et al. 2025's C4 runs, 35M-2.4B parameters, 8 replicas, H = 30")
+
+
 def read_laws(path: str) -> tuple[dict[str, Law], list[str]]:
-  """The families' laws from the fits CSV at ``path`` (S1-LM's), or the published DiLoCo law
-  where there is none; and the families with no law yet."""
+  """The families' laws: S1-LM's fits from the CSV at ``path`` (where it exists) and Charles et
+  al.'s published DiLoCo law (always: its sizes, 35M-2.4B, are where S1-LM's CPU tier cannot
+  go); and the families with no law yet."""
+  fitted = [f for f in SETTINGS if f != "diloco"]
   if not os.path.isfile(path):
-    return ({"diloco": Law("diloco", PUBLISHED_DILOCO, PUBLISHED_DENSE, None, None, None,
-                           PUBLISHED_RANGE, PUBLISHED,
-                           "Charles et al. 2025's C4 runs, 35M-2.4B parameters, 8 replicas, "
-                           "H = 30")},
-            [f for f in SETTINGS if f not in ("diloco",)])
+    return {"diloco": PUBLISHED_LAW}, fitted
   with open(path, newline="", encoding="utf-8") as f:
     rows = {r["family"]: r for r in csv.DictReader(f)}
   law = lambda r, p: (scaling.PowerLaw(_number(r, p + "A"), _number(r, p + "alpha"))
                       if r and _number(r, p + "A") is not None else None)
   dense, solo = law(rows.get("dense"), "loss_"), law(rows.get("solo"), "loss_")
   laws, missing = {}, []
-  for family in (f for f in SETTINGS if f != "diloco"):
+  for family in fitted:
     row = rows.get(family)
     grid = ((row or {}).get("grid") or "").strip()
     if row is None or dense is None or law(row, "") is None or law(row, "loss_") is None:
@@ -159,6 +164,7 @@ def read_laws(path: str) -> tuple[dict[str, Law], list[str]]:
                        + (", provisional" if provisional(grid) else ""),
                        f"S1-LM's {row['family']} rows at 20 tokens a parameter, "
                        f"{len(sizes)} sizes {min(sizes):.3g}-{max(sizes):.3g}", grid)
+  laws["diloco"] = PUBLISHED_LAW
   return laws, missing
 
 
@@ -248,6 +254,8 @@ class Plan(NamedTuple):
   equivalent_params: float | None
   memory_gb: float
   fits: bool
+  dense_loss: float  # by the law's own source's dense law
+  extrapolated: float  # how far outside its fitted sizes (1: inside)
 
 
 def _retention(law: Law, n: float):
@@ -259,9 +267,12 @@ def _retention(law: Law, n: float):
   return value, (min(corners), max(corners))
 
 
-def plan_family(law: Law, setup: Setup, dense_loss: float) -> Plan:
-  """What ``law``'s family would run at ``setup`` and what its laws predict."""
+def plan_family(law: Law, setup: Setup) -> Plan:
+  """What ``law``'s family would run at ``setup`` and what its laws predict, against dense's
+  loss by the same source's dense law (S1-LM's losses and Charles et al.'s are on different
+  data)."""
   n = setup.params
+  dense_loss = float(law.dense.predict(n))
   steps = max(1, round(setup.tokens / setup.batch_tokens))
   shapes = stand_in_shapes(n)
   method, settings, exchange, sent = solved(law.family, shapes, setup.workers, steps)
@@ -286,7 +297,17 @@ def plan_family(law: Law, setup: Setup, dense_loss: float) -> Plan:
              if equivalent is not None and equivalent <= 100 * n else None)
   memory = STATE_BYTES[law.family] * n / 1e9
   return Plan(law.family, law, text, sent, loss, loss_interval, retention, interval, seconds,
-              equivalent, memory, setup.memory_gb is None or memory <= setup.memory_gb)
+              equivalent, memory, setup.memory_gb is None or memory <= setup.memory_gb,
+              dense_loss, extrapolation(law, n))
+
+
+FAR = 10.0  # a law used more than this factor outside its fitted sizes is extrapolated far
+
+
+def extrapolation(law: Law, params: float) -> float:
+  """How many times outside ``law``'s fitted sizes ``params`` is (1 inside them)."""
+  low, high = law.sizes
+  return max(1.0, low / params, params / high)
 
 
 def warnings_for(laws: dict[str, Law], setup: Setup) -> list[str]:
@@ -304,31 +325,39 @@ def warnings_for(laws: dict[str, Law], setup: Setup) -> list[str]:
                "predictions extrapolate in tokens")
   for law in laws.values():
     low, high = law.sizes
-    if not low <= setup.params <= high:
-      factor = max(low / setup.params, setup.params / high)
+    factor = extrapolation(law, setup.params)
+    if factor > 1:
       out.append(f"{law.family}: {setup.params:.3g} parameters is {factor:.3g}x "
                  f"{'below' if setup.params < low else 'beyond'} its law's fitted sizes "
                  f"({low:.3g}-{high:.3g}): extrapolated"
-                 + (" far (more than 10x)" if factor > 10 else ""))
-    if law.source == PUBLISHED and setup.workers != PUBLISHED_REPLICAS:
-      out.append(f"{law.family}: the published law is at {PUBLISHED_REPLICAS} replicas; "
-                 f"{setup.workers} workers extrapolates in M (Charles et al.: the gap to data "
-                 "parallel grows with the replicas)")
+                 + (f" far (more than {FAR:g}x)" if factor > FAR else ""))
+  workers = sorted({PUBLISHED_REPLICAS if law.source == PUBLISHED else s1_lm.WORKERS
+                    for law in laws.values()} - {setup.workers})
+  if workers:
+    out.append(f"the laws are at {' and '.join(map(str, workers))} workers (S1-LM's grid; the "
+               f"published law's replicas); {setup.workers} workers extrapolates in M (Charles "
+               "et al.: the gap to data parallel grows with the replicas)")
   return out
 
 
 def recommend(plans: list[Plan], dense_seconds: float) -> tuple[str, Plan | None]:
-  """The family that reaches dense's loss soonest among those that fit in memory, or dense
-  where none beats dense's time."""
-  ready = [p for p in plans if p.fits and p.seconds is not None]
-  best = min(ready, key=lambda p: p.seconds, default=None)
-  if best is None or best.seconds >= dense_seconds:
+  """The family that reaches dense's loss soonest among those that fit in memory, preferring
+  laws used within :data:`FAR` of their fitted sizes (a law extrapolated further is a
+  hypothesis, which the line says); dense where none beats dense's time."""
+  ready = [p for p in plans if p.fits and p.seconds is not None and p.seconds < dense_seconds]
+  near = [p for p in ready if p.extrapolated <= FAR]
+  best = min(near or ready, key=lambda p: p.seconds, default=None)
+  if best is None:
     return ("dense (bf16 all-reduce overlapped with the backward pass): no family with a law "
             "reaches dense's predicted loss sooner here", None)
+  caveat = ("" if best.extrapolated <= FAR else
+            f"; its law is extrapolated {best.extrapolated:.3g}x beyond its fitted sizes, and "
+            f"every law that beats dense here more than {FAR:g}x: a hypothesis to test, not a "
+            "prediction")
   return (f"{best.family} ({best.settings_text}): dense's predicted loss in "
           f"{_duration(best.seconds)} against dense's {_duration(dense_seconds)}, "
           f"{dense_seconds / best.seconds:.3g}x sooner; rests on the {best.law.source}, from "
-          f"{best.law.runs}", best)
+          f"{best.law.runs}{caveat}", best)
 
 
 def _duration(seconds: float) -> str:
@@ -367,21 +396,26 @@ def plan_lines(plan: Plan, dense_loss: float, dense_seconds: float) -> list[str]
 
 def plan(setup: Setup, laws: dict[str, Law], missing: Sequence[str]) -> tuple[list[str], Any]:
   """The printed lines and the recommended :class:`Plan` (None: dense)."""
-  law = next(iter(laws.values()), None)
-  dense_law, dense_source = (law.dense, law.source) if law else (PUBLISHED_DENSE, PUBLISHED)
-  dense_loss = float(dense_law.predict(setup.params))
   dense_seconds = run_seconds("dense", setup.params, setup)
   steps = max(1, round(setup.tokens / setup.batch_tokens))
   lines = [f"setup: {setup.params:.4g} parameters, {setup.tokens:.4g} tokens "
            f"({setup.tokens / setup.params:.3g} a parameter), {setup.workers} workers, "
            f"{setup.link.name}; {steps:,} steps of {setup.batch_tokens:,.0f} tokens; compute "
-           f"{setup.compute:.4g} s a step ({setup.compute_text})",
-           f"dense (bf16 all-reduce overlapped with the backward pass): "
-           f"{_duration(dense_seconds)} for the run, predicted loss {dense_loss:.4f} "
-           f"(L = {dense_law.A:g} N^{dense_law.alpha:g}, {dense_source})", ""]
-  plans = [plan_family(law, setup, dense_loss) for law in laws.values()]
+           f"{setup.compute:.4g} s a step ({setup.compute_text})"]
+  # One dense line per source of laws (S1-LM's fits, the published law): each family's loss is
+  # set against its own source's dense.
+  sources = {}
+  for law in laws.values():
+    sources.setdefault(law.source, law.dense)
+  for source, dense_law in sources.items():
+    lines.append(f"dense (bf16 all-reduce overlapped with the backward pass): "
+                 f"{_duration(dense_seconds)} for the run, predicted loss "
+                 f"{float(dense_law.predict(setup.params)):.4f} "
+                 f"(L = {dense_law.A:g} N^{dense_law.alpha:g}, {source})")
+  lines.append("")
+  plans = [plan_family(law, setup) for law in laws.values()]
   for p in plans:
-    lines += plan_lines(p, dense_loss, dense_seconds)
+    lines += plan_lines(p, p.dense_loss, dense_seconds)
   lines += [f"{family}: no law yet (S1-LM has not run it: python -m experiments.reproduce "
             "--target=s1_lm)" for family in missing]
   text, best = recommend(plans, dense_seconds)

@@ -1,8 +1,11 @@
-"""``python -m experiments.plan``: the three setups of the README (resting on Charles et al.'s
-published DiLoCo law until S1-LM has run), a plan from S1-LM's fits, and bad input refused in
-one line naming the flag."""
+"""``python -m experiments.plan``: the three setups of the README (from the published DiLoCo law
+alone, and as the README prints them from the committed S1-LM fits), plans from S1-LM's fits
+(intervals, provisional laws, the preference for a law near its fitted sizes), and bad input
+refused in one line naming the flag."""
 
 import json
+import pathlib
+import re
 
 import pytest
 
@@ -59,7 +62,8 @@ def test_the_cpu_tier_gets_dense_and_a_warning_that_the_law_is_extrapolated(tmp_
 
 def test_a_100m_model_on_64_workers_warns_of_the_replicas(tmp_path, capsys):
   lines = run(SETUPS["100M"], tmp_path, capsys)
-  assert "published law is at 8 replicas; 64 workers" in line(lines, "warning:")
+  assert "the laws are at 8 workers (S1-LM's grid; the published law's replicas); 64 workers " \
+         "extrapolates in M" in line(lines, "warning: the laws")
   assert line(lines, "recommended:").startswith(("recommended: diloco", "recommended: dense"))
 
 
@@ -124,6 +128,38 @@ def test_a_plan_from_an_unfinished_grid_says_its_laws_are_provisional(tmp_path, 
   assert "provisional" not in capsys.readouterr().out
 
 
+def test_the_recommendation_prefers_a_law_used_near_its_fitted_sizes(tmp_path, capsys):
+  """At 1.3B, DeMo's S1-LM law (fitted at 37K-1.1M, 1,222x away) reaches dense's loss sooner
+  than the published DiLoCo law (fitted at 35M-2.4B), which is recommended; each family's loss
+  is set against its own source's dense."""
+  fits = tmp_path / "s1_lm_fits.csv"
+  fits.write_text(FITS)
+  plan.main([*SETUPS["1.3B"], f"--fits={fits}"])
+  lines = capsys.readouterr().out.splitlines()
+  times = [float(l.split(": ")[-1].rstrip("x")) for l in lines if "time to dense's loss" in l]
+  assert len(times) == 2 and times[0] > times[1]  # demo's, then diloco's speed-up
+  assert line(lines, "recommended:").startswith("recommended: diloco (")
+  dense_lines = [l for l in lines if l.startswith("dense (bf16")]
+  assert [l.rsplit("(L = ", 1)[1] for l in dense_lines] == [
+      "20 N^-0.12, S1-LM fit (s1_lm_fits.csv))",
+      "18.129 N^-0.0953, published law (Charles et al. 2025), not fitted here)"]
+  assert f"over dense's {20 * 1.3e9 ** -0.12:.4f})" in line(lines, "predicted loss:")
+
+
+def test_a_recommendation_resting_on_a_far_extrapolation_says_so():
+  law = plan.PUBLISHED_LAW
+  far = lambda family, seconds, factor: plan.Plan(
+      family, law, family, 1.0, 3.0, None, None, None, seconds, None, 1.0, True, 2.9, factor)
+  text, best = plan.recommend([far("demo", 10.0, 50.0), far("diloco", 20.0, 12.0)], 100.0)
+  assert best.family == "demo"
+  assert text.endswith("its law is extrapolated 50x beyond its fitted sizes, and every law "
+                       "that beats dense here more than 10x: a hypothesis to test, not a "
+                       "prediction")
+  text, best = plan.recommend([far("demo", 10.0, 50.0), far("diloco", 20.0, 3.0)], 100.0)
+  assert best.family == "diloco" and "hypothesis" not in text
+  assert plan.recommend([far("demo", 200.0, 1.0)], 100.0)[1] is None  # slower than dense
+
+
 @pytest.mark.parametrize("change, message", [
     ({"--params": "-1"}, "--params=-1: allowed a number > 0"),
     ({"--params": "0"}, "--params=0: allowed a number > 0"),
@@ -144,3 +180,23 @@ def test_bad_input_is_refused_in_one_line_naming_the_flag(change, message, monke
   with pytest.raises(SystemExit) as exited:
     plan.main([f"{k}={v}" for k, v in args.items() if v is not None])
   assert exited.value.code == f"experiments.plan: {message}"
+
+
+def readme_plans() -> list[tuple[list[str], list[str]]]:
+  """``(argv, printed lines)`` of every ``$ python -m experiments.plan`` the README shows."""
+  text = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
+  out = []
+  for block in re.findall(r"```text\n(.*?)```", text, flags=re.S):
+    for command in re.split(r"^(?=\$ )", block, flags=re.M):
+      first, *printed = command.rstrip("\n").split("\n")
+      if first.startswith(f"$ python -m {plan.PROGRAM} "):
+        out.append((first.split()[4:], printed))
+  return out
+
+
+def test_the_readme_shows_what_the_plan_prints_from_the_committed_fits(capsys):
+  plans = readme_plans()
+  assert [argv for argv, _ in plans] == list(SETUPS.values())
+  for argv, printed in plans:
+    plan.main(argv)  # the default fits: paper_figures/s1_lm_fits.csv, as committed
+    assert capsys.readouterr().out.splitlines() == printed, " ".join(argv)
