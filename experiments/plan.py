@@ -373,7 +373,8 @@ def _interval(values, law: Law) -> str:
           else " (no interval: one seed a size)")
 
 
-def plan_lines(plan: Plan, dense_loss: float, dense_seconds: float) -> list[str]:
+def plan_lines(plan: Plan, dense_seconds: float) -> list[str]:
+  dense_loss = plan.dense_loss
   lines = [f"{plan.family} ({plan.law.source}):", f"  runs: {plan.settings_text}",
            f"  bytes a step (equal-bytes solver): {plan.bytes:,.0f}"]
   if plan.retention is not None:
@@ -415,7 +416,7 @@ def plan(setup: Setup, laws: dict[str, Law], missing: Sequence[str]) -> tuple[li
   lines.append("")
   plans = [plan_family(law, setup) for law in laws.values()]
   for p in plans:
-    lines += plan_lines(p, p.dense_loss, dense_seconds)
+    lines += plan_lines(p, dense_seconds)
   lines += [f"{family}: no law yet (S1-LM has not run it: python -m experiments.reproduce "
             "--target=s1_lm)" for family in missing]
   text, best = recommend(plans, dense_seconds)
