@@ -199,4 +199,6 @@ def test_the_readme_shows_what_the_plan_prints_from_the_committed_fits(capsys):
   assert [argv for argv, _ in plans] == list(SETUPS.values())
   for argv, printed in plans:
     plan.main(argv)  # the default fits: paper_figures/s1_lm_fits.csv, as committed
-    assert capsys.readouterr().out.splitlines() == printed, " ".join(argv)
+    assert capsys.readouterr().out.splitlines() == printed, (
+        f"the README's output of `python -m experiments.plan {' '.join(argv)}` is not what it "
+        "prints from paper_figures/s1_lm_fits.csv: paste the command's output into the README")
