@@ -378,7 +378,8 @@ def progress_note(rows: list[dict], tier: str, seeds: int) -> list[str]:
 def report(workdir: str, *, tier: str, seeds: int = 3, fits_path: str | None = None) -> Report:
   """The page from the run directories; the fits CSV written to ``fits_path`` where given."""
   rows = point_rows(workdir, tier, seeds)
-  fits = [dict(fit, grid=grid_status(rows, tier, seeds)) for fit in fit_rows(rows)]
+  status = grid_status(rows, tier, seeds)
+  fits = [dict(fit, grid=status) for fit in fit_rows(rows)]
   if fits_path is not None:
     write_fits(fits, fits_path)
   laws = rate_laws(workdir, tier)
