@@ -289,6 +289,10 @@ def test_the_run_config_sets_the_shape_steps_and_per_worker_batch():
   assert (config.model.hidden, config.model.num_layers, config.model.num_heads) == (32, 1, 2)
   assert config.num_steps == 392 and config.batch_size == 32 * 8
   assert config.eval_every == 39 and config.schedule.warmup_steps == 39
+  # A short run checkpoints at half; the largest size's (5,194 steps) every 500, as it may span
+  # sessions and a killed run resumes from its last checkpoint.
+  assert config.checkpoint_every == 196
+  assert lm.get_config("width=128,layers=4,heads=8,steps=5194").checkpoint_every == 500
   solo = lm.get_config("solo=true,steps=392,per_worker_batch=32")
   assert solo.batch_size == 32 and solo.num_devices == 1
   assert lm.get_config("method=demo,tile=128").compression.demo.chunk == 128

@@ -193,8 +193,9 @@ def get_config(arg=None):
   # (lm_stdlib's warm-up and decay are fractions of num_steps).
   c.eval_every = (max(1, num_steps // 10) if args["steps"]
                   else sizes["eval_every"] * args["steps_scale"])
-  # Every 500 steps at any length: a horizon run (16,000 steps) may span sessions.
-  c.checkpoint_every = max(1, num_steps // 2) if args["steps"] else sizes["num_steps"] // 2
+  # At half a short run and every 500 steps of a long one: a horizon run (16,000 steps) or the
+  # scaling grid's largest size (5,194) may span sessions, and a killed run resumes from its last.
+  c.checkpoint_every = max(1, min(500, num_steps // 2))
   tasc_options = dict(score=args["score"], sensitivity=args["sensitivity"],
                       block_size=args["block"], support=args["support"])
   c.compression[args["method"]].update(method_block(args["method"], **tasc_options))
