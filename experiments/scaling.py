@@ -27,8 +27,10 @@ The forms:
 - :class:`RetentionLaw`, ``retention = 1 - A N^alpha``: the retained share of communication's
   benefit (as ``experiments/reproduce/stats.py`` computes it). Its gap to 1 is a power law, so the law never predicts more than all of the benefit
   (a line in ``log N`` crosses 1 and keeps rising) and, with ``alpha < 0``, tends to 1, as
-  Charles et al.'s DiLoCo-to-data-parallel gap shrinks with size. :func:`crossing` predicts the
-  size where it reaches a level.
+  Charles et al.'s DiLoCo-to-data-parallel gap shrinks with size. Fitted by least squares on
+  the retention itself (a seed's retention may exceed 1, and its noise is additive), started
+  from the log fit of each size's mean gap. :func:`crossing` predicts the size where it reaches a
+  level.
 - The tuned learning rate against size: a :class:`PowerLaw` (:func:`fit_learning_rate`).
 
 Intervals (:func:`bootstrap`): each draw resamples, with replacement, the seeds of each model
@@ -60,6 +62,8 @@ OPTIONAL_COLUMNS = ("workers", "tokens", "seed", "family")
 # A crossing beyond this many times the largest fitted size is not predicted.
 EXTRAPOLATION_LIMIT = 10.0
 NOT_WITHIN = f"not within {EXTRAPOLATION_LIMIT:g}x of the fitted range"
+# A law at or above the level from the smallest size fitted: no crossing inside the range.
+KEPT_THROUGHOUT = "reached at or below the smallest size fitted"
 
 
 class Runs(NamedTuple):
@@ -93,15 +97,16 @@ def make_runs(params: Sequence[float], value: Sequence[float],
     value: each run's fitted quantity.
     workers: each run's M (default 1).
     seed: each run's seed (default: the row's number, so repeated sizes are distinct seeds).
-    what: the quantity's name, for the messages; ``"retention"`` allows any value below 1.
+    what: the quantity's name, for the messages; ``"retention"`` allows any finite value (a
+      seed may keep more than all of communication's benefit, or less than none).
 
   Returns:
     The runs, as float64 arrays (the seeds as given).
 
   Raises:
     ValueError: a column of another length, a non-positive or non-finite size or M, a
-      non-positive loss or learning rate, a retention of 1 or more, or two rows of one size,
-      M and seed.
+      non-positive loss or learning rate, a non-finite retention, or two rows of one size, M
+      and seed.
   """
   params, value = np.asarray(params, np.float64), np.asarray(value, np.float64)
   n = len(params)
@@ -113,10 +118,9 @@ def make_runs(params: Sequence[float], value: Sequence[float],
   for name, column in (("params", params), ("workers", workers)):
     _check_positive(name, column)
   if what == "retention":
-    bad = ~(np.isfinite(value) & (value < 1))
+    bad = ~np.isfinite(value)
     if bad.any():
-      raise ValueError(f"retention={float(value[bad][0])!r}: allowed a finite number below 1 "
-                       "(the law is 1 - A N^alpha)")
+      raise ValueError(f"retention={float(value[bad][0])!r}: allowed a finite number")
   else:
     _check_positive(what, value)
   seen = set()
@@ -180,7 +184,10 @@ class RetentionLaw(NamedTuple):
     the gap does not shrink)."""
     if self.alpha >= 0:
       return np.inf
-    return float(((1.0 - level) / self.A) ** (1.0 / self.alpha))
+    # In logarithms: an alpha near 0 puts the size past a float's range (infinite, not an
+    # overflow).
+    log_size = np.log((1.0 - level) / self.A) / self.alpha
+    return float(np.exp(log_size)) if log_size < np.log(np.finfo(np.float64).max) else np.inf
 
 
 def _need_sizes(runs: Runs, count: int, form: str) -> None:
@@ -280,18 +287,35 @@ def fit_charles(runs: Runs, start: CharlesLaw | None = None) -> CharlesLaw:
   return CharlesLaw(float(np.exp(log_a)), float(alpha), float(beta), float(c))
 
 
+# The smallest gap ``1 - retention`` a point's mean is taken as when it starts the retention fit:
+# a family that keeps all of communication's benefit has no gap whose logarithm could start it.
+_START_GAP = 1e-3
+
+
 def fit_retention(runs: Runs) -> RetentionLaw:
-  """Fits ``retention = 1 - A N^alpha`` by least squares on ``log(1 - retention)``.
+  """Fits ``retention = 1 - A N^alpha`` by least squares on the retention itself, started from
+  the log fit of each point's mean gap ``1 - retention`` (held at 0.001 or more).
+
+  Least squares on the retention, not on ``log(1 - retention)``: a seed's noise in its loss is
+  additive in its retention, and a family that keeps all of communication's benefit has seeds
+  above 1, whose gap has no logarithm (``A`` stays positive: the law's gap is).
 
   Args:
-    runs: ``value`` the retention of each run (below 1: :func:`make_runs` with
-      ``what="retention"``), two sizes or more.
+    runs: ``value`` the retention of each run (:func:`make_runs` with ``what="retention"``),
+      two sizes or more.
 
   Returns:
     The fitted law.
   """
-  gap = fit_power_law(runs._replace(value=1.0 - runs.value))
-  return RetentionLaw(gap.A, gap.alpha)
+  _need_sizes(runs, 2, "retention = 1 - A N^alpha")
+  groups = runs.groups()
+  means = np.array([runs.value[g].mean() for g in groups])
+  sizes = np.array([runs.params[g[0]] for g in groups])
+  log_a, alpha = _log_least_squares([np.log(sizes)], np.maximum(1.0 - means, _START_GAP))
+  solution = optimize.least_squares(
+      lambda p: 1.0 - np.exp(p[0]) * runs.params ** p[1] - runs.value, [log_a, alpha],
+      method="lm")
+  return RetentionLaw(float(np.exp(solution.x[0])), float(solution.x[1]))
 
 
 def fit_learning_rate(runs: Runs) -> PowerLaw:
@@ -302,10 +326,11 @@ def fit_learning_rate(runs: Runs) -> PowerLaw:
 
 class Fit(NamedTuple):
   """A fitted law with its bootstrap draws (``draws``: one row of the law's fields a draw;
-  ``None`` where every size has one seed) and the largest size it was fitted on."""
+  ``None`` where every size has one seed) and the largest and smallest sizes it was fitted on."""
   law: Any
   draws: np.ndarray | None
   largest_params: float
+  smallest_params: float
 
   def interval(self, name: str, level: float = 0.95) -> tuple[float, float] | None:
     """The ``level`` percentile interval of the law's field ``name``; ``None`` without draws."""
@@ -345,13 +370,14 @@ def bootstrap(fit: Callable[[Runs], Any], runs: Runs, *, draws: int = 1000,
   law = fit(runs)
   groups = runs.groups()
   if max(len(g) for g in groups) < 2:
-    return Fit(law, None, float(runs.params.max()))
+    return Fit(law, None, float(runs.params.max()), float(runs.params.min()))
   rng = np.random.default_rng(seed)
   rows = []
   for _ in range(draws):
     picked = np.concatenate([g[rng.integers(len(g), size=len(g))] for g in groups])
     rows.append(fit(runs.select(picked)))
-  return Fit(law, np.array(rows, np.float64), float(runs.params.max()))
+  return Fit(law, np.array(rows, np.float64), float(runs.params.max()),
+             float(runs.params.min()))
 
 
 class Holdout(NamedTuple):
@@ -406,7 +432,8 @@ def crossing(fit: Fit, level: float = 0.95, interval_level: float = 0.95) -> Cro
 
   Returns:
     The :class:`Crossing`; its ``reason`` is ``"not within 10x of the fitted range"`` where the
-    crossing is beyond 10 times the largest fitted size (or never comes).
+    crossing is beyond 10 times the largest fitted size (or never comes), and
+    :data:`KEPT_THROUGHOUT` (with the smallest size) where the law is at ``level`` already there.
 
   Raises:
     ValueError: a level of 1 or more, or a law that is not a retention law.
@@ -419,6 +446,8 @@ def crossing(fit: Fit, level: float = 0.95, interval_level: float = 0.95) -> Cro
   if fit.draws is not None:
     sizes = np.array([RetentionLaw(*row).params_at(level) for row in fit.draws])
     interval = _percentiles(sizes, interval_level)
+  if fit.law.predict(fit.smallest_params) >= level:
+    return Crossing(None, interval, f"{KEPT_THROUGHOUT} ({fit.smallest_params:.3g} parameters)")
   size = fit.law.params_at(level)
   if size > EXTRAPOLATION_LIMIT * fit.largest_params:
     return Crossing(None, interval, NOT_WITHIN)

@@ -5,6 +5,7 @@ check, the retention crossing, and the command line."""
 import os
 import subprocess
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -190,11 +191,35 @@ def test_retention_crossing_and_its_refusal_beyond_ten_times_the_fitted_range():
       SIZES, 0.5 - 0.01 * np.log10(SIZES), what="retention"))
   assert flat.law.alpha > 0
   assert scaling.crossing(flat, 0.6).reason == "not within 10x of the fitted range"
-  for bad in (1.0, float("nan")):
-    with pytest.raises(ValueError, match=rf"^retention={bad}: allowed a finite number below 1"):
+  for bad in (float("inf"), float("nan")):
+    with pytest.raises(ValueError, match=rf"^retention={bad}: allowed a finite number$"):
       scaling.make_runs([1e6, 1e7], [0.5, bad], what="retention")
   with pytest.raises(ValueError, match=r"^two rows have params=1e\+06, workers=1, seed=0"):
     scaling.make_runs([1e6, 1e6, 1e7], [3.0, 3.1, 2.5], seed=[0, 0, 0])
+
+
+def test_a_family_that_keeps_all_of_the_benefit_has_a_law_with_seeds_above_one():
+  """Seeds of a family near dense scatter about 1 (S1-LM's 1-bit Adam: 1.07 ± 0.13): the fit is
+  on the retention itself, so seeds above 1 neither break it nor are dropped."""
+  planted = scaling.RetentionLaw(300.0, -0.5)  # a gap of 0.3 at 1e6 parameters, 0.0095 at 1e9
+  runs = planted_runs(planted, np.random.default_rng(3), seeds=3, noise=0.02, what="retention")
+  assert (runs.value > 1).sum() >= 2
+  fit = scaling.bootstrap(scaling.fit_retention, runs, draws=200)
+  assert fit.law.alpha == pytest.approx(-0.5, abs=0.05)
+  assert fit.interval("alpha")[0] <= -0.5 <= fit.interval("alpha")[1]
+  np.testing.assert_allclose(fit.law.predict(SIZES), planted.predict(SIZES), atol=0.02)
+  # A law at 95% from the smallest size fitted: said, not extrapolated downwards.
+  kept = scaling.crossing(scaling.bootstrap(scaling.fit_retention, scaling.make_runs(
+      SIZES, scaling.RetentionLaw(0.01, -0.2).predict(SIZES), what="retention")), 0.95)
+  assert kept.params is None
+  assert kept.reason == f"{scaling.KEPT_THROUGHOUT} ({SIZES.min():.3g} parameters)"
+
+
+def test_a_crossing_past_a_floats_range_is_infinite_without_a_warning():
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    assert scaling.RetentionLaw(1.0, -1e-6).params_at(0.95) == np.inf
+    assert scaling.RetentionLaw(np.float64(1.0), np.float64(-1e-6)).params_at(0.95) == np.inf
 
 
 def test_the_tuned_learning_rate_law_is_a_power_law():

@@ -268,13 +268,10 @@ def fit_row(rows: list[dict], family: str) -> dict:
     return out
   ratios = [r["ratio"] for r in rows if r["row"] == family and r.get("ratio")]
   out["ratio"] = min(ratios) if ratios else None
-  try:
-    kept = _seed_retentions(rows, family)
-  except ValueError as e:  # a retention of 1 or more: the gap's law has no logarithm
-    kept, notes = None, notes + [f"retention law not fitted: {e}"]
-  if kept is None and not any(n.startswith("retention") for n in notes):
+  kept = _seed_retentions(rows, family)
+  if kept is None:
     notes.append("retention law: fewer than 2 sizes have finished")
-  elif kept is not None:
+  else:
     fit = scaling.bootstrap(scaling.fit_retention, kept)
     out.update(_law_fields(fit))
     out["holdout_residual"] = _holdout(scaling.fit_retention, kept)
@@ -333,7 +330,8 @@ def budget_section(tier: str) -> tuple[str, str]:
 
 def fits_section(fits: list[dict]) -> tuple[str, str]:
   return ("Fitted laws (20 tokens a parameter)", (
-      "Retention = 1 - A N^alpha and L = A N^alpha, by least squares in log space; intervals "
+      "Retention = 1 - A N^alpha by least squares on the retention, L = A N^alpha by least "
+      "squares in log space; intervals "
       "from the bootstrap over seeds (none where a size has one seed); the residual predicts "
       f"the largest size from the others; the crossing is where retention reaches {LEVEL:.0%} "
       "(also in the fits CSV beside this page).\n\n" + report_lib.markdown_table(
