@@ -42,6 +42,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+import numpy as np
+
 from compressors import equal_bytes
 from compressors import registry
 from compressors import step_time
@@ -108,7 +110,7 @@ class Law(NamedTuple):
   dense: scaling.PowerLaw
   solo: scaling.PowerLaw | None
   retention: scaling.RetentionLaw | None
-  retention_bounds: tuple | None  # ((A_low, A_high), (alpha_low, alpha_high))
+  retention_draws: np.ndarray | None  # (A, alpha) rows: its fit's bootstrap draws
   sizes: tuple[float, float]
   source: str
   runs: str
@@ -148,6 +150,7 @@ def read_laws(path: str) -> tuple[dict[str, Law], list[str]]:
   law = lambda r, p: (scaling.PowerLaw(_number(r, p + "A"), _number(r, p + "alpha"))
                       if r and _number(r, p + "A") is not None else None)
   dense, solo = law(rows.get("dense"), "loss_"), law(rows.get("solo"), "loss_")
+  draws = read_draws(scaling.draws_path(path))
   laws, missing = {}, []
   for family in fitted:
     row = rows.get(family)
@@ -156,16 +159,27 @@ def read_laws(path: str) -> tuple[dict[str, Law], list[str]]:
       missing.append(family)
       continue
     sizes = [float(s) for s in row["sizes"].split()]
-    bounds = tuple((_number(row, k + "_low"), _number(row, k + "_high")) for k in ("A", "alpha"))
     laws[family] = Law(family, law(row, "loss_"), dense, solo,
-                       scaling.RetentionLaw(*law(row, "")),
-                       None if None in sum(bounds, ()) else bounds, (min(sizes), max(sizes)),
+                       scaling.RetentionLaw(*law(row, "")), draws.get(family),
+                       (min(sizes), max(sizes)),
                        f"S1-LM fit ({os.path.basename(path)})"
                        + (", provisional" if provisional(grid) else ""),
                        f"S1-LM's {row['family']} rows at 20 tokens a parameter, "
                        f"{len(sizes)} sizes {min(sizes):.3g}-{max(sizes):.3g}", grid)
   laws["diloco"] = PUBLISHED_LAW
   return laws, missing
+
+
+def read_draws(path: str) -> dict[str, np.ndarray]:
+  """Each family's retention-law bootstrap draws, ``(A, alpha)`` rows, from the CSV beside the
+  fits (none where it is absent: the plan then prints no interval)."""
+  if not os.path.isfile(path):
+    return {}
+  found = {}
+  with open(path, newline="", encoding="utf-8") as f:
+    for row in csv.DictReader(f):
+      found.setdefault(row["family"], []).append((float(row["A"]), float(row["alpha"])))
+  return {family: np.array(rows, np.float64) for family, rows in found.items()}
 
 
 def provisional(grid: str) -> bool:
@@ -259,12 +273,12 @@ class Plan(NamedTuple):
 
 
 def _retention(law: Law, n: float):
+  """The retention the law predicts at ``n`` and its 95% interval (None without draws): the
+  percentiles of its bootstrap draws' predictions (:meth:`experiments.scaling.Fit.
+  prediction_interval`)."""
   value = float(law.retention.predict(n))
-  if law.retention_bounds is None:
-    return value, None
-  corners = [float(scaling.RetentionLaw(a, b).predict(n))
-             for a in law.retention_bounds[0] for b in law.retention_bounds[1]]
-  return value, (min(corners), max(corners))
+  fit = scaling.Fit(law.retention, law.retention_draws, *law.sizes[::-1])
+  return value, fit.prediction_interval(n)
 
 
 def plan_family(law: Law, setup: Setup) -> Plan:

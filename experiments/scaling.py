@@ -339,6 +339,18 @@ class Fit(NamedTuple):
     column = self.draws[:, type(self.law)._fields.index(name)]
     return _percentiles(column, level)
 
+  def prediction_interval(self, params: float, level: float = 0.95,
+                          workers: float = 1.0) -> tuple[float, float] | None:
+    """The ``level`` percentile interval of the draws' predictions at ``params`` (and
+    ``workers``); ``None`` without draws. A prediction's interval, not one built from the
+    coefficients' intervals apart: ``A`` and ``alpha`` move together (a steeper law starts
+    higher), and a poorly fitted law's draws are far from normal."""
+    if self.draws is None:
+      return None
+    kind = type(self.law)
+    return _percentiles(np.array([kind(*row).predict(params, workers) for row in self.draws],
+                                 np.float64), level)
+
 
 def _percentiles(values: np.ndarray, level: float) -> tuple[float, float]:
   tail = 100 * (1 - level) / 2
@@ -452,6 +464,12 @@ def crossing(fit: Fit, level: float = 0.95, interval_level: float = 0.95) -> Cro
   if size > EXTRAPOLATION_LIMIT * fit.largest_params:
     return Crossing(None, interval, NOT_WITHIN)
   return Crossing(size, interval)
+
+
+def draws_path(fits_path: str) -> str:
+  """Where a fits CSV's bootstrap draws lie: beside it, ``<stem>_draws.csv``."""
+  stem, ext = os.path.splitext(fits_path)
+  return stem + "_draws" + ext
 
 
 def read_csv(path: str) -> dict[str, Runs]:

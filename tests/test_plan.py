@@ -7,6 +7,7 @@ import json
 import pathlib
 import re
 
+import numpy as np
 import pytest
 
 from compressors import equal_bytes
@@ -87,20 +88,29 @@ solo,solo,37104 1063680,,,,,,,,,,,,,,21,20,22,-0.11,-0.12,-0.10,0.001,
 demo,DeMo,37104 1063680,100,0.5,0.4,0.6,-0.2,-0.22,-0.18,0.001,1e5,6e4,1.3e5,2e6,x,20.2,20,\
 20.4,-0.12,-0.125,-0.118,0.001,
 """
+# DeMo's retention-law draws beside the fits (A, alpha): a steeper law starts higher.
+DRAWS = [(0.5 * np.exp(0.1 * z), -0.2 - 0.01 * z) for z in np.linspace(-2, 2, 41)]
+
+
+def write_fits(folder, text=FITS):
+  (folder / "s1_lm_fits.csv").write_text(text)
+  (folder / "s1_lm_fits_draws.csv").write_text(
+      "family,A,alpha\n" + "".join(f"demo,{float(a)!r},{float(b)!r}\n" for a, b in DRAWS))
+  return folder / "s1_lm_fits.csv"
 
 
 def test_a_plan_from_the_grid_s_fits_has_intervals_and_writes_a_config(tmp_path, capsys):
-  fits = tmp_path / "s1_lm_fits.csv"
-  fits.write_text(FITS)
+  fits = write_fits(tmp_path)
   out = tmp_path / "chosen.json"
   plan.main(["--params=2e6", "--tokens=4e7", "--workers=8", "--bandwidth_gbit=1",
              "--device=cpu", f"--fits={fits}", f"--write_config={out}"])
   lines = capsys.readouterr().out.splitlines()
   assert "demo (S1-LM fit (s1_lm_fits.csv)):" in lines
   kept = 1 - 0.5 * 2e6 ** -0.2
-  corners = [1 - a * 2e6 ** b for a in (0.4, 0.6) for b in (-0.22, -0.18)]
+  # The draws' predictions' 2.5th and 97.5th percentiles (of 41: the 2nd lowest and highest).
+  ends = sorted(1 - a * 2e6 ** b for a, b in DRAWS)[1:-1:38]
   assert line(lines, "predicted retention:") == (
-      f"  predicted retention: {kept:.3f} [{min(corners):.4g}, {max(corners):.4g}]")
+      f"  predicted retention: {kept:.3f} [{ends[0]:.4g}, {ends[1]:.4g}]")
   assert line(lines, "diloco_int8:").startswith("diloco_int8: no law yet")
   assert "beyond its law's fitted sizes" in line(lines, "warning: demo")
   written = json.loads(out.read_text())
@@ -132,8 +142,7 @@ def test_the_recommendation_prefers_a_law_used_near_its_fitted_sizes(tmp_path, c
   """At 1.3B, DeMo's S1-LM law (fitted at 37K-1.1M, 1,222x away) reaches dense's loss sooner
   than the published DiLoCo law (fitted at 35M-2.4B), which is recommended; each family's loss
   is set against its own source's dense."""
-  fits = tmp_path / "s1_lm_fits.csv"
-  fits.write_text(FITS)
+  fits = write_fits(tmp_path)
   plan.main([*SETUPS["1.3B"], f"--fits={fits}"])
   lines = capsys.readouterr().out.splitlines()
   times = [float(l.split(": ")[-1].rstrip("x")) for l in lines if "time to dense's loss" in l]

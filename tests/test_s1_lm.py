@@ -273,6 +273,14 @@ def test_the_report_path_writes_the_page_and_the_fits_csv(grid_dir, tmp_path):
   assert {f["grid"] for f in fits} == {s1_lm.grid_status(s1_lm.point_rows(grid_dir, TIER), TIER,
                                                         3)}
   assert np.isfinite(float(demo["crossing_params"]))
+  # Each retention law's bootstrap draws beside it, whose predictions the plan's intervals are.
+  with open(tmp_path / "s1_lm_fits_draws.csv", encoding="utf-8") as f:
+    draws = list(csv.DictReader(f))
+  families = [f["family"] for f in fits if f["alpha"]]
+  assert sorted({d["family"] for d in draws}) == sorted(families) and "dense" not in families
+  demo_draws = np.array([(float(d["A"]), float(d["alpha"])) for d in draws
+                         if d["family"] == "demo"])
+  assert len(demo_draws) == 1000 and np.median(demo_draws[:, 1]) == pytest.approx(-0.2, abs=0.01)
 
 
 @pytest.mark.parametrize("arg, message", [

@@ -215,6 +215,25 @@ def test_a_family_that_keeps_all_of_the_benefit_has_a_law_with_seeds_above_one()
   assert kept.reason == f"{scaling.KEPT_THROUGHOUT} ({SIZES.min():.3g} parameters)"
 
 
+def test_a_predictions_interval_is_its_draws_percentiles_not_its_coefficients_corners():
+  """log A and alpha move together: a prediction's interval is the draws' percentiles of it,
+  far narrower than the corners of the two coefficients' intervals taken apart."""
+  planted = scaling.RetentionLaw(30.0, -0.3)
+  runs = planted_runs(planted, np.random.default_rng(5), seeds=3, noise=0.02, what="retention")
+  fit = scaling.bootstrap(scaling.fit_retention, runs, draws=400)
+  for n in (3e7, 1e10):  # inside the fitted range and 10x beyond it
+    low, high = fit.prediction_interval(n)
+    assert low <= float(fit.law.predict(n)) <= high
+    assert low <= float(planted.predict(n)) <= high
+    kept = [1 - a * n ** b for a, b in fit.draws]
+    assert (low, high) == (np.percentile(kept, 2.5, method="lower"),
+                           np.percentile(kept, 97.5, method="higher"))
+    corners = [1 - a * n ** b for a in fit.interval("A") for b in fit.interval("alpha")]
+    assert max(corners) - min(corners) > 2 * (high - low)
+  assert scaling.bootstrap(scaling.fit_power_law, scaling.make_runs(SIZES, 3 * SIZES ** -0.1)
+                           ).prediction_interval(1e6) is None  # one seed a size: no draws
+
+
 def test_a_crossing_past_a_floats_range_is_infinite_without_a_warning():
   with warnings.catch_warnings():
     warnings.simplefilter("error")

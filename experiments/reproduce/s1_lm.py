@@ -44,6 +44,9 @@ FITS_COLUMNS = (
     "alpha_high", "holdout_residual", "crossing_params", "crossing_low", "crossing_high",
     "crossing_tokens", "crossing", "loss_A", "loss_A_low", "loss_A_high", "loss_alpha",
     "loss_alpha_low", "loss_alpha_high", "loss_holdout_residual", "note", "grid")
+# Beside the fits CSV (scaling.draws_path), each retention law's bootstrap draws: the plan's
+# intervals at any size are their percentiles (experiments.plan).
+DRAWS_COLUMNS = ("family", "A", "alpha")
 
 
 def runs_dir(options: common.Options) -> str:
@@ -274,6 +277,7 @@ def fit_row(rows: list[dict], family: str) -> dict:
   else:
     fit = scaling.bootstrap(scaling.fit_retention, kept)
     out.update(_law_fields(fit))
+    out["draws"] = fit.draws
     out["holdout_residual"] = _holdout(scaling.fit_retention, kept)
     out.update(_crossing_fields(scaling.crossing(fit, LEVEL)))
   if out.get("ratio") and out["ratio"] < sweep_config.RATIO * 0.9:
@@ -298,12 +302,20 @@ def fit_rows(rows: list[dict]) -> list[dict]:
 
 
 def write_fits(fits: list[dict], path: str) -> None:
+  """The fits CSV at ``path`` and the retention laws' draws beside it
+  (:func:`experiments.scaling.draws_path`)."""
   os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
   with open(path, "w", newline="", encoding="utf-8") as f:
     writer = csv.DictWriter(f, fieldnames=FITS_COLUMNS, lineterminator="\n")
     writer.writeheader()
     for fit in fits:
       writer.writerow({k: "" if fit.get(k) is None else fit[k] for k in FITS_COLUMNS})
+  with open(scaling.draws_path(path), "w", newline="", encoding="utf-8") as f:
+    writer = csv.writer(f, lineterminator="\n")
+    writer.writerow(DRAWS_COLUMNS)
+    for fit in fits:
+      for a, alpha in (fit.get("draws") if fit.get("draws") is not None else ()):
+        writer.writerow((fit["family"], f"{a:.6g}", f"{alpha:.6g}"))
 
 
 COLUMNS = [("point", "point"), ("row", "row"), ("params", "parameters"),
