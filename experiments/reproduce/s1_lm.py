@@ -15,7 +15,8 @@ beside the page, a row per family) are on the 20-tokens points, one per size:
   where it reaches 95% (:func:`experiments.scaling.crossing`: "not within 10x of the fitted
   range" beyond 10 times the largest size run), with its tokens (20 a parameter);
 - the loss law ``L = A N^alpha`` of the family (dense's and solo's too), which
-  ``python -m experiments.plan`` reads.
+  ``python -m experiments.plan`` reads, with the retention laws' bootstrap draws written beside
+  the fits (``s1_lm_fits_draws.csv``), whose predictions' percentiles are its intervals.
 """
 
 import csv
