@@ -101,7 +101,7 @@ SETTINGS = {
 
 class Law(NamedTuple):
   """A family's laws: its loss law, dense's and solo's (None where not published), its
-  retention law with its coefficients' intervals (None for a published law), the sizes it was
+  retention law's fit with its bootstrap draws (None for a published law), the sizes it was
   fitted on, where it comes from, the runs it rests on, and what the grid had still to run when
   it was fitted (the fits CSV's ``grid``: '' for a published law and for a fits file without
   that column)."""
@@ -109,8 +109,7 @@ class Law(NamedTuple):
   loss: scaling.PowerLaw
   dense: scaling.PowerLaw
   solo: scaling.PowerLaw | None
-  retention: scaling.RetentionLaw | None
-  retention_draws: np.ndarray | None  # (A, alpha) rows: its fit's bootstrap draws
+  retention: scaling.Fit | None  # of a scaling.RetentionLaw
   sizes: tuple[float, float]
   source: str
   runs: str
@@ -133,8 +132,8 @@ def _number(row: dict, key: str) -> float | None:
   return float(text) if text else None
 
 
-PUBLISHED_LAW = Law("diloco", PUBLISHED_DILOCO, PUBLISHED_DENSE, None, None, None,
-                    PUBLISHED_RANGE, PUBLISHED,
+PUBLISHED_LAW = Law("diloco", PUBLISHED_DILOCO, PUBLISHED_DENSE, None, None, PUBLISHED_RANGE,
+                    PUBLISHED,
                     "Charles et al. 2025's C4 runs, 35M-2.4B parameters, 8 replicas, H = 30")
 
 
@@ -159,9 +158,9 @@ def read_laws(path: str) -> tuple[dict[str, Law], list[str]]:
       missing.append(family)
       continue
     sizes = [float(s) for s in row["sizes"].split()]
-    laws[family] = Law(family, law(row, "loss_"), dense, solo,
-                       scaling.RetentionLaw(*law(row, "")), draws.get(family),
-                       (min(sizes), max(sizes)),
+    retention = scaling.Fit(scaling.RetentionLaw(*law(row, "")), draws.get(family), max(sizes),
+                            min(sizes))
+    laws[family] = Law(family, law(row, "loss_"), dense, solo, retention, (min(sizes), max(sizes)),
                        f"S1-LM fit ({os.path.basename(path)})"
                        + (", provisional" if provisional(grid) else ""),
                        f"S1-LM's {row['family']} rows at 20 tokens a parameter, "
@@ -276,9 +275,7 @@ def _retention(law: Law, n: float):
   """The retention the law predicts at ``n`` and its 95% interval (None without draws): the
   percentiles of its bootstrap draws' predictions (:meth:`experiments.scaling.Fit.
   prediction_interval`)."""
-  value = float(law.retention.predict(n))
-  fit = scaling.Fit(law.retention, law.retention_draws, *law.sizes[::-1])
-  return value, fit.prediction_interval(n)
+  return float(law.retention.law.predict(n)), law.retention.prediction_interval(n)
 
 
 def plan_family(law: Law, setup: Setup) -> Plan:
