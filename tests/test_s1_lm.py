@@ -283,6 +283,36 @@ def test_the_report_path_writes_the_page_and_the_fits_csv(grid_dir, tmp_path):
   assert len(demo_draws) == 1000 and np.median(demo_draws[:, 1]) == pytest.approx(-0.2, abs=0.01)
 
 
+def test_the_budget_section_sets_the_measured_hours_beside_the_estimate(grid_dir):
+  """Each point's measured hours are its runs' training loops (fake runs log 500 examples a
+  second every 10 steps: logged steps x batch / 500 seconds a run)."""
+  _, text = s1_lm.budget_section(TIER, grid_dir)
+  runs = [report_lib.read_run(os.path.join(grid_dir, name)) for name in os.listdir(grid_dir)]
+  point = "w64_t20_b8"
+  own = [r for r in runs if os.path.basename(r.path).startswith(point + "_")]
+  def seconds(run):
+    return run.config["num_steps"] // 10 * 10 * run.config["batch_size"] / 500
+
+  expected = sum(seconds(r) for r in own) / 3600
+  line = next(l for l in text.splitlines() if l.startswith(f"| {point} |"))
+  cells = [c.strip() for c in line.strip("|").split("|")]
+  assert int(cells[5]) == len(own) == 3 * len(sweep_config.ROWS)
+  assert float(cells[6]) == pytest.approx(expected, rel=1e-3)
+  total = sum(seconds(r) for r in runs) / 3600
+  assert f"Measured so far: {total:.1f} hours of runs" in text
+
+
+def test_a_runs_training_seconds_count_the_steps_a_resume_ran_again_once(tmp_path):
+  config = {"batch_size": 64}
+  records = [{"step": 10, "loss": 1.0, "examples_per_sec": 64.0},   # 10 s
+             {"step": 20, "loss": 1.0, "examples_per_sec": 32.0},   # 20 s, then stopped
+             {"step": 20, "loss": 1.0, "examples_per_sec": 128.0},  # resumed from 10: 5 s
+             {"step": 30, "loss": 1.0, "examples_per_sec": 640.0},  # 1 s
+             {"step": 30, "test_loss": 2.0}]
+  report_lib.write_run(tmp_path / "run", config, records, {"step": 30})
+  assert report_lib.read_run(tmp_path / "run").training_seconds() == pytest.approx(16.0)
+
+
 @pytest.mark.parametrize("arg, message", [
     ("method=topk,tile=128", "tile=128 with method='topk'"), ("width=-1", "width=-1"),
     ("steps=10,steps_scale=4", "steps=10 with steps_scale=4"),

@@ -232,6 +232,19 @@ class Run:
         return record[key]
     return None
 
+  def training_seconds(self) -> float:
+    """The seconds its training loop took, from the throughput it logged: each logged
+    interval's steps times the batch over the interval's examples a second. Compiles and
+    evaluations inside the loop count; the set-up before it and the final evaluation do not,
+    and steps that a stop lost and a resume ran again count once (their last log)."""
+    rates = {r["step"]: r["examples_per_sec"] for r in self.metrics
+             if r.get("examples_per_sec")}
+    seconds, previous = 0.0, 0
+    for step in sorted(rates):
+      seconds += self.config["batch_size"] * (step - previous) / rates[step]
+      previous = step
+    return seconds
+
   def series(self, key: str) -> tuple[np.ndarray, np.ndarray]:
     """``(steps, values)`` of every record of ``metrics.jsonl`` that has ``key``."""
     records = [r for r in self.metrics if key in r]

@@ -327,18 +327,31 @@ COLUMNS = [("point", "point"), ("row", "row"), ("params", "parameters"),
            ("run_dirs", "run directories")]
 
 
-def budget_section(tier: str) -> tuple[str, str]:
+def budget_section(tier: str, workdir: str) -> tuple[str, str]:
+  """The estimated budget per point beside what its runs so far measured (their training loops'
+  seconds, :meth:`experiments.reproduce.report.Run.training_seconds`)."""
   rows = sweep_config.budget(tier)
-  total = sum(r["seconds"] for r in rows)
+  runs = [report_lib.read_run(os.path.join(workdir, name))
+          for name in (sorted(os.listdir(workdir)) if os.path.isdir(workdir) else [])]
+  runs = [run for run in runs if run is not None]
   for r in rows:
     r["hours"] = r["seconds"] / 3600
+    own = [run for run in runs if os.path.basename(run.path).startswith(r["point"] + "_")]
+    r["finished"] = sum(run.finished for run in own)
+    r["measured"] = sum(run.training_seconds() for run in own) / 3600
+  total = sum(r["seconds"] for r in rows)
+  measured = sum(r["measured"] for r in rows)
   return ("Budget", (
       f"Estimated {total / 3600:.1f} hours of runs, {total / 7200:.1f} hours on 2 cores at "
       "two runs at once (configs/paper/s1_lm.py's step-time model, from the measured step "
       "times of the CPU tier's runs; a tuned point's rows at 4 rate scales and its other "
-      "seeds, the largest size's once).\n\n" + report_lib.markdown_table(
+      f"seeds, the largest size's once). Measured so far: {measured:.1f} hours of runs, at two "
+      "at once, in their training loops (from the throughput each logged; the set-up, the "
+      "final evaluation and the steps a stop lost are not counted), the unfinished runs' "
+      "steps included.\n\n" + report_lib.markdown_table(
           [("point", "point"), ("params", "parameters"), ("steps", "steps"), ("runs", "runs"),
-           ("hours", "hours")], rows)))
+           ("hours", "hours estimated"), ("finished", "runs finished"),
+           ("measured", "hours measured")], rows)))
 
 
 def fits_section(fits: list[dict]) -> tuple[str, str]:
@@ -399,7 +412,7 @@ def report(workdir: str, *, tier: str, seeds: int = 3, fits_path: str | None = N
   sizes = sweep_config.SIZES[tier]
   return Report(
       name=common.page_name("s1_lm", tier), title=f"{TITLE} ({tier} tier)", columns=COLUMNS,
-      rows=rows, sections=[fits_section(fits), budget_section(tier)],
+      rows=rows, sections=[fits_section(fits), budget_section(tier, workdir)],
       configs=[f"configs/paper/s1_lm.py:tier={tier}", "configs/paper/lm.py"],
       notes=[
           *progress_note(rows, tier, seeds),
