@@ -163,7 +163,7 @@ def kind_times(name: str, shapes: Sequence[tuple[int, ...]], topology: topology_
                                         lambda shapes_: price(method.carrier(settings), shapes_,
                                                               exchange_settings))
       continue
-    who = "dense" if options.get("compressed") is False else name  # 1-bit Adam's warm-up
+    who = kind_method(name, kind)
     if overlap and registry.get(who).overlaps_backward:
       sizes = bucket_sizes(shapes)
       seconds = [price(who, [(n,)], None if who != name else settings) for n in sizes]
@@ -173,6 +173,13 @@ def kind_times(name: str, shapes: Sequence[tuple[int, ...]], topology: topology_
       sent = price(who, shapes, None if who != name else settings)
       out[kind.name] = StepTime(compute, sent, compute + sent)
   return out
+
+
+def kind_method(name: str, kind: Any) -> str:
+  """The method whose exchange a step of ``kind`` of method ``name`` runs: ``"dense"`` for a
+  step that sends the dense gradient (1-bit Adam's warm-up and refreshes, ``compressed=False``),
+  else ``name``."""
+  return "dense" if kind.update_kwargs().get("compressed") is False else name
 
 
 def _local_kind_time(method, settings, kind, shapes, compute: float, exchange) -> StepTime:

@@ -75,12 +75,15 @@ STATE_BYTES = {"dense": 16, "diloco_int8": 24, "diloco": 24, "streaming_diloco":
 
 class Setting(NamedTuple):
   """What a family runs: its method, its settings' changes from the defaults, its carrier's,
-  the ratio its bytes are solved for (None: fixed bytes) and the words for it."""
+  the ratio its bytes are solved for (None: fixed bytes), the words for it, and the fraction
+  of the run's steps its dense warm-up takes (1-bit Adam's freeze step; None: the method has
+  none)."""
   method: str
   changes: dict
   carrier_changes: dict
   ratio: float | None
   text: str
+  warmup: float | None = None
 
 
 # S1-LM's rows as the plan runs them (configs/paper/s1_lm.py's ROWS at its RATIO).
@@ -92,7 +95,9 @@ SETTINGS = {
     "sparseloco": Setting("sparseloco", {"every": 15}, {}, s1_lm.RATIO,
                           "SparseLoCo, 2-bit chunked top-k, H = 15"),
     "demo": Setting("demo", {}, {}, s1_lm.RATIO, "DeMo, DCT tiles of 64"),
-    "onebit_adam": Setting("onebit_adam", {}, {}, None, "1-bit Adam (fixed bytes)"),
+    "onebit_adam": Setting("onebit_adam", {}, {}, None,
+                           f"1-bit Adam (fixed bytes, dense warm-up {s1_lm.ONEBIT_WARMUP:.0%} "
+                           "of the steps)", warmup=s1_lm.ONEBIT_WARMUP),
     # Charles et al.'s: float32 pseudo-gradient every 30 steps.
     "diloco": Setting("diloco", {}, {}, 30.0, "DiLoCo, float32 pseudo-gradient, H = 30 "
                       "(the published law's setting)"),
@@ -212,22 +217,39 @@ def compute_seconds(params: float, tokens_a_worker: float, step_seconds: float |
 
 
 def solved(family: str, shapes, workers: int, steps: int):
-  """``(method, settings, exchange settings, bytes a step)`` of a family's setting, solved."""
+  """``(method, settings, exchange settings, bytes a step)`` of a family's setting, solved: a
+  fixed-bytes family's bytes are its run's mean over its step kinds (:func:`run_mean_bytes`)."""
   setting = SETTINGS[family]
   entry = registry.get(setting.method)
   settings = dataclasses.replace(entry.settings(), **setting.changes)
+  if setting.warmup is not None:  # as S1-LM's rows: a fraction of the run, as published
+    settings = dataclasses.replace(settings, freeze_step=max(1, round(setting.warmup * steps)))
   exchange = None
   if entry.carrier is not None:
     exchange = dataclasses.replace(registry.get(entry.carrier(settings)).settings(),
                                    **setting.carrier_changes)
   if setting.ratio is None:
-    return setting.method, settings, exchange, equal_bytes.method_bytes(
-        setting.method, shapes, workers, settings)
+    return setting.method, settings, exchange, run_mean_bytes(setting.method, settings, shapes,
+                                                              workers, steps)
   solution = equal_bytes.solve(setting.method, shapes, workers, setting.ratio, settings,
                                exchange_settings=exchange, steps=steps)
   if not math.isfinite(solution.bytes):
     raise ValueError(f"{family}: {solution.note}")
   return setting.method, solution.settings, solution.exchange_settings, solution.bytes
+
+
+def run_mean_bytes(method: str, settings, shapes, workers: int, steps: int) -> float:
+  """Bytes a worker sends a step over a run of ``steps``: each step kind's bytes (the dense
+  all-reduce's for a step that sends the dense gradient: 1-bit Adam's warm-up) by how many of
+  the run's steps it takes."""
+  kinds = registry.step_kinds(method, settings)
+  counts = step_kinds.kind_counts(kinds, 0, steps)
+  sent = 0.0
+  for kind in kinds:
+    who = step_time.kind_method(method, kind)
+    sent += counts[kind.name] * equal_bytes.method_bytes(
+        who, shapes, workers, settings if who == method else None)
+  return sent / steps
 
 
 def mean_step(method: str, settings, exchange, shapes, setup: Setup, compute: float,
@@ -292,6 +314,8 @@ def plan_family(law: Law, setup: Setup) -> Plan:
   text = (f"{SETTINGS[law.family].text}; method={method}"
           + (f", H={every}, exchange={carrier}" if carrier else "")
           + (f", {SETTINGS[law.family].ratio:g}x fewer bytes" if SETTINGS[law.family].ratio
+             else "")
+          + (f", freeze_step={settings.freeze_step}" if SETTINGS[law.family].warmup is not None
              else ""))
   retention = interval = loss_interval = None
   loss = float(law.loss.predict(n))

@@ -80,6 +80,19 @@ def test_dense_is_priced_by_the_time_model_as_bf16_overlapped():
                  plan.stand_in_shapes(1234567))) == 1234567
 
 
+def test_one_bit_adam_runs_its_published_warm_up_and_is_charged_its_dense_steps():
+  """As S1-LM's rows: the dense warm-up is 15% of the run, and the bytes a step are the run's
+  mean, the warm-up's dense all-reduce included (not only a compressed step's)."""
+  shapes, steps = plan.stand_in_shapes(235264), 1000
+  method, settings, _, sent = plan.solved("onebit_adam", shapes, 8, steps)
+  assert method == "onebit_adam" and settings.freeze_step == 150
+  dense = equal_bytes.method_bytes("dense", shapes, 8)
+  compressed = equal_bytes.method_bytes("onebit_adam", shapes, 8, settings)
+  assert compressed < dense / 20
+  assert sent == pytest.approx((150 * dense + 850 * compressed) / 1000)
+  assert dense / sent == pytest.approx(1 / (0.15 + 0.85 * compressed / dense))
+
+
 FITS = """family,description,sizes,ratio,A,A_low,A_high,alpha,alpha_low,alpha_high,\
 holdout_residual,crossing_params,crossing_low,crossing_high,crossing_tokens,crossing,loss_A,\
 loss_A_low,loss_A_high,loss_alpha,loss_alpha_low,loss_alpha_high,loss_holdout_residual,note

@@ -60,7 +60,9 @@ cache folder, holding ``archives/``; '' for the default); the scaling grid's (S1
 ``configs/paper/s1_lm.py``; 0: the tier's): ``width``, ``layers``, ``heads`` (the model's
 shape), ``steps`` (the run's length, in place of ``steps_scale``; evaluations every tenth, a
 checkpoint at half), ``per_worker_batch`` (sequences per worker a step; solo runs one worker's)
-and ``tile`` (DeMo's DCT tile side, where its default's whole coefficients miss the ratio);
+``tile`` (DeMo's DCT tile side, where its default's whole coefficients miss the ratio) and
+``freeze_fraction`` (1-bit Adam's dense warm-up, DeepSpeed's ``freeze_step``, as a fraction of
+the run's steps, as the paper sets it; 0: the method's default of 100 steps);
 for workers that are slow, late or gone (A1-LM): ``aggregation`` (``config.aggregation``; '':
 sync with no simulator, as published), ``speed_spread`` and ``dropout_rate`` (``config.workers``).
 """
@@ -126,7 +128,7 @@ def _set_shape(c: ml_collections.ConfigDict, args: dict) -> None:
 def _check_args(args: dict) -> None:
   """Every argument's rule (one line naming it and what is allowed), before anything is built;
   the scaling grid's (:data:`SHAPE_ARGS`) none negative, ``steps`` not with ``steps_scale``,
-  ``tile`` with DeMo alone."""
+  ``tile`` with DeMo alone, ``freeze_fraction`` with 1-bit Adam alone and below 1."""
   if args["tier"] not in HARDWARE_TIERS:
     raise ValueError(f"configs/paper/lm.py: tier={args['tier']!r}; allowed: "
                      f"{sorted(HARDWARE_TIERS)}")
@@ -148,6 +150,13 @@ def _check_args(args: dict) -> None:
   if args["tile"] and args["method"] != "demo":
     raise ValueError(f"configs/paper/lm.py: tile={args['tile']} with method={args['method']!r}; "
                      "allowed: method=demo (its DCT tile's side)")
+  if args["freeze_fraction"] and args["method"] != "onebit_adam":
+    raise ValueError(f"configs/paper/lm.py: freeze_fraction={args['freeze_fraction']} with "
+                     f"method={args['method']!r}; allowed: method=onebit_adam (its dense "
+                     "warm-up)")
+  if not 0 <= args["freeze_fraction"] < 1:
+    raise ValueError(f"configs/paper/lm.py: freeze_fraction={args['freeze_fraction']!r}; "
+                     "allowed: 0 <= freeze_fraction < 1 (0: the method's default)")
   for key in SHAPE_ARGS:
     if args[key] < 0:
       raise ValueError(f"configs/paper/lm.py: {key}={args[key]}; allowed: >= 0 (0: the tier's)")
@@ -172,7 +181,8 @@ def get_config(arg=None):
                            outer_momentum=-1.0, exchanged="gradient", lr_scale=1.0, seed=0,
                            cache="", solo=False, steps_scale=1, corpus_dir="",
                            width=0, layers=0, heads=0, steps=0, per_worker_batch=0,
-                           tile=0, aggregation="", speed_spread=0.0, dropout_rate=0.0)
+                           tile=0, freeze_fraction=0.0, aggregation="", speed_spread=0.0,
+                           dropout_rate=0.0)
   _read_old_names(args)
   _check_args(args)
   name, sizes = HARDWARE_TIERS[args["tier"]]
@@ -209,6 +219,8 @@ def get_config(arg=None):
   c.compression.exchanged = args["exchanged"]
   if args["tile"]:
     c.compression.demo.chunk = args["tile"]
+  if args["freeze_fraction"]:
+    c.compression.onebit_adam.freeze_step = max(1, round(args["freeze_fraction"] * num_steps))
   scale_tuned_rate(c, args["lr_scale"])
   # The request, as data: experiments.methods.fill_equal_bytes solves the method's budget when
   # the run starts (it traces the model, which a config does not).
