@@ -349,9 +349,10 @@ def warnings_for(laws: dict[str, Law], setup: Setup) -> list[str]:
   """Where the plan extrapolates: beyond the fitted sizes, off 20 tokens a parameter, or (the
   published law) off its 8 replicas; and laws fitted before their grid had finished."""
   out = []
-  unfinished = {law.grid: None for law in laws.values() if provisional(law.grid)}
+  unfinished = [f"{law.family}'s ({law.grid})" for law in laws.values()
+                if provisional(law.grid)]
   if unfinished:
-    out.append(f"S1-LM's grid had not finished when its laws were fitted ({'; '.join(unfinished)})"
+    out.append(f"S1-LM's grid had not finished its rows for these laws: {'; '.join(unfinished)}"
                ": they are provisional (python -m experiments.reproduce --target=s1_lm resumes "
                "the grid)")
   per_param = setup.tokens / setup.params

@@ -142,8 +142,8 @@ def test_a_plan_from_an_unfinished_grid_says_its_laws_are_provisional(tmp_path, 
   lines = capsys.readouterr().out.splitlines()
   assert "demo (S1-LM fit (s1_lm_fits.csv), provisional):" in lines
   assert [l for l in lines if "provisional (python" in l] == [
-      f"warning: S1-LM's grid had not finished when its laws were fitted ({status}): they are "
-      "provisional (python -m experiments.reproduce --target=s1_lm resumes the grid)"]
+      f"warning: S1-LM's grid had not finished its rows for these laws: demo's ({status}): "
+      "they are provisional (python -m experiments.reproduce --target=s1_lm resumes the grid)"]
   complete = tmp_path / "complete.csv"
   complete.write_text(fits.read_text().replace(f'"{status}"', "complete"))
   plan.main(["--params=2e6", "--tokens=4e7", "--workers=8", "--bandwidth_gbit=1",

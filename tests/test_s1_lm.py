@@ -270,8 +270,9 @@ def test_the_report_path_writes_the_page_and_the_fits_csv(grid_dir, tmp_path):
   assert [f["family"] for f in fits] == list(sweep_config.ROWS)
   demo = next(f for f in fits if f["family"] == "demo")
   assert math.isclose(float(demo["alpha"]), -0.2, abs_tol=0.01)
-  assert {f["grid"] for f in fits} == {s1_lm.grid_status(s1_lm.point_rows(grid_dir, TIER), TIER,
-                                                        3)}
+  point_rows = s1_lm.point_rows(grid_dir, TIER)
+  assert [f["grid"] for f in fits] == [s1_lm.grid_status(point_rows, TIER, 3, f["family"])
+                                       for f in fits]
   assert np.isfinite(float(demo["crossing_params"]))
   # Each retention law's bootstrap draws beside it, whose predictions the plan's intervals are.
   with open(tmp_path / "s1_lm_fits_draws.csv", encoding="utf-8") as f:
@@ -361,3 +362,11 @@ def test_the_page_says_what_the_grid_has_still_to_run_and_nothing_once_it_has_fi
   assert s1_lm.grid_status(rows, "cpu", 3) == (
       "incomplete: of 4 rows, 1 have no run, 1 are still tuning, 1 lack seeds")
   assert s1_lm.grid_status([done], "cpu", 3) == "complete"
+  # A family's status counts its own rows and its references', not another family's.
+  rows = [dict(done, row="dense"), dict(done, label="w16_t20_b8_solo", row="solo"),
+          dict(done, label="w16_t20_b8_demo", row="demo"),
+          dict(done, label="w16_t20_b8_onebit_adam", row="onebit_adam", n=0)]
+  assert s1_lm.grid_status(rows, "cpu", 3, "demo") == "complete"
+  assert s1_lm.grid_status(rows, "cpu", 3, "onebit_adam") == (
+      "incomplete: of 3 rows, 1 have no run, 0 are still tuning, 0 lack seeds")
+  assert s1_lm.grid_status(rows, "cpu", 3).startswith("incomplete: of 4 rows")

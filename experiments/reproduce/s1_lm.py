@@ -376,9 +376,12 @@ def progress(rows: list[dict], tier: str, seeds: int) -> tuple[int, int, int]:
   return missing, tuning, short
 
 
-def grid_status(rows: list[dict], tier: str, seeds: int) -> str:
+def grid_status(rows: list[dict], tier: str, seeds: int, family: str | None = None) -> str:
   """The fits CSV's ``grid`` column: ``complete``, or what is still to run (the fits are then
-  provisional, which ``experiments.plan`` says)."""
+  provisional, which ``experiments.plan`` says); of ``family``'s rows and dense's and solo's
+  (its retention's references) where given, else of every row."""
+  if family is not None:
+    rows = [r for r in rows if r["row"] in (family, *sweep_config.REFERENCES)]
   missing, tuning, short = progress(rows, tier, seeds)
   if not missing + tuning + short:
     return "complete"
@@ -402,8 +405,8 @@ def progress_note(rows: list[dict], tier: str, seeds: int) -> list[str]:
 def report(workdir: str, *, tier: str, seeds: int = 3, fits_path: str | None = None) -> Report:
   """The page from the run directories; the fits CSV written to ``fits_path`` where given."""
   rows = point_rows(workdir, tier, seeds)
-  status = grid_status(rows, tier, seeds)
-  fits = [dict(fit, grid=status) for fit in fit_rows(rows)]
+  fits = [dict(fit, grid=grid_status(rows, tier, seeds, fit["family"]))
+          for fit in fit_rows(rows)]
   if fits_path is not None:
     write_fits(fits, fits_path)
   laws = rate_laws(workdir, tier)
