@@ -120,6 +120,11 @@ class Law(NamedTuple):
   runs: str
   grid: str = ""
 
+  @property
+  def label(self) -> str:
+    """Where it comes from, and ``provisional`` while its rows have still to run."""
+    return self.source + (", provisional" if provisional(self.grid) else "")
+
 
 class Setup(NamedTuple):
   params: float
@@ -166,8 +171,7 @@ def read_laws(path: str) -> tuple[dict[str, Law], list[str]]:
     retention = scaling.Fit(scaling.RetentionLaw(*law(row, "")), draws.get(family), max(sizes),
                             min(sizes))
     laws[family] = Law(family, law(row, "loss_"), dense, solo, retention, (min(sizes), max(sizes)),
-                       f"S1-LM fit ({os.path.basename(path)})"
-                       + (", provisional" if provisional(grid) else ""),
+                       f"S1-LM fit ({os.path.basename(path)})",
                        f"S1-LM's {row['family']} rows at 20 tokens a parameter, "
                        f"{len(sizes)} sizes {min(sizes):.3g}-{max(sizes):.3g}", grid)
   laws["diloco"] = PUBLISHED_LAW
@@ -378,21 +382,32 @@ def warnings_for(laws: dict[str, Law], setup: Setup) -> list[str]:
 
 def recommend(plans: list[Plan], dense_seconds: float) -> tuple[str, Plan | None]:
   """The family that reaches dense's loss soonest among those that fit in memory, preferring
-  laws used within :data:`FAR` of their fitted sizes (a law extrapolated further is a
-  hypothesis, which the line says); dense where none beats dense's time."""
+  laws whose rows have all run (a provisional law, fitted while its grid was still running,
+  is printed but recommended only where no finished law is), then laws used within
+  :data:`FAR` of their fitted sizes (a law extrapolated further is a hypothesis, which the line
+  says); dense where none beats dense's time."""
   ready = [p for p in plans if p.fits and p.seconds is not None and p.seconds < dense_seconds]
+  held = []
+  if any(not provisional(p.law.grid) for p in plans):
+    held = [p for p in ready if provisional(p.law.grid)]
+    ready = [p for p in ready if not provisional(p.law.grid)]
   near = [p for p in ready if p.extrapolated <= FAR]
   best = min(near or ready, key=lambda p: p.seconds, default=None)
+  held_text = "".join(
+      f"; {p.family}'s provisional law (its rows still running) predicts "
+      f"{dense_seconds / p.seconds:.3g}x sooner, not recommended until they have run"
+      for p in held if best is None or p.seconds < best.seconds)
   if best is None:
-    return ("dense (bf16 all-reduce overlapped with the backward pass): no family with a law "
-            "reaches dense's predicted loss sooner here", None)
+    return ("dense (bf16 all-reduce overlapped with the backward pass): no family with a "
+            f"{'finished ' if held else ''}law reaches dense's predicted loss sooner "
+            f"here{held_text}", None)
   caveat = ("" if best.extrapolated <= FAR else
             f"; its law is extrapolated {best.extrapolated:.3g}x beyond its fitted sizes, and "
             f"every law that beats dense here more than {FAR:g}x: a hypothesis to test, not a "
-            "prediction")
+            "prediction") + held_text
   return (f"{best.family} ({best.settings_text}): dense's predicted loss in "
           f"{_duration(best.seconds)} against dense's {_duration(dense_seconds)}, "
-          f"{dense_seconds / best.seconds:.3g}x sooner; rests on the {best.law.source}, from "
+          f"{dense_seconds / best.seconds:.3g}x sooner; rests on the {best.law.label}, from "
           f"{best.law.runs}{caveat}", best)
 
 
@@ -411,7 +426,7 @@ def _interval(values, law: Law) -> str:
 
 def plan_lines(plan: Plan, dense_seconds: float) -> list[str]:
   dense_loss = plan.dense_loss
-  lines = [f"{plan.family} ({plan.law.source}):", f"  runs: {plan.settings_text}",
+  lines = [f"{plan.family} ({plan.law.label}):", f"  runs: {plan.settings_text}",
            f"  bytes a step (equal-bytes solver): {plan.bytes:,.0f}"]
   if plan.retention is not None:
     lines.append(f"  predicted retention: {plan.retention:.3f}"

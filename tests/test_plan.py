@@ -151,6 +151,24 @@ def test_a_plan_from_an_unfinished_grid_says_its_laws_are_provisional(tmp_path, 
   assert "provisional" not in capsys.readouterr().out
 
 
+def test_one_family_s_unfinished_rows_mark_its_law_alone_provisional(tmp_path, capsys):
+  """Per family (the fits CSV's grid column is each family's own): one dense line per source,
+  whatever the families' states."""
+  header, *rows = FITS.strip().splitlines()
+  demo = next(r for r in rows if r.startswith("demo,"))
+  status = "incomplete: of 24 rows, 3 have no run, 0 are still tuning, 0 lack seeds"
+  fits = tmp_path / "s1_lm_fits.csv"
+  fits.write_text("\n".join([header + ",grid", *(f"{r},complete" for r in rows),
+                             demo.replace("demo,", "sparseloco,", 1) + f',"{status}"']) + "\n")
+  plan.main(["--params=2e6", "--tokens=4e7", "--workers=8", "--bandwidth_gbit=1",
+             "--device=cpu", f"--fits={fits}"])
+  lines = capsys.readouterr().out.splitlines()
+  assert "demo (S1-LM fit (s1_lm_fits.csv)):" in lines
+  assert "sparseloco (S1-LM fit (s1_lm_fits.csv), provisional):" in lines
+  assert len([l for l in lines if l.startswith("dense (bf16")]) == 2  # S1-LM's, the published
+  assert f"sparseloco's ({status})" in line(lines, "warning: S1-LM's grid")
+
+
 def test_the_recommendation_prefers_a_law_used_near_its_fitted_sizes(tmp_path, capsys):
   """At 1.3B, DeMo's S1-LM law (fitted at 37K-1.1M, 1,222x away) reaches dense's loss sooner
   than the published DiLoCo law (fitted at 35M-2.4B), which is recommended; each family's loss
@@ -180,6 +198,29 @@ def test_a_recommendation_resting_on_a_far_extrapolation_says_so():
   text, best = plan.recommend([far("demo", 10.0, 50.0), far("diloco", 20.0, 3.0)], 100.0)
   assert best.family == "diloco" and "hypothesis" not in text
   assert plan.recommend([far("demo", 200.0, 1.0)], 100.0)[1] is None  # slower than dense
+
+
+def test_a_provisional_law_is_printed_but_not_recommended_beside_a_finished_one():
+  """A law fitted while its family's rows were still running (S1-LM's 1-bit Adam, its runs
+  redone, once fitted a step from 0.41 to 1.09 over two sizes) is recommended only where no
+  law is finished; the line says what it would have predicted."""
+  status = "incomplete: of 24 rows, 3 have no run, 3 are still tuning, 4 lack seeds"
+  make = lambda family, seconds, grid: plan.Plan(
+      family, plan.PUBLISHED_LAW._replace(family=family, grid=grid), family, 1.0, 3.0, None,
+      None, None, seconds, None, 1.0, True, 2.9, 1.0)
+  finished, early = make("demo", 50.0, "complete"), make("onebit_adam", 10.0, status)
+  text, best = plan.recommend([finished, early], 100.0)
+  assert best.family == "demo"
+  assert text.endswith("; onebit_adam's provisional law (its rows still running) predicts 10x "
+                       "sooner, not recommended until they have run")
+  text, best = plan.recommend([make("demo", 200.0, "complete"), early], 100.0)
+  assert best is None and text.startswith("dense (bf16 all-reduce overlapped with the backward "
+                                          "pass): no family with a finished law reaches")
+  # Every law provisional (a grid early on): the soonest is still recommended.
+  assert plan.recommend([make("demo", 50.0, status), early], 100.0)[1].family == "onebit_adam"
+  # A provisional law slower than the recommendation goes unmentioned.
+  assert "sparseloco" not in plan.recommend([finished, make("sparseloco", 80.0, status)],
+                                            100.0)[0]
 
 
 @pytest.mark.parametrize("change, message", [
