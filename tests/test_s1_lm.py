@@ -300,7 +300,7 @@ def test_the_budget_section_sets_the_measured_hours_beside_the_estimate(grid_dir
   assert int(cells[5]) == len(own) == 3 * len(sweep_config.ROWS)
   assert float(cells[6]) == pytest.approx(expected, rel=1e-3)
   total = sum(seconds(r) for r in runs) / 3600
-  assert f"Measured so far: {total:.1f} hours of runs" in text
+  assert f"Measured so far: {total:.1f} hours of the runs in its folder" in text
 
 
 def test_a_runs_training_seconds_count_the_steps_a_resume_ran_again_once(tmp_path):

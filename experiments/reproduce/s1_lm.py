@@ -345,10 +345,10 @@ def budget_section(tier: str, workdir: str) -> tuple[str, str]:
       f"Estimated {total / 3600:.1f} hours of runs, {total / 7200:.1f} hours on 2 cores at "
       "two runs at once (configs/paper/s1_lm.py's step-time model, from the measured step "
       "times of the CPU tier's runs; a tuned point's rows at 4 rate scales and its other "
-      f"seeds, the largest size's once). Measured so far: {measured:.1f} hours of runs, at two "
-      "at once, in their training loops (from the throughput each logged; the set-up, the "
-      "final evaluation and the steps a stop lost are not counted), the unfinished runs' "
-      "steps included.\n\n" + report_lib.markdown_table(
+      f"seeds, the largest size's once). Measured so far: {measured:.1f} hours of the runs in "
+      "its folder, at two at once, in their training loops (from the throughput each logged; "
+      "the set-up, the final evaluation, the steps a stop lost and runs removed to run again "
+      "are not counted), the unfinished runs' steps included.\n\n" + report_lib.markdown_table(
           [("point", "point"), ("params", "parameters"), ("steps", "steps"), ("runs", "runs"),
            ("hours", "hours estimated"), ("finished", "runs finished"),
            ("measured", "hours measured")], rows)))
