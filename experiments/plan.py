@@ -49,7 +49,6 @@ from compressors import registry
 from compressors import step_time
 from compressors.network import topology as topo
 from compressors.parallel import step_kinds
-from configs.paper import lm
 from configs.paper import s1_lm
 from experiments import scaling
 
@@ -228,7 +227,7 @@ def solved(family: str, shapes, workers: int, steps: int):
   entry = registry.get(setting.method)
   settings = dataclasses.replace(entry.settings(), **setting.changes)
   if setting.warmup is not None:  # as S1-LM's rows: a fraction of the run, as published
-    settings = dataclasses.replace(settings, freeze_step=lm.freeze_step(setting.warmup, steps))
+    settings = dataclasses.replace(settings, freeze_step=max(1, round(setting.warmup * steps)))
   exchange = None
   if entry.carrier is not None:
     exchange = dataclasses.replace(registry.get(entry.carrier(settings)).settings(),

@@ -220,7 +220,7 @@ def get_config(arg=None):
   if args["tile"]:
     c.compression.demo.chunk = args["tile"]
   if args["freeze_fraction"]:
-    c.compression.onebit_adam.freeze_step = freeze_step(args["freeze_fraction"], num_steps)
+    c.compression.onebit_adam.freeze_step = max(1, round(args["freeze_fraction"] * num_steps))
   scale_tuned_rate(c, args["lr_scale"])
   # The request, as data: experiments.methods.fill_equal_bytes solves the method's budget when
   # the run starts (it traces the model, which a config does not).
@@ -229,11 +229,6 @@ def get_config(arg=None):
     c.compression.error_feedback = True
   set_workers(c, args)
   return c
-
-
-def freeze_step(fraction: float, steps: int) -> int:
-  """1-bit Adam's dense warm-up steps for ``fraction`` of a run of ``steps`` (at least one)."""
-  return max(1, round(fraction * steps))
 
 
 def set_workers(c: ml_collections.ConfigDict, args: dict) -> None:
