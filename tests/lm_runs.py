@@ -47,13 +47,13 @@ def config_arg(label: str, scale: float, seed: int) -> str:
 
 
 def fake_run(workdir, label, seed, *, scale=1.0, val_losses, train_loss=None, step_s=0.5,
-             wire=1000.0, dense=1e5, bytes_by_kind=None, **args):
+             wire=1000.0, dense=1e5, bytes_by_kind=None, corpus="c0ffee", **args):
   """A finished run of row ``label`` at rate scale ``scale``: validation losses at steps 10, 20,
   ...; training losses ``train_loss`` (a float: every logged step; default the validation loss
   + 0.1); ``step_s`` seconds a step; ``bytes_by_kind`` each step kind's bytes (default ``wire``
   for every kind of the row's method), charged as the runner charges them (``wire_bytes`` their
-  mean over the steps run) against dense's ``dense``. ``args`` override the row's
-  ``configs/paper/lm.py`` arguments."""
+  mean over the steps run) against dense's ``dense``; ``corpus`` the corpus's sha256 it records.
+  ``args`` override the row's ``configs/paper/lm.py`` arguments."""
   arg = config_arg(label, scale, seed)
   if args:
     arg += "," + ",".join(f"{k}={v}" for k, v in args.items())
@@ -71,7 +71,7 @@ def fake_run(workdir, label, seed, *, scale=1.0, val_losses, train_loss=None, st
       {"test_loss": val_losses[-1], "test_bits_per_byte": val_losses[-1] / 2,
        "wire_bytes": mean, "dense_bytes": dense, "compression_ratio": dense / mean if mean else None,
        "bytes_by_kind": by_kind, "python_version": "3.11.7",
-       "corpus_sha256": "c0ffee", "corpus_files": 734, "corpus_bytes": 12_000_000,
+       "corpus_sha256": corpus, "corpus_files": 734, "corpus_bytes": 12_000_000,
        "tokenizer_sha256": "beef", "step": steps[-1], "num_params": CPU_TIER_PARAMS,
        "num_workers": config["num_devices"] * config["workers_per_device"]})
 

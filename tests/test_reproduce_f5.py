@@ -204,6 +204,25 @@ def test_at_equal_time_a_row_that_ran_out_of_steps_is_given_its_horizon_run(rows
   assert not sparse["ran_out"] and "horizon" not in sparse
 
 
+def test_a_horizon_run_longer_than_the_fair_time_is_read_at_that_time(lm_dir):
+  # DiLoCo's 4x run (steps 10-40 at 0.5 s: losses 5.5, 4.6, 4.2, 4.05) against a baseline of
+  # 12.5 s, step 25: there it is at 4.4 (half way from 4.6 to 4.2), mid-schedule.
+  def horizon(dense_loss):
+    row = {"method": "diloco_int4_100x", "lr_scale": 1.0, "dense_time_s": 12.5, "step_s": 0.5,
+           "ran_out": True, "dense_loss": dense_loss}
+    f5.add_horizon([row], lm_dir, seeds=2)
+    assert row["fits_steps"] == pytest.approx(25.0)
+    return row["horizon"]
+
+  head = ("its 4x run (40 steps) is longer than the fair baseline's time; at step 25, "
+          "mid-schedule, it ")
+  assert horizon(4.1) == head + "is at 4.400, short of dense's loss"
+  # Dense's loss 4.5 falls a quarter of the way from step 20 to 30: at 22.5 steps, 11.25 s.
+  assert horizon(4.5) == head + "reaches dense's loss at 11.25 s"
+  # Reached only after the baseline's time (4.3 at step 27.5): short of it at the time.
+  assert horizon(4.3) == head + "is at 4.400, short of dense's loss"
+
+
 def test_the_soonest_row_of_each_cluster_is_named_with_both_speed_ups(f5_report, rows):
   fastest = {(r["link"], r["workers"]): r for r in f5.fastest_rows(f5_report.rows)}
   assert len(fastest) == 4

@@ -243,6 +243,24 @@ def test_rows_state_the_scale_their_retention_holds_at(tmp_path):
   assert solo["tokens_per_param"] == pytest.approx(20 * 8 * 64 / lm_runs.CPU_TIER_PARAMS)
 
 
+def test_no_retention_or_difference_is_taken_against_a_reference_on_other_data(tmp_path):
+  workdir = str(tmp_path)
+  lm_runs.tuned_row(workdir, "dense", chosen=1.0, val_losses=[5, 4.0])
+  lm_runs.tuned_row(workdir, "solo", chosen=1.0, val_losses=[5, 4.6], corpus="57a1e")
+  lm_runs.tuned_row(workdir, "demo_100x", chosen=1.0, val_losses=[5, 4.3])
+  dense, solo, demo = t1_lm.rows_for(workdir, ["dense", "solo", "demo_100x"], seeds=1)
+  # Same data as dense: its difference stands; solo, on another corpus, gives no retention.
+  assert demo["vs_dense"] == pytest.approx(0.3) and "retention" not in demo
+  assert demo["retention_text"] == ("- (solo on corpus 57a1e, tokenizer beef, this row on "
+                                    "corpus c0ffee, tokenizer beef)")
+  assert "vs_dense" not in solo and "retention" not in solo
+  assert solo["retention_text"].startswith("- (dense on corpus c0ffee")
+  # On the same data the retention is taken: (4.6 - 4.3) / (4.6 - 4.0).
+  lm_runs.tuned_row(workdir, "solo", chosen=1.0, val_losses=[5, 4.6])
+  demo = t1_lm.rows_for(workdir, ["dense", "solo", "demo_100x"], seeds=1)[2]
+  assert demo["retention"] == pytest.approx(0.5)
+
+
 NAN = float("nan")
 
 

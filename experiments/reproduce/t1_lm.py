@@ -273,16 +273,39 @@ def rows_for(workdir: str, labels, seeds: int, tier: str = "cpu", *,
       row.update(scale_fields(first))
       row["on_tier"] = within_tier(row)
       row["on_tier_text"] = {True: "yes", False: "no", None: "-"}[row["on_tier"]]
+      row["data"] = data_of(runs)
     rows.append(row)
   dense = next((r for r in rows if r["method"] == "dense" and r["seeds"]), None)
   solo = next((r for r in rows if r["method"] == "solo" and r["seeds"]), None)
   for row in rows:
-    if dense is not None and row["seeds"]:
+    if not row["seeds"]:
+      continue
+    # Losses on another corpus or tokenizer are not the same quantity: no difference is taken.
+    apart = {ref["method"]: ref for ref in (dense, solo)
+             if ref is not None and ref["data"] != row["data"]}
+    if dense is not None and "dense" not in apart:
       row["vs_dense"] = row["loss_mean"] - dense["loss_mean"]
       row["vs_dense_pct"] = 100 * row["vs_dense"] / dense["loss_mean"]
-    if dense is not None and solo is not None and row["seeds"]:
+    if apart:
+      row["retention_text"] = "- (" + "; ".join(
+          f"{name} on {data_text(ref['data'])}, this row on {data_text(row['data'])}"
+          for name, ref in apart.items()) + ")"
+    elif dense is not None and solo is not None:
       row.update(retention_fields(row["losses"], solo["losses"], dense["losses"]))
   return rows
+
+
+def data_of(runs: list[report_lib.Run]) -> tuple:
+  """What a row's losses are measured on: each run's ``(corpus sha256, tokenizer sha256)``, as
+  its results record them (None where they do not), sorted and without repeats."""
+  return tuple(sorted({(r.results.get("corpus_sha256"), r.results.get("tokenizer_sha256"))
+                       for r in runs}, key=str))
+
+
+def data_text(data: tuple) -> str:
+  """``corpus c07d8a85, tokenizer f0c45fb9`` for each of ``data``'s pairs (:func:`data_of`)."""
+  return " and ".join(f"corpus {str(corpus)[:8]}, tokenizer {str(tokenizer)[:8]}"
+                      for corpus, tokenizer in data)
 
 
 def tuning_status(tried: dict[float, float]) -> str:
