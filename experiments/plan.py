@@ -385,7 +385,8 @@ def recommend(plans: list[Plan], dense_seconds: float) -> tuple[str, Plan | None
   laws whose rows have all run (a provisional law, fitted while its grid was still running,
   is printed but recommended only where no finished law is), then laws used within
   :data:`FAR` of their fitted sizes (a law extrapolated further is a hypothesis, which the line
-  says); dense where none beats dense's time."""
+  says, as it names a faster law set aside for either reason); dense where none beats dense's
+  time."""
   ready = [p for p in plans if p.fits and p.seconds is not None and p.seconds < dense_seconds]
   held = []
   if any(not provisional(p.law.grid) for p in plans):
@@ -397,6 +398,11 @@ def recommend(plans: list[Plan], dense_seconds: float) -> tuple[str, Plan | None
       f"; {p.family}'s provisional law (its rows still running) predicts "
       f"{dense_seconds / p.seconds:.3g}x sooner, not recommended until they have run"
       for p in held if best is None or p.seconds < best.seconds)
+  held_text += "".join(
+      f"; {p.family}'s law, extrapolated {p.extrapolated:.3g}x beyond its fitted sizes, "
+      f"predicts {dense_seconds / p.seconds:.3g}x sooner, not recommended over a law used "
+      f"within {FAR:g}x of its own" for p in ready
+      if near and p.extrapolated > FAR and p.seconds < best.seconds)
   if best is None:
     return ("dense (bf16 all-reduce overlapped with the backward pass): no family with a "
             f"{'finished ' if held else ''}law reaches dense's predicted loss sooner "

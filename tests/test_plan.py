@@ -197,6 +197,11 @@ def test_a_recommendation_resting_on_a_far_extrapolation_says_so():
                        "prediction")
   text, best = plan.recommend([far("demo", 10.0, 50.0), far("diloco", 20.0, 3.0)], 100.0)
   assert best.family == "diloco" and "hypothesis" not in text
+  # The faster law set aside for its extrapolation is named, with what it predicts.
+  assert text.endswith("; demo's law, extrapolated 50x beyond its fitted sizes, predicts 10x "
+                       "sooner, not recommended over a law used within 10x of its own")
+  assert "demo's law" not in plan.recommend([far("demo", 30.0, 50.0), far("diloco", 20.0, 3.0)],
+                                            100.0)[0]  # slower than the recommendation
   assert plan.recommend([far("demo", 200.0, 1.0)], 100.0)[1] is None  # slower than dense
 
 
