@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The language model's GPU tier (T1-LM-GPU, F5-GPU) on the tier's corpus, the Python source of 15
+# pinned PyPI packages, for a lease of one NVIDIA GPU:
+#   bash benchmarks/gpu_lm.sh [SECONDS] [WORKDIR]   (defaults: 540, paper_figures/gpu_runs_pypi)
+# Runs `python -m experiments.reproduce --target=t1_lm --tier=gpu --jobs=2` in WORKDIR: dense,
+# solo and configs/paper/t1_lm.py's GPU_ROWS, 1,000 steps each, about 14 minutes of one GPU in
+# all. A lease's call is at most 10 minutes, so the runs are stopped after SECONDS and the
+# finished ones come back in $OUT/lm_gpu_runs.tgz (OUT: the device's, else /tmp/gpu_lm):
+# unpack it here (`tar xzf lm_gpu_runs.tgz -C WORKDIR`) and call again; finished runs are
+# skipped, an unfinished one starts over. Then, here:
+#   python -m experiments.reproduce --target=t1_lm,f5 --tier=gpu --report_only --workdir=WORKDIR
+# The machine has no network: carry .pypi_corpus/archives (25.3 MB, fetched here by
+# `python -m experiments.data.pypi_corpus --cache_dir=.pypi_corpus`) and .gpu_wheels (see
+# benchmarks/gpu.sh).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+LIMIT=${1:-540}
+WORK=${2:-paper_figures/gpu_runs_pypi}
+OUT=${OUT:-/tmp/gpu_lm}
+mkdir -p "$OUT" "$WORK"
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+if [ -d .gpu_wheels ]; then
+  python -m pip install -q --no-index --find-links .gpu_wheels ml-collections mnist1d tensorboardX
+fi
+# The runs read the corpus from its default cache folder (configs/lm_stdlib.py's corpus_dir='').
+CACHE=$(python -c "from experiments.data import pypi_corpus; print(pypi_corpus.default_cache_dir())")
+if [ -d .pypi_corpus/archives ]; then
+  mkdir -p "$CACHE/archives" && cp -n .pypi_corpus/archives/* "$CACHE/archives/"
+fi
+python -m experiments.data.pypi_corpus --offline --cache_dir="$CACHE" || exit 1
+start=$SECONDS
+timeout -s TERM "$LIMIT" python -m experiments.reproduce --target=t1_lm --tier=gpu --jobs=2 \
+  --workdir="$WORK"
+echo "t1_lm: exit $? after $((SECONDS - start)) s"
+# A finished run's three files and every log: what the reports read (checkpoints stay behind).
+(cd "$WORK" && find . \( -path '*/logs/*.log' -o -name failures.json -o -name summary.csv \
+  -o -name config.json -o -name metrics.jsonl -o -name results.json \) -print0 \
+  | xargs -0 -r sh -c 'for f; do d=$(dirname "$f"); case $f in */logs/*|*/failures.json|*/summary.csv) echo "$f";; *) [ -f "$d/results.json" ] && echo "$f";; esac; done' sh \
+  | tar czf "$OUT/lm_gpu_runs.tgz" -T -)
+tar tzf "$OUT/lm_gpu_runs.tgz" | grep -c results.json | sed 's/^/finished runs: /'
