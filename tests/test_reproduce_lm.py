@@ -261,6 +261,17 @@ def test_no_retention_or_difference_is_taken_against_a_reference_on_other_data(t
   assert demo["retention"] == pytest.approx(0.5)
 
 
+def test_every_retention_refuses_references_on_other_data():
+  """The one rule S1-LM, F4-LM, F7-LM and A1-LM call as T1-LM does."""
+  here, there = (("c0ffee", "beef"),), (("57a1e", "beef"),)
+  solo, dense = {"losses": [4.6], "data": here}, {"losses": [4.0], "data": there}
+  assert t1_lm.retention_against([4.3], here, solo, dense) == {
+      "retention_text": "- (dense on corpus 57a1e, tokenizer beef, this row on corpus c0ffee, "
+                        "tokenizer beef)"}
+  kept = t1_lm.retention_against([4.3], here, solo, {**dense, "data": here})
+  assert kept["retention"] == pytest.approx(0.5)
+
+
 NAN = float("nan")
 
 

@@ -211,17 +211,19 @@ def cell_row(workdir: str, cell_label: str, references: dict,
                       f"{max(s['max'] for s in staleness)}")
   out["dropped"] = float(np.mean([r.results.get("updates_dropped", 0) for r in runs]))
   if set(references) == set(sweep_config.REFERENCES):
-    out.update(t1_lm.retention_fields(losses, references["solo"], references["dense"]))
+    out.update(t1_lm.retention_against(losses, t1_lm.data_of(runs), references["solo"],
+                                       references["dense"]))
   compute = measured_compute(workdir, row)
   if compute is not None and cell_label != "solo":  # one worker alone: no cluster to time
-    target = float(np.mean(references["dense"])) if "dense" in references else None
+    target = float(np.mean(references["dense"]["losses"])) if "dense" in references else None
     out.update(timing(runs, compute, target))
   return out
 
 
 def grid_rows(workdir: str) -> list[dict]:
   """The references, then every cell (refused ones marked), row by row, rule by rule."""
-  references = {name: [r.results["test_loss"] for r in runs]
+  references = {name: {"losses": [r.results["test_loss"] for r in runs],
+                       "data": t1_lm.data_of(runs)}
                 for name in sweep_config.REFERENCES if (runs := runs_of(workdir, name))}
   labels = [*sweep_config.REFERENCES, *sweep_config.cells()]
   chosen = tuned_scales(workdir)

@@ -118,7 +118,8 @@ def row_for(workdir: str, label: str, factors: tuple[str, int, str] | None, seed
          "loss_std": report_lib.mean_std(loss)[1] if runs else None,
          "loss_ci95": stats.interval(loss) if len(runs) > 1 else None,
          "seed_losses": [float(v) for v in loss], "status": status,
-         "run_dirs": " ".join(report_lib.relative(r.path) for r in runs)}
+         "run_dirs": " ".join(report_lib.relative(r.path) for r in runs),
+         "data": t1_lm.data_of(runs)}
   if runs:
     row["compression_ratio"] = float(np.mean([r.results["compression_ratio"] for r in runs]))
     row["settings"] = t1_lm.settings_text(runs[0].config)
@@ -131,7 +132,7 @@ def row_for(workdir: str, label: str, factors: tuple[str, int, str] | None, seed
 def rows_for(workdir: str, tier: str, seeds: int) -> list[dict]:
   """The TASC variants' rows (:func:`variants`, the default first), then SparseLoCo's; each
   finished row with its difference to the default's mean (``vs_default``) and, where T1-LM's
-  dense and solo have run, its retention (:func:`experiments.reproduce.t1_lm.retention_fields`)."""
+  dense and solo have run, its retention (:func:`experiments.reproduce.t1_lm.retention_against`)."""
   failures = common.read_failures(workdir)
   rows = [row_for(workdir, label, factors, seeds, failures)
           for label, factors in variants(workdir, tier)]
@@ -143,8 +144,8 @@ def rows_for(workdir: str, tier: str, seeds: int) -> list[dict]:
     if row["seeds"] and default["seeds"]:
       row["vs_default"] = row["loss_mean"] - default["loss_mean"]
     if row["seeds"] and len(references) == 2:
-      row.update(t1_lm.retention_fields(row["seed_losses"], references["solo"]["losses"],
-                                        references["dense"]["losses"]))
+      row.update(t1_lm.retention_against(row["seed_losses"], row["data"], references["solo"],
+                                         references["dense"]))
   return rows
 
 

@@ -112,7 +112,7 @@ def horizon_rows(workdir: str) -> list[dict]:
                   "ratio": None if ratio is None else float(ratio),
                   "device": ", ".join(devices),
                   "run_dirs": " ".join(report_lib.relative(r.path) for r in runs),
-                  **t1_lm.scale_fields(runs[0])})
+                  "data": t1_lm.data_of(runs), **t1_lm.scale_fields(runs[0])})
   for length in {r["length"] for r in out}:
     refs = {r["row"]: r for r in out if r["length"] == length and r["row"] in
             f6_config.REFERENCES}
@@ -120,8 +120,7 @@ def horizon_rows(workdir: str) -> list[dict]:
       continue
     for r in out:
       if r["length"] == length:
-        r.update(t1_lm.retention_fields(r["losses"], refs["solo"]["losses"],
-                                        refs["dense"]["losses"]))
+        r.update(t1_lm.retention_against(r["losses"], r["data"], refs["solo"], refs["dense"]))
   return sorted(out, key=lambda r: (r["row"], r["steps"]))
 
 

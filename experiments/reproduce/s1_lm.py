@@ -178,7 +178,7 @@ def point_row(workdir: str, label: str, tier: str, seeds: int, laws) -> dict:
          "rate": ("rate law" if on_top else "tuned" if pending is None
                   else f"tuned so far ({pending:g} to run)"),
          "pending_scale": pending, "n": len(runs), "losses": loss,
-         "seeds": [r.config.get("seed") for r in runs],
+         "seeds": [r.config.get("seed") for r in runs], "data": t1_lm.data_of(runs),
          "val_loss": report_lib.format_mean_std(loss, 1, 3),
          "loss_mean": float(np.mean(loss)) if runs else None}
   if not runs:
@@ -202,8 +202,7 @@ def point_rows(workdir: str, tier: str, seeds: int = 3) -> list[dict]:
   for r in rows:
     refs = by_point[r["point"]]
     if r["n"] and all(refs[name]["n"] for name in sweep_config.REFERENCES):
-      r.update(t1_lm.retention_fields(r["losses"], refs["solo"]["losses"],
-                                      refs["dense"]["losses"]))
+      r.update(t1_lm.retention_against(r["losses"], r["data"], refs["solo"], refs["dense"]))
   return rows
 
 
@@ -217,6 +216,8 @@ def _seed_retentions(rows: list[dict], family: str) -> scaling.Runs | None:
   for (point, row), r in base.items():
     dense, solo = base[(point, "dense")], base[(point, "solo")]
     if row != family or not (r["n"] and dense["n"] and solo["n"]):
+      continue
+    if not r["data"] == dense["data"] == solo["data"]:  # as t1_lm.retention_against refuses
       continue
     benefit = np.mean(solo["losses"]) - np.mean(dense["losses"])
     for seed, loss in zip(r["seeds"], r["losses"]):

@@ -281,18 +281,27 @@ def rows_for(workdir: str, labels, seeds: int, tier: str = "cpu", *,
     if not row["seeds"]:
       continue
     # Losses on another corpus or tokenizer are not the same quantity: no difference is taken.
-    apart = {ref["method"]: ref for ref in (dense, solo)
-             if ref is not None and ref["data"] != row["data"]}
-    if dense is not None and "dense" not in apart:
+    apart = [ref for ref in (dense, solo) if ref is not None and ref["data"] != row["data"]]
+    if dense is not None and dense not in apart:
       row["vs_dense"] = row["loss_mean"] - dense["loss_mean"]
       row["vs_dense_pct"] = 100 * row["vs_dense"] / dense["loss_mean"]
-    if apart:
-      row["retention_text"] = "- (" + "; ".join(
-          f"{name} on {data_text(ref['data'])}, this row on {data_text(row['data'])}"
-          for name, ref in apart.items()) + ")"
-    elif dense is not None and solo is not None:
-      row.update(retention_fields(row["losses"], solo["losses"], dense["losses"]))
+    if dense is not None and solo is not None:
+      row.update(retention_against(row["losses"], row["data"], solo, dense))
   return rows
+
+
+def retention_against(losses, data: tuple, solo: dict, dense: dict) -> dict:
+  """:func:`retention_fields` of ``losses`` (measured on ``data``, :func:`data_of`) against
+  ``solo`` and ``dense`` (each with its ``losses`` and ``data``); where either reference was
+  measured on another corpus or tokenizer, only a ``retention_text`` that names both: losses
+  under two tokenizers are not the same quantity."""
+  apart = {name: ref["data"] for name, ref in (("solo", solo), ("dense", dense))
+           if ref["data"] != data}
+  if apart:
+    return {"retention_text": "- (" + "; ".join(
+        f"{name} on {data_text(other)}, this row on {data_text(data)}"
+        for name, other in apart.items()) + ")"}
+  return retention_fields(losses, solo["losses"], dense["losses"])
 
 
 def data_of(runs: list[report_lib.Run]) -> tuple:
