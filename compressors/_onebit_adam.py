@@ -213,6 +213,15 @@ class OnebitAdamSettings:
     for field in ("freeze_step", "variance_refresh", "variance_freeze_step"):
       checks.check_int(getattr(self, field), field, 0, "onebit_adam")
 
+  @staticmethod
+  def freeze_step_for(fraction: float, steps: int) -> int:
+    """The ``freeze_step`` of a dense warm-up of ``fraction`` of a run of ``steps`` steps, at
+    least one: the paper warms up for 15-25% of training (Tang et al. 2021, Section 7), a
+    fraction, where a fixed count would be a different share of every run's length."""
+    checks.check_real(fraction, "fraction", 0.0, 1.0, "[0, 1)", "onebit_adam.freeze_step_for")
+    checks.check_int(steps, "steps", 1, "onebit_adam.freeze_step_for")
+    return max(1, round(fraction * steps))
+
 
 def kinds(settings: OnebitAdamSettings) -> tuple[StepKind, ...]:
   """The step kinds of 1-bit Adam: ``"warmup"`` (dense) for the first ``freeze_step`` steps,

@@ -227,7 +227,8 @@ def solved(family: str, shapes, workers: int, steps: int):
   entry = registry.get(setting.method)
   settings = dataclasses.replace(entry.settings(), **setting.changes)
   if setting.warmup is not None:  # as S1-LM's rows: a fraction of the run, as published
-    settings = dataclasses.replace(settings, freeze_step=max(1, round(setting.warmup * steps)))
+    settings = dataclasses.replace(settings,
+                                   freeze_step=settings.freeze_step_for(setting.warmup, steps))
   exchange = None
   if entry.carrier is not None:
     exchange = dataclasses.replace(registry.get(entry.carrier(settings)).settings(),

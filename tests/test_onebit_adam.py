@@ -186,6 +186,18 @@ def test_a_warm_up_step_all_reduces_densely_and_a_compressed_one_costs_what_the_
   assert modelled == topology_lib.onebit_cost(topology, size, scale_bytes=4).bytes_sent
 
 
+def test_the_warm_up_as_a_fraction_of_the_run():
+  """The published warm-up, 15-25% of training: 15% of 5,194 steps is 779; at least one step;
+  bad fractions and step counts refused naming the field."""
+  freeze = registry.get("onebit_adam").settings.freeze_step_for
+  assert freeze(0.15, 5194) == 779 and freeze(0.15, 1000) == 150
+  assert freeze(0.001, 100) == 1 and freeze(0.0, 100) == 1
+  with pytest.raises(ValueError, match=r"fraction=1.0 is outside \[0, 1\)"):
+    freeze(1.0, 100)
+  with pytest.raises(ValueError, match="steps"):
+    freeze(0.15, 0)
+
+
 def test_kinds_warm_up_then_compress():
   settings = registry.default_settings("onebit_adam", freeze_step=5)
   kinds = step_kinds.checked(registry.get("onebit_adam").kinds(settings))

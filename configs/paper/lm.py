@@ -220,7 +220,8 @@ def get_config(arg=None):
   if args["tile"]:
     c.compression.demo.chunk = args["tile"]
   if args["freeze_fraction"]:
-    c.compression.onebit_adam.freeze_step = max(1, round(args["freeze_fraction"] * num_steps))
+    c.compression.onebit_adam.freeze_step = registry.get("onebit_adam").settings.freeze_step_for(
+        args["freeze_fraction"], num_steps)
   scale_tuned_rate(c, args["lr_scale"])
   # The request, as data: experiments.methods.fill_equal_bytes solves the method's budget when
   # the run starts (it traces the model, which a config does not).
