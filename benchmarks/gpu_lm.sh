@@ -33,8 +33,10 @@ timeout -s TERM "$LIMIT" python -m experiments.reproduce --target=t1_lm --tier=g
   --workdir="$WORK"
 echo "t1_lm: exit $? after $((SECONDS - start)) s"
 # A finished run's three files and every log: what the reports read (checkpoints stay behind).
-(cd "$WORK" && find . \( -path '*/logs/*.log' -o -name failures.json -o -name summary.csv \
-  -o -name config.json -o -name metrics.jsonl -o -name results.json \) -print0 \
-  | xargs -0 -r sh -c 'for f; do d=$(dirname "$f"); case $f in */logs/*|*/failures.json|*/summary.csv) echo "$f";; *) [ -f "$d/results.json" ] && echo "$f";; esac; done' sh \
-  | tar czf "$OUT/lm_gpu_runs.tgz" -T -)
+(cd "$WORK" && {
+  find . -path '*/logs/*.log' -o -name failures.json -o -name summary.csv
+  for results in $(find . -name results.json); do
+    echo "$results" "$(dirname "$results")/config.json" "$(dirname "$results")/metrics.jsonl"
+  done | tr ' ' '\n'
+} | tar czf "$OUT/lm_gpu_runs.tgz" -T -)
 tar tzf "$OUT/lm_gpu_runs.tgz" | grep -c results.json | sed 's/^/finished runs: /'

@@ -395,11 +395,11 @@ def recommend(plans: list[Plan], dense_seconds: float) -> tuple[str, Plan | None
     ready = [p for p in ready if not provisional(p.law.grid)]
   near = [p for p in ready if p.extrapolated <= FAR]
   best = min(near or ready, key=lambda p: p.seconds, default=None)
-  held_text = "".join(
+  set_aside = "".join(
       f"; {p.family}'s provisional law (its rows still running) predicts "
       f"{dense_seconds / p.seconds:.3g}x sooner, not recommended until they have run"
       for p in held if best is None or p.seconds < best.seconds)
-  held_text += "".join(
+  set_aside += "".join(
       f"; {p.family}'s law, extrapolated {p.extrapolated:.3g}x beyond its fitted sizes, "
       f"predicts {dense_seconds / p.seconds:.3g}x sooner, not recommended over a law used "
       f"within {FAR:g}x of its own" for p in ready
@@ -407,11 +407,11 @@ def recommend(plans: list[Plan], dense_seconds: float) -> tuple[str, Plan | None
   if best is None:
     return ("dense (bf16 all-reduce overlapped with the backward pass): no family with a "
             f"{'finished ' if held else ''}law reaches dense's predicted loss sooner "
-            f"here{held_text}", None)
+            f"here{set_aside}", None)
   caveat = ("" if best.extrapolated <= FAR else
             f"; its law is extrapolated {best.extrapolated:.3g}x beyond its fitted sizes, and "
             f"every law that beats dense here more than {FAR:g}x: a hypothesis to test, not a "
-            "prediction") + held_text
+            "prediction") + set_aside
   return (f"{best.family} ({best.settings_text}): dense's predicted loss in "
           f"{_duration(best.seconds)} against dense's {_duration(dense_seconds)}, "
           f"{dense_seconds / best.seconds:.3g}x sooner; rests on the {best.law.label}, from "

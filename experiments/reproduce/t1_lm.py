@@ -281,8 +281,7 @@ def rows_for(workdir: str, labels, seeds: int, tier: str = "cpu", *,
     if not row["seeds"]:
       continue
     # Losses on another corpus or tokenizer are not the same quantity: no difference is taken.
-    apart = [ref for ref in (dense, solo) if ref is not None and ref["data"] != row["data"]]
-    if dense is not None and dense not in apart:
+    if dense is not None and dense["data"] == row["data"]:
       row["vs_dense"] = row["loss_mean"] - dense["loss_mean"]
       row["vs_dense_pct"] = 100 * row["vs_dense"] / dense["loss_mean"]
     if dense is not None and solo is not None:
