@@ -381,6 +381,20 @@ def test_t1_report_writes_markdown_csv_and_png(t1_dir, tmp_path):
   assert (out / "t1.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_report_csv_writes_lists_and_tuples_as_json(tmp_path):
+  # A row's losses and the corpora it trained on (t1_lm.data_of): JSON, which any reader parses.
+  data = (("5764bb67", "d92e8bd6"),)
+  report = reproduce_report.Report(
+      "x", "X", [("row", "Row")],
+      [{"row": "a", "losses": [4.5, np.float32(4.25)], "data": data, "n": 2}])
+  reproduce_report.write_report(report, PROV, tmp_path)
+  lines = (tmp_path / "x.csv").read_text().splitlines()
+  [row] = csv.DictReader(line for line in lines if not line.startswith("#"))
+  assert json.loads(row["losses"]) == [4.5, 4.25]
+  assert json.loads(row["data"]) == [["5764bb67", "d92e8bd6"]]
+  assert row["n"] == "2"
+
+
 @pytest.mark.parametrize("hutchinson, reproduced", [(0.2, True), (0.6, False)])
 def test_f4_report_curves_and_claim(tmp_path, hutchinson, reproduced):
   levels = {"tasc_d0.01_hutchinson": hutchinson, "tasc_d0.01_fisher": 0.3,

@@ -179,10 +179,18 @@ def write_report(report: Report, prov: Provenance, out_dir: str | os.PathLike) -
   writer = csv.DictWriter(buffer, fieldnames=keys + extra, lineterminator="\n")
   writer.writeheader()
   for row in report.rows:
-    writer.writerow({k: row.get(k, "") for k in keys + extra})
+    writer.writerow({k: _csv_cell(row.get(k, "")) for k in keys + extra})
   (out / f"{report.name}.csv").write_text(buffer.getvalue())
   written.append(out / f"{report.name}.csv")
   return written
+
+
+def _csv_cell(value):
+  """A list or tuple (a row's losses, the corpora it trained on) as JSON, which any reader can
+  parse, rather than as Python prints it."""
+  if isinstance(value, (list, tuple)):
+    return json.dumps(value, default=lambda v: v.item() if isinstance(v, np.generic) else str(v))
+  return value
 
 
 def _write_png(report: Report, prov: Provenance, path: Path) -> None:

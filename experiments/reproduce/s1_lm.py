@@ -208,17 +208,16 @@ def point_rows(workdir: str, tier: str, seeds: int = 3) -> list[dict]:
 
 def _seed_retentions(rows: list[dict], family: str) -> scaling.Runs | None:
   """Each seed's retention at the family's 20-tokens points (against the point's mean dense
-  and solo losses), as :class:`experiments.scaling.Runs`; None without 2 sizes."""
+  and solo losses), as :class:`experiments.scaling.Runs`, at the points whose row has a
+  retention (:func:`point_rows`: its references finished, on its data); None without 2 sizes."""
   params, values, seeds = [], [], []
   base = {(r["point"], r["row"]): r for r in rows
           if r["tokens_per_param"] == sweep_config.TOKENS_PER_PARAM
           and r["per_worker_batch"] == sweep_config.PER_WORKER_BATCH}
   for (point, row), r in base.items():
+    if row != family or r.get("retention") is None:
+      continue
     dense, solo = base[(point, "dense")], base[(point, "solo")]
-    if row != family or not (r["n"] and dense["n"] and solo["n"]):
-      continue
-    if not r["data"] == dense["data"] == solo["data"]:  # as t1_lm.retention_against refuses
-      continue
     benefit = np.mean(solo["losses"]) - np.mean(dense["losses"])
     for seed, loss in zip(r["seeds"], r["losses"]):
       params.append(r["params"])
