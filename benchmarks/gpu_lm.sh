@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
 # The language model's GPU tier (T1-LM-GPU, F5-GPU) on the tier's corpus, the Python source of 15
 # pinned PyPI packages, for a lease of one NVIDIA GPU:
-#   bash benchmarks/gpu_lm.sh [SECONDS] [WORKDIR]   (defaults: 540, paper_figures/gpu_runs_pypi)
-# Runs `python -m experiments.reproduce --target=t1_lm --tier=gpu --jobs=2` in WORKDIR: dense,
-# solo and configs/paper/t1_lm.py's GPU_ROWS, 1,000 steps each, about 14 minutes of one GPU in
-# all. A lease's call is at most 10 minutes, so the runs are stopped after SECONDS and the
+#   bash benchmarks/gpu_lm.sh [SECONDS] [WORKDIR] [JOBS]
+#   (defaults: 540, paper_figures/gpu_runs_pypi, 7)
+# Runs `python -m experiments.reproduce --target=t1_lm --tier=gpu --jobs=JOBS` in WORKDIR: dense,
+# solo and configs/paper/t1_lm.py's GPU_ROWS, 1,000 steps each, by default all seven at once, so
+# that their compiles overlap: two at once, they took about 14 minutes of one H200 (2026-11-28);
+# eight runs of the CPU tier's model at once on one H200 spent about 3 minutes compiling, then
+# trained at 30-46 steps a second each (2026-11-30). A lease's call may be limited (10 minutes
+# here), so the runs are stopped after SECONDS and the
 # finished ones come back in $OUT/lm_gpu_runs.tgz (OUT: the device's, else /tmp/gpu_lm):
 # unpack it here (`tar xzf lm_gpu_runs.tgz -C WORKDIR`) and call again; finished runs are
 # skipped, an unfinished one starts over. Then, here:
@@ -16,6 +20,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 LIMIT=${1:-540}
 WORK=${2:-paper_figures/gpu_runs_pypi}
+JOBS=${3:-7}
 OUT=${OUT:-/tmp/gpu_lm}
 mkdir -p "$OUT" "$WORK"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
@@ -29,7 +34,7 @@ if [ -d .pypi_corpus/archives ]; then
 fi
 python -m experiments.data.pypi_corpus --offline --cache_dir="$CACHE" || exit 1
 start=$SECONDS
-timeout -s TERM "$LIMIT" python -m experiments.reproduce --target=t1_lm --tier=gpu --jobs=2 \
+timeout -s TERM "$LIMIT" python -m experiments.reproduce --target=t1_lm --tier=gpu --jobs="$JOBS" \
   --workdir="$WORK"
 echo "t1_lm: exit $? after $((SECONDS - start)) s"
 # A finished run's three files and every log: what the reports read (checkpoints stay behind).
