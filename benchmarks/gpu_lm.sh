@@ -7,9 +7,9 @@
 # solo and configs/paper/t1_lm.py's GPU_ROWS, 1,000 steps each, by default all seven at once, so
 # that their compiles overlap: two at once, they took about 14 minutes of one H200 (2026-11-28);
 # eight runs of the CPU tier's model at once on one H200 spent about 3 minutes compiling, then
-# trained at 30-46 steps a second each (2026-11-30). A lease's call may be limited (10 minutes
-# here), so the runs are stopped after SECONDS and the
-# finished ones come back in $OUT/lm_gpu_runs.tgz (OUT: the device's, else /tmp/gpu_lm):
+# trained at 30-46 steps a second each (2026-11-30). A leased machine's calls are limited in time
+# (10 minutes on ours), so the runs are stopped after SECONDS and the finished ones come back in
+# $OUT/lm_gpu_runs.tgz (OUT: the device's, else /tmp/gpu_lm):
 # unpack it here (`tar xzf lm_gpu_runs.tgz -C WORKDIR`) and call again; finished runs are
 # skipped, an unfinished one starts over. Then, here:
 #   python -m experiments.reproduce --target=t1_lm,f5 --tier=gpu --report_only --workdir=WORKDIR
