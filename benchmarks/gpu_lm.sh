@@ -40,8 +40,9 @@ echo "t1_lm: exit $? after $((SECONDS - start)) s"
 # A finished run's three files and every log: what the reports read (checkpoints stay behind).
 (cd "$WORK" && {
   find . -path '*/logs/*.log' -o -name failures.json -o -name summary.csv
-  for results in $(find . -name results.json); do
-    echo "$results" "$(dirname "$results")/config.json" "$(dirname "$results")/metrics.jsonl"
-  done | tr ' ' '\n'
+  find . -name results.json | while read -r results; do
+    run=$(dirname "$results")
+    printf '%s\n' "$results" "$run/config.json" "$run/metrics.jsonl"
+  done
 } | tar czf "$OUT/lm_gpu_runs.tgz" -T -)
 tar tzf "$OUT/lm_gpu_runs.tgz" | grep -c results.json | sed 's/^/finished runs: /'
